@@ -1,0 +1,24 @@
+// Package hca is the verbs contract between IPoIB and a host channel adapter.
+//
+// It describes devices, completion queues, queue pairs (RC, UD and the GSI
+// QP 1), shared receive queues, address handles, work requests, work
+// completions and asynchronous events, in the shape of the InfiniBand verbs
+// (IBTA Vol 1 ch. 10-11) and of Linux's ib_verbs. Backends (hca/soft,
+// hca/rocev2) implement it and prove it with the conformance suite in
+// hca/hcatest.
+//
+// Contract points every consumer may rely on:
+//
+//   - A work completion carries the context value given to its QP at
+//     creation, never the QP itself. A backend may deliver completions for a
+//     QP after that QP was destroyed (IBTA 10.2.4.4 permits it).
+//   - Completions of one QP on one CQ arrive in the order the work was
+//     posted; a send posted on a QP in the Error state completes with
+//     StatusWRFlushErr behind every completion already queued on its CQ.
+//   - Asynchronous events are delivered outside backend locks, and
+//     EventQPLastWQEReached exactly once per SRQ-attached QP.
+//   - CQ.Notify(true) arms the CQ and reports whether completions may have
+//     been missed, so a poller that re-arms never loses a wake-up.
+//   - Posting never blocks and never calls back into the consumer
+//     synchronously.
+package hca

@@ -1,0 +1,125 @@
+package hca
+
+import (
+	"fmt"
+	"net/netip"
+)
+
+// QPN is a 24-bit queue pair number.
+type QPN uint32
+
+const (
+	// QPNMask keeps the 24 bits of a QPN.
+	QPNMask QPN = 0xFFFFFF
+	// QPNMulticast is the destination QPN of multicast sends (IBTA 10.5.2.3).
+	QPNMulticast QPN = 0xFFFFFF
+	// QPNGSI is the General Services Interface QP, the one CM MADs use.
+	QPNGSI QPN = 1
+)
+
+// QKey is a UD queue key.
+type QKey uint32
+
+// QKeyGSI is the well-known Q_Key of the GSI QP.
+const QKeyGSI QKey = 0x80010000
+
+// PKey is a partition key; bit 15 is the full-membership bit.
+type PKey uint16
+
+// PKeyDefault is the default partition with full membership.
+const PKeyDefault PKey = 0xFFFF
+
+// GID is a 128-bit global identifier. With RoCEv2 it is an IPv6 address or
+// an IPv4-mapped one (::ffff:a.b.c.d).
+type GID [16]byte
+
+// String formats the GID like an IPv6 address, as tshark and ibv_devinfo do.
+func (g GID) String() string { return netip.AddrFrom16(g).String() }
+
+// IsMulticast reports whether g is a multicast GID (first byte 0xFF).
+func (g GID) IsMulticast() bool { return g[0] == 0xFF }
+
+// GIDFromAddr maps an IP address to its GID (IPv4 becomes ::ffff:a.b.c.d).
+func GIDFromAddr(a netip.Addr) GID { return GID(a.As16()) }
+
+// Addr returns the IP address the GID stands for, unmapping IPv4.
+func (g GID) Addr() netip.Addr { return netip.AddrFrom16(g).Unmap() }
+
+// MTU is an IB path MTU in bytes: 256, 512, 1024, 2048 or 4096.
+type MTU int
+
+// The IB MTUs.
+const (
+	MTU256  MTU = 256
+	MTU512  MTU = 512
+	MTU1024 MTU = 1024
+	MTU2048 MTU = 2048
+	MTU4096 MTU = 4096
+)
+
+// Valid reports whether m is one of the five IB MTUs.
+func (m MTU) Valid() bool {
+	switch m {
+	case MTU256, MTU512, MTU1024, MTU2048, MTU4096:
+		return true
+	}
+	return false
+}
+
+// Enum returns the IBTA encoding (1 = 256 ... 5 = 4096), 0 if invalid.
+func (m MTU) Enum() uint8 {
+	for e, v := uint8(1), MTU256; v <= MTU4096; e, v = e+1, v*2 {
+		if v == m {
+			return e
+		}
+	}
+	return 0
+}
+
+// MTUFromEnum decodes the IBTA MTU encoding; 0 if out of range.
+func MTUFromEnum(e uint8) MTU {
+	if e < 1 || e > 5 {
+		return 0
+	}
+	return MTU256 << (e - 1)
+}
+
+// QPType is the transport service of a QP.
+type QPType int
+
+// QP types.
+const (
+	QPTypeRC QPType = iota + 1
+	QPTypeUD
+	// QPTypeGSI is the UD QP 1; one per device.
+	QPTypeGSI
+)
+
+func (t QPType) String() string {
+	switch t {
+	case QPTypeRC:
+		return "RC"
+	case QPTypeUD:
+		return "UD"
+	case QPTypeGSI:
+		return "GSI"
+	}
+	return fmt.Sprintf("QPType(%d)", int(t))
+}
+
+// Port describes the attributes of the device's (single) port.
+type Port struct {
+	GID       GID
+	PKeys     []PKey // the P_Key table; index 0 is the default
+	ActiveMTU MTU
+	Active    bool // link state: true when PORT_ACTIVE
+}
+
+// Limits are the device capabilities a consumer sizes its queues by.
+type Limits struct {
+	MaxQP      int
+	MaxQPWR    int // per send or receive queue
+	MaxCQE     int
+	MaxSRQWR   int
+	MaxMsgSize int // largest RC message
+}

@@ -1,0 +1,32 @@
+package ipoibcm
+
+import "net"
+
+// HostPort is the host side of an Interface: a device that moves whole
+// Ethernet frames (no FCS) in batches. The kernel TAP (package tap) and the
+// in-process gVisor host (package tap/netstack) implement it.
+//
+// The Interface calls ReadFrames from one goroutine and WriteFrames from
+// another; an implementation must allow that concurrency.
+type HostPort interface {
+	// ReadFrames blocks until at least one frame is available, then fills
+	// up to len(bufs) buffers, sets sizes[i] to each frame's length and
+	// returns the number of frames. A frame longer than its buffer is
+	// truncated to the buffer (the Interface drops it as oversize). After
+	// Close it returns an error wrapping net.ErrClosed.
+	ReadFrames(bufs [][]byte, sizes []int) (int, error)
+	// WriteFrames hands frames to the host. The port must not retain the
+	// slices after it returns. It returns how many were written.
+	WriteFrames(frames [][]byte) (int, error)
+	// BatchSize is the largest batch ReadFrames may fill.
+	BatchSize() int
+	// HostMAC is the host's own MAC address: the destination of every frame
+	// the Interface writes.
+	HostMAC() net.HardwareAddr
+	// SetMTU tells the host the link's IP MTU changed (mode switch).
+	SetMTU(mtu int) error
+	// SetLinkUp reports carrier: up once the broadcast group is joined.
+	SetLinkUp(up bool) error
+	// Close unblocks ReadFrames and releases the device.
+	Close() error
+}
