@@ -1,0 +1,146 @@
+package cm
+
+import (
+	"errors"
+	"fmt"
+)
+
+// DropReason says why a received MAD was dropped.
+type DropReason int
+
+// Drop reasons: the first group is malformed MADs (DecodeMAD errors), the
+// second MADs that decode but match no connection in a fitting state.
+const (
+	DropShort DropReason = iota
+	DropLong
+	DropBaseVersion
+	DropMgmtClass
+	DropClassVersion
+	DropMethod
+	DropAttribute
+	DropInconsistent
+	DropRecvError
+	DropUnknownConn
+	DropUnexpected
+	dropReasonCount
+)
+
+var dropNames = [...]string{
+	DropShort:        "short",
+	DropLong:         "long",
+	DropBaseVersion:  "base_version",
+	DropMgmtClass:    "mgmt_class",
+	DropClassVersion: "class_version",
+	DropMethod:       "method",
+	DropAttribute:    "attribute",
+	DropInconsistent: "inconsistent_field",
+	DropRecvError:    "recv_error",
+	DropUnknownConn:  "unknown_comm_id",
+	DropUnexpected:   "unexpected_in_state",
+}
+
+func (r DropReason) String() string {
+	if r >= 0 && r < dropReasonCount {
+		return dropNames[r]
+	}
+	return fmt.Sprintf("DropReason(%d)", int(r))
+}
+
+// dropReasonOf maps a decoding error to its drop reason.
+func dropReasonOf(err error) DropReason {
+	switch {
+	case errors.Is(err, ErrShortMAD):
+		return DropShort
+	case errors.Is(err, ErrLongMAD):
+		return DropLong
+	case errors.Is(err, ErrBaseVersion):
+		return DropBaseVersion
+	case errors.Is(err, ErrMgmtClass):
+		return DropMgmtClass
+	case errors.Is(err, ErrClassVersion):
+		return DropClassVersion
+	case errors.Is(err, ErrMethod):
+		return DropMethod
+	case errors.Is(err, ErrAttribute):
+		return DropAttribute
+	}
+	return DropInconsistent
+}
+
+// Stats is a snapshot of a Manager's counters.
+type Stats struct {
+	Sent     map[MsgType]uint64 // MADs posted, per type (retries included)
+	Received map[MsgType]uint64 // well-formed MADs received, per type
+	// Retries counts resends after a response timeout.
+	Retries uint64
+	// Timeouts counts REQ/REP/DREQ transactions whose retries ran out.
+	Timeouts uint64
+	// Dropped counts received MADs dropped, per reason.
+	Dropped map[DropReason]uint64
+	// StaleREQs counts REQs rejected with STALE_CONN.
+	StaleREQs uint64
+	// DuplicateREQs counts REQs for a connection already known.
+	DuplicateREQs uint64
+	// UnknownDREQs counts DREQs for no connection, answered with DREP.
+	UnknownDREQs uint64
+	RejSent      map[RejectReason]uint64
+	RejReceived  map[RejectReason]uint64
+	// SendErrors counts MADs that could not be posted (no free send slot,
+	// PostSend error) or completed in error; the retry timer covers them.
+	SendErrors uint64
+	// LiveConns is the number of connections the Manager tracks, time-wait
+	// included.
+	LiveConns int
+	// Listeners is the number of service IDs listened on.
+	Listeners int
+}
+
+// counters are the live counters behind Stats, guarded by Manager.mu.
+type counters struct {
+	sent, received [len(msgTypes)]uint64
+	retries        uint64
+	timeouts       uint64
+	dropped        [dropReasonCount]uint64
+	staleREQs      uint64
+	dupREQs        uint64
+	unknownDREQs   uint64
+	rejSent        map[RejectReason]uint64
+	rejReceived    map[RejectReason]uint64
+	sendErrors     uint64
+}
+
+func (c *counters) snapshot() Stats {
+	s := Stats{
+		Sent:          make(map[MsgType]uint64),
+		Received:      make(map[MsgType]uint64),
+		Retries:       c.retries,
+		Timeouts:      c.timeouts,
+		Dropped:       make(map[DropReason]uint64),
+		StaleREQs:     c.staleREQs,
+		DuplicateREQs: c.dupREQs,
+		UnknownDREQs:  c.unknownDREQs,
+		RejSent:       make(map[RejectReason]uint64, len(c.rejSent)),
+		RejReceived:   make(map[RejectReason]uint64, len(c.rejReceived)),
+		SendErrors:    c.sendErrors,
+	}
+	for i, t := range msgTypes {
+		if c.sent[i] != 0 {
+			s.Sent[t] = c.sent[i]
+		}
+		if c.received[i] != 0 {
+			s.Received[t] = c.received[i]
+		}
+	}
+	for r, n := range c.dropped {
+		if n != 0 {
+			s.Dropped[DropReason(r)] = n
+		}
+	}
+	for r, n := range c.rejSent {
+		s.RejSent[r] = n
+	}
+	for r, n := range c.rejReceived {
+		s.RejReceived[r] = n
+	}
+	return s
+}
