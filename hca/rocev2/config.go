@@ -1,0 +1,120 @@
+package rocev2
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
+)
+
+// Config configures a Device.
+type Config struct {
+	// Bind is the local UDP address. The address must be a specific
+	// unicast address (it is the port GID and part of every ICRC); a zero
+	// port means wire.RoCEv2Port.
+	Bind netip.AddrPort
+	// Peers are the broadcast-group members known without a subnet
+	// manager. Any peer heard from is added at run time.
+	Peers []netip.Addr
+	// MTU is the path MTU, 1024..4096; 0 means 4096.
+	MTU hca.MTU
+	// PKeys is the P_Key table; empty means {0xFFFF}.
+	PKeys []hca.PKey
+	// MinAckTimeout is the floor of the transport timeout. Hardware
+	// values (4.096 us * 2^Timeout, IPoIB asks for tiny ones) are far below
+	// the latency of a userspace socket path; rxe's timer is likewise no
+	// finer than a jiffy. 0 means 100 ms: a spurious timeout is fatal to a
+	// QP with retry count 0, as IPoIB-CM uses.
+	MinAckTimeout time.Duration
+	// TimeScale multiplies the transport timeout (4.096 us * 2^Timeout)
+	// and the RNR timer so tests can run the real code in milliseconds;
+	// 0 means 1.
+	TimeScale float64
+	// Faults injects UDP-layer faults on transmit.
+	Faults Faults
+	// Logger receives debug logs; nil discards them.
+	Logger *slog.Logger
+	// Name names the device; empty means "rocev2:<bind>".
+	Name string
+}
+
+// Faults are seeded, reproducible UDP-layer faults applied to outgoing
+// datagrams. Probabilities are in [0, 1].
+type Faults struct {
+	Seed uint64
+	// Drop loses a datagram.
+	Drop float64
+	// Duplicate sends a datagram twice.
+	Duplicate float64
+	// Reorder swaps a datagram with the next one of the same write batch.
+	Reorder float64
+	// TODO(rocev2): Delay (hold datagrams past later ones across batches)
+	// is not implemented; Reorder covers out-of-order arrival.
+}
+
+func (f Faults) active() bool { return f.Drop > 0 || f.Duplicate > 0 || f.Reorder > 0 }
+
+func (c *Config) normalize() error {
+	if !c.Bind.Addr().IsValid() || c.Bind.Addr().IsUnspecified() {
+		return fmt.Errorf("rocev2: bind address %v must be a specific address: %w", c.Bind, hca.ErrInvalidArgument)
+	}
+	if c.Bind.Port() == 0 {
+		c.Bind = netip.AddrPortFrom(c.Bind.Addr(), wire.RoCEv2Port)
+	}
+	c.Bind = netip.AddrPortFrom(c.Bind.Addr().Unmap(), c.Bind.Port())
+	if c.MTU == 0 {
+		c.MTU = hca.MTU4096
+	}
+	if !c.MTU.Valid() || c.MTU < hca.MTU1024 {
+		return fmt.Errorf("rocev2: MTU %d not in 1024..4096: %w", c.MTU, hca.ErrInvalidArgument)
+	}
+	if len(c.PKeys) == 0 {
+		c.PKeys = []hca.PKey{hca.PKeyDefault}
+	}
+	c.PKeys = append([]hca.PKey(nil), c.PKeys...)
+	if c.MinAckTimeout <= 0 {
+		c.MinAckTimeout = 100 * time.Millisecond
+	}
+	if c.TimeScale <= 0 {
+		c.TimeScale = 1
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Name == "" {
+		c.Name = "rocev2:" + c.Bind.String()
+	}
+	for _, p := range []float64{c.Faults.Drop, c.Faults.Duplicate, c.Faults.Reorder} {
+		if p < 0 || p > 1 {
+			return fmt.Errorf("rocev2: fault probability %v: %w", p, hca.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// rnrTimerTable is the IBTA RNR NAK timer encoding (Vol 1 table 45), in
+// microseconds; code 0 is the longest, 655.36 ms.
+var rnrTimerTable = [32]time.Duration{
+	655360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920,
+	2560, 3840, 5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520,
+}
+
+// RNRTimer returns the RNR NAK delay of an IBTA timer code.
+func RNRTimer(code uint8) time.Duration { return rnrTimerTable[code&31] * time.Microsecond }
+
+// TransportTimeout returns 4.096 us * 2^t, the local ACK timeout; 0 for
+// t == 0, which means no timeout.
+func TransportTimeout(t uint8) time.Duration {
+	if t == 0 {
+		return 0
+	}
+	return time.Duration(4096<<min(t, 31)) * time.Nanosecond
+}
+
+func (c *Config) scale(d time.Duration) time.Duration {
+	s := time.Duration(float64(d) * c.TimeScale)
+	return max(s, time.Microsecond)
+}

@@ -1,0 +1,177 @@
+package rocev2
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/ipoibcm/ipoib/hca"
+)
+
+// cq is a completion queue: a fixed ring of WCs. Producers push under the
+// device lock and then cq.mu; Poll and Notify take only cq.mu, so a poller
+// never waits on the receive path.
+type cq struct {
+	dev *Device
+	cfg hca.CQConfig
+
+	mu        sync.Mutex
+	ring      []hca.WC
+	head, n   int
+	armed     bool
+	destroyed bool
+
+	refs int // QPs using the CQ; guarded by dev.mu
+}
+
+// push appends wc; called with dev.mu held. It returns false when the ring
+// is full (the completion is lost and CQ_ERR raised, as on hardware).
+func (c *cq) push(wc *hca.WC) {
+	c.mu.Lock()
+	if c.destroyed {
+		c.mu.Unlock()
+		return
+	}
+	if c.n == len(c.ring) {
+		c.mu.Unlock()
+		c.dev.ctr.cqOverflows.Add(1)
+		if c.cfg.OnEvent != nil {
+			c.dev.deferEvent(c.cfg.OnEvent, hca.AsyncEvent{Type: hca.EventCQErr})
+		}
+		return
+	}
+	c.ring[(c.head+c.n)%len(c.ring)] = *wc
+	c.n++
+	fire := c.armed
+	c.armed = false
+	c.mu.Unlock()
+	if fire && c.cfg.OnCompletion != nil {
+		c.dev.deferCompletion(c)
+	}
+}
+
+func (c *cq) Poll(into []hca.WC) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := min(len(into), c.n)
+	for i := 0; i < k; i++ {
+		slot := &c.ring[c.head]
+		into[i] = *slot
+		*slot = hca.WC{} // drop the context reference
+		c.head = (c.head + 1) % len(c.ring)
+	}
+	c.n -= k
+	return k
+}
+
+func (c *cq) Notify(reportMissed bool) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.armed = true
+	return reportMissed && c.n > 0
+}
+
+func (c *cq) Destroy() error {
+	d := c.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if c.refs > 0 {
+		return fmt.Errorf("rocev2: destroy CQ with %d QPs: %w", c.refs, hca.ErrBusy)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.destroyed {
+		return fmt.Errorf("rocev2: destroy CQ: %w", hca.ErrDestroyed)
+	}
+	c.destroyed = true
+	delete(d.cqs, c)
+	return nil
+}
+
+// srq is a shared receive queue; guarded by dev.mu.
+type srq struct {
+	dev       *Device
+	cfg       hca.SRQConfig
+	ring      []hca.RecvWR
+	head, n   int
+	limit     int // armed limit, 0 = disarmed
+	destroyed bool
+	refs      int
+}
+
+func (s *srq) PostRecv(wrs []hca.RecvWR) (int, error) {
+	d := s.dev
+	d.mu.Lock()
+	defer d.unlock()
+	if s.destroyed {
+		return 0, fmt.Errorf("rocev2: SRQ post: %w", hca.ErrDestroyed)
+	}
+	for i := range wrs {
+		if s.n == len(s.ring) {
+			return i, fmt.Errorf("rocev2: SRQ post %d of %d: %w", i, len(wrs), hca.ErrQueueFull)
+		}
+		s.ring[(s.head+s.n)%len(s.ring)] = wrs[i]
+		s.n++
+	}
+	return len(wrs), nil
+}
+
+// take removes the head buffer; called with dev.mu held.
+func (s *srq) take() (hca.RecvWR, bool) {
+	if s.n == 0 {
+		return hca.RecvWR{}, false
+	}
+	wr := s.ring[s.head]
+	s.ring[s.head] = hca.RecvWR{}
+	s.head = (s.head + 1) % len(s.ring)
+	s.n--
+	if s.limit > 0 && s.n < s.limit {
+		s.limit = 0
+		if s.cfg.OnEvent != nil {
+			s.dev.deferEvent(s.cfg.OnEvent, hca.AsyncEvent{Type: hca.EventSRQLimitReached})
+		}
+	}
+	return wr, true
+}
+
+func (s *srq) ArmLimit(limit int) error {
+	s.dev.mu.Lock()
+	defer s.dev.unlock()
+	if s.destroyed {
+		return fmt.Errorf("rocev2: SRQ arm: %w", hca.ErrDestroyed)
+	}
+	if limit < 0 || limit > len(s.ring) {
+		return fmt.Errorf("rocev2: SRQ limit %d: %w", limit, hca.ErrInvalidArgument)
+	}
+	s.limit = limit
+	return nil
+}
+
+func (s *srq) Posted() int {
+	s.dev.mu.Lock()
+	defer s.dev.mu.Unlock()
+	return s.n
+}
+
+func (s *srq) Destroy() error {
+	s.dev.mu.Lock()
+	defer s.dev.mu.Unlock()
+	if s.destroyed {
+		return fmt.Errorf("rocev2: destroy SRQ: %w", hca.ErrDestroyed)
+	}
+	if s.refs > 0 {
+		return fmt.Errorf("rocev2: destroy SRQ with %d QPs: %w", s.refs, hca.ErrBusy)
+	}
+	s.destroyed = true
+	return nil
+}
+
+// ah is an address handle: just the destination GID, which is also the
+// destination IP address.
+type ah struct {
+	dgid hca.GID
+}
+
+func (a *ah) DGID() hca.GID { return a.dgid }
+
+// Destroy has nothing to release: the handle holds no device resource.
+func (a *ah) Destroy() error { return nil }

@@ -1,0 +1,463 @@
+package rocev2
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"golang.org/x/net/ipv4"
+
+	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
+)
+
+// Device limits.
+const (
+	maxQP      = 1 << 16
+	maxQPWR    = 1 << 14
+	maxCQE     = 1 << 20
+	maxSRQWR   = 1 << 14
+	maxMsgSize = 1 << 20
+	firstQPN   = 0x10 // like rxe: QPNs below are reserved, 1 is GSI
+)
+
+// Device is one RoCEv2 HCA bound to a UDP address. It implements
+// hca.Device.
+type Device struct {
+	cfg   Config
+	hooks hooks
+	gid   hca.GID
+	local netip.AddrPort
+	conn  *net.UDPConn
+	bc    batchConn
+	ctr   counters
+	// maxPacket is the largest UDP payload the device sends or accepts.
+	maxPacket int
+
+	// mu guards every verbs object of the device. Work that must run
+	// outside it (socket writes, completion handlers, async events) is
+	// collected in work and run by unlock.
+	mu        sync.Mutex
+	closed    bool
+	qps       map[hca.QPN]*qp
+	nextQPN   hca.QPN
+	gsi       *qp
+	cqs       map[*cq]struct{}
+	members   []netip.Addr
+	memberSet map[netip.Addr]struct{}
+	udpAddrs  map[netip.Addr]*net.UDPAddr
+	portFns   map[int]func(hca.AsyncEvent)
+	nextFn    int
+	timed     map[*qp]struct{}
+	ackQPs    []*qp
+	work      *work
+	freeWork  []*work
+	freeBufs  [][]byte
+
+	// txMu serialises socket writes in the order work was queued under mu
+	// (it is taken before mu is released), so packets of one QP leave in
+	// PSN order. It also owns the fault RNG and txMsgs.
+	txMu   sync.Mutex
+	txMsgs []ipv4.Message
+	rng    *rand.Rand
+
+	timerKick chan struct{}
+	done      chan struct{}
+	wg        sync.WaitGroup
+}
+
+// txPacket is one datagram waiting for the socket.
+type txPacket struct {
+	buf []byte
+	to  *net.UDPAddr
+}
+
+// pendingEvent is an async event to deliver outside the lock.
+type pendingEvent struct {
+	fn func(hca.AsyncEvent)
+	ev hca.AsyncEvent
+}
+
+// work is what one critical section leaves to do after unlocking.
+type work struct {
+	out    []txPacket
+	cqs    []*cq
+	events []pendingEvent
+}
+
+var _ hca.Device = (*Device)(nil)
+
+// New opens the device's socket and starts its receive and timer
+// goroutines; Close stops them.
+func New(cfg Config) (*Device, error) { return newDevice(cfg, hooks{}) }
+
+// hooks let tests observe the device without polling; all nil in
+// production.
+type hooks struct {
+	// afterRxBatch runs on the receive goroutine after each batch.
+	afterRxBatch func()
+}
+
+func newDevice(cfg Config, h hooks) (*Device, error) {
+	if err := cfg.normalize(); err != nil {
+		return nil, err
+	}
+	conn, bc, err := openSocket(cfg.Bind)
+	if err != nil {
+		return nil, err
+	}
+	bound := conn.LocalAddr().(*net.UDPAddr).AddrPort()
+	d := &Device{
+		cfg:       cfg,
+		hooks:     h,
+		gid:       hca.GIDFromAddr(cfg.Bind.Addr()),
+		local:     netip.AddrPortFrom(cfg.Bind.Addr(), bound.Port()),
+		conn:      conn,
+		bc:        bc,
+		maxPacket: wire.PacketLen(wire.OpUDSendOnly, int(cfg.MTU)),
+		qps:       make(map[hca.QPN]*qp),
+		nextQPN:   firstQPN,
+		cqs:       make(map[*cq]struct{}),
+		memberSet: make(map[netip.Addr]struct{}),
+		udpAddrs:  make(map[netip.Addr]*net.UDPAddr),
+		portFns:   make(map[int]func(hca.AsyncEvent)),
+		timed:     make(map[*qp]struct{}),
+		work:      &work{},
+		rng:       rand.New(rand.NewPCG(cfg.Faults.Seed, cfg.Faults.Seed^0x9E3779B97F4A7C15)),
+		timerKick: make(chan struct{}, 1),
+		done:      make(chan struct{}),
+	}
+	d.addMember(d.local.Addr())
+	for _, p := range cfg.Peers {
+		d.addMember(p.Unmap())
+	}
+	d.wg.Add(2)
+	go d.rxLoop()
+	go d.timerLoop()
+	return d, nil
+}
+
+// Name implements hca.Device.
+func (d *Device) Name() string { return d.cfg.Name }
+
+// LocalAddr is the bound UDP address.
+func (d *Device) LocalAddr() netip.AddrPort { return d.local }
+
+// Port implements hca.Device. The link is always up.
+func (d *Device) Port() hca.Port {
+	return hca.Port{GID: d.gid, PKeys: append([]hca.PKey(nil), d.cfg.PKeys...), ActiveMTU: d.cfg.MTU, Active: true}
+}
+
+// Limits implements hca.Device.
+func (d *Device) Limits() hca.Limits {
+	return hca.Limits{MaxQP: maxQP, MaxQPWR: maxQPWR, MaxCQE: maxCQE, MaxSRQWR: maxSRQWR, MaxMsgSize: maxMsgSize}
+}
+
+// Stats returns a snapshot of the device's counters.
+func (d *Device) Stats() Stats { return d.ctr.snapshot() }
+
+// Members returns the multicast replication set: self, peers and every
+// address heard from.
+func (d *Device) Members() []netip.Addr {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]netip.Addr(nil), d.members...)
+}
+
+// AddPeer adds a as a multicast replication target, as if heard from:
+// the hook for a membership service or a CLI learning hosts at run time.
+func (d *Device) AddPeer(a netip.Addr) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.addMember(a.Unmap())
+}
+
+// Alloc implements hca.Device. Any Go memory works for a UDP socket; the
+// method exists so consumers keep to the verbs discipline.
+func (d *Device) Alloc(size int) ([]byte, error) {
+	if size < 0 {
+		return nil, fmt.Errorf("rocev2: alloc %d bytes: %w", size, hca.ErrInvalidArgument)
+	}
+	return make([]byte, size), nil
+}
+
+// CreateCQ implements hca.Device.
+func (d *Device) CreateCQ(cfg hca.CQConfig) (hca.CQ, error) {
+	if cfg.Size <= 0 || cfg.Size > maxCQE {
+		return nil, fmt.Errorf("rocev2: CQ size %d: %w", cfg.Size, hca.ErrInvalidArgument)
+	}
+	c := &cq{dev: d, cfg: cfg, ring: make([]hca.WC, cfg.Size)}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, fmt.Errorf("rocev2: create CQ: %w", hca.ErrDestroyed)
+	}
+	d.cqs[c] = struct{}{}
+	return c, nil
+}
+
+// CreateSRQ implements hca.Device.
+func (d *Device) CreateSRQ(cfg hca.SRQConfig) (hca.SRQ, error) {
+	if cfg.MaxWR <= 0 || cfg.MaxWR > maxSRQWR {
+		return nil, fmt.Errorf("rocev2: SRQ size %d: %w", cfg.MaxWR, hca.ErrInvalidArgument)
+	}
+	return &srq{dev: d, cfg: cfg, ring: make([]hca.RecvWR, cfg.MaxWR)}, nil
+}
+
+// CreateAH implements hca.Device. A unicast DGID must be an address of the
+// device's family: it is where the datagrams go.
+func (d *Device) CreateAH(dgid hca.GID) (hca.AH, error) {
+	if !dgid.IsMulticast() && dgid.Addr().Is4() != d.local.Addr().Is4() {
+		return nil, fmt.Errorf("rocev2: AH to %v from %v: %w", dgid, d.local.Addr(), hca.ErrInvalidArgument)
+	}
+	return &ah{dgid: dgid}, nil
+}
+
+// OnPortEvent implements hca.Device. The UDP port never goes down, so no
+// event is ever delivered; registration is kept for the contract.
+func (d *Device) OnPortEvent(fn func(hca.AsyncEvent)) (cancel func()) {
+	d.mu.Lock()
+	id := d.nextFn
+	d.nextFn++
+	d.portFns[id] = fn
+	d.mu.Unlock()
+	return func() {
+		d.mu.Lock()
+		delete(d.portFns, id)
+		d.mu.Unlock()
+	}
+}
+
+// Close implements hca.Device: it stops the goroutines, closes the socket
+// and releases every object; nothing is delivered afterwards.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return fmt.Errorf("rocev2: close %s: %w", d.cfg.Name, hca.ErrDestroyed)
+	}
+	d.closed = true
+	for _, q := range d.qps {
+		q.destroyed = true
+		q.disarmTimer()
+	}
+	clear(d.qps)
+	d.gsi = nil
+	d.mu.Unlock()
+	close(d.done)
+	err := d.conn.Close()
+	d.wg.Wait()
+	if err != nil {
+		return fmt.Errorf("rocev2: close socket: %w", err)
+	}
+	return nil
+}
+
+// addMember adds a multicast replication target; called with mu held or
+// before the device is shared.
+func (d *Device) addMember(a netip.Addr) {
+	if _, ok := d.memberSet[a]; ok || !a.IsValid() || a.Is4() != d.local.Addr().Is4() {
+		return
+	}
+	d.memberSet[a] = struct{}{}
+	d.members = append(d.members, a)
+}
+
+// udpAddr returns the cached socket address of a peer.
+func (d *Device) udpAddr(a netip.Addr) *net.UDPAddr {
+	u, ok := d.udpAddrs[a]
+	if !ok {
+		u = net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, d.local.Port()))
+		d.udpAddrs[a] = u
+	}
+	return u
+}
+
+// deferCompletion schedules a CQ's completion handler; mu held.
+func (d *Device) deferCompletion(c *cq) { d.work.cqs = append(d.work.cqs, c) }
+
+// deferEvent schedules an async event; mu held.
+func (d *Device) deferEvent(fn func(hca.AsyncEvent), ev hca.AsyncEvent) {
+	d.work.events = append(d.work.events, pendingEvent{fn, ev})
+}
+
+// getBuf returns a packet buffer of maxPacket bytes; mu held.
+func (d *Device) getBuf() []byte {
+	if n := len(d.freeBufs); n > 0 {
+		b := d.freeBufs[n-1]
+		d.freeBufs = d.freeBufs[:n-1]
+		return b[:cap(b)]
+	}
+	return make([]byte, d.maxPacket)
+}
+
+// queuePacket fills in the ICRC of pkt (a buffer from getBuf, sliced to
+// the packet) as the kernel will send it to dst, and queues it; mu held.
+func (d *Device) queuePacket(dst netip.Addr, pkt []byte) {
+	var hdr [wire.IPv6HeaderLen + wire.UDPHeaderLen]byte
+	udpLen := wire.UDPHeaderLen + len(pkt)
+	n := wire.PutIPHeader(hdr[:], d.local.Addr(), dst, udpLen)
+	wire.PutUDPHeader(hdr[n:], d.local.Port(), d.local.Port(), udpLen)
+	_ = wire.PutICRC(hdr[:n], hdr[n:n+wire.UDPHeaderLen], pkt)
+	d.work.out = append(d.work.out, txPacket{buf: pkt, to: d.udpAddr(dst)})
+}
+
+// unlock releases mu and then does the work the critical section queued:
+// socket writes first (in queue order, under txMu), then completion
+// handlers and async events, outside every lock.
+func (d *Device) unlock() {
+	w := d.work
+	if len(w.out) == 0 && len(w.cqs) == 0 && len(w.events) == 0 {
+		d.mu.Unlock()
+		return
+	}
+	if n := len(d.freeWork); n > 0 {
+		d.work = d.freeWork[n-1]
+		d.freeWork = d.freeWork[:n-1]
+	} else {
+		d.work = &work{}
+	}
+	if len(w.out) > 0 {
+		d.txMu.Lock()
+		d.mu.Unlock()
+		d.transmit(w.out)
+		d.txMu.Unlock()
+	} else {
+		d.mu.Unlock()
+	}
+	for _, c := range w.cqs {
+		c.cfg.OnCompletion()
+	}
+	for _, e := range w.events {
+		e.fn(e.ev)
+	}
+	d.mu.Lock()
+	for i := range w.out {
+		d.freeBufs = append(d.freeBufs, w.out[i].buf)
+		w.out[i] = txPacket{}
+	}
+	w.out = w.out[:0]
+	clear(w.cqs)
+	w.cqs = w.cqs[:0]
+	clear(w.events)
+	w.events = w.events[:0]
+	d.freeWork = append(d.freeWork, w)
+	d.mu.Unlock()
+}
+
+// transmit writes packets with sendmmsg, applying faults; txMu held.
+func (d *Device) transmit(out []txPacket) {
+	f := d.cfg.Faults
+	msgs := d.txMsgs[:0]
+	add := func(p *txPacket) {
+		// Extend within capacity so the element keeps its Buffers array.
+		if len(msgs) < cap(msgs) {
+			msgs = msgs[:len(msgs)+1]
+		} else {
+			msgs = append(msgs, ipv4.Message{})
+		}
+		m := &msgs[len(msgs)-1]
+		if cap(m.Buffers) == 0 {
+			m.Buffers = make([][]byte, 1)
+		}
+		m.Buffers = m.Buffers[:1]
+		m.Buffers[0] = p.buf
+		m.Addr = p.to
+	}
+	for i := range out {
+		if f.active() {
+			if f.Drop > 0 && d.rng.Float64() < f.Drop {
+				d.ctr.faultDropped.Add(1)
+				continue
+			}
+			if f.Reorder > 0 && i+1 < len(out) && d.rng.Float64() < f.Reorder {
+				out[i], out[i+1] = out[i+1], out[i]
+				d.ctr.faultReordered.Add(1)
+			}
+			if f.Duplicate > 0 && d.rng.Float64() < f.Duplicate {
+				add(&out[i])
+				d.ctr.faultDuplicated.Add(1)
+			}
+		}
+		add(&out[i])
+	}
+	batch := msgs
+	for len(msgs) > 0 {
+		n, err := d.bc.WriteBatch(msgs, 0)
+		if n > 0 {
+			for i := range msgs[:n] {
+				d.ctr.txPackets.Add(1)
+				d.ctr.txBytes.Add(uint64(len(msgs[i].Buffers[0])))
+			}
+		}
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				break
+			}
+			// The datagram at n was refused; count it and go on.
+			d.ctr.txErrors.Add(1)
+			n++
+			d.cfg.Logger.Debug("rocev2: sendmmsg", "dev", d.cfg.Name, "err", err)
+		}
+		msgs = msgs[min(n, len(msgs)):]
+	}
+	// Keep the message array for the next call without pinning buffers.
+	for i := range batch {
+		batch[i].Buffers[0] = nil
+		batch[i].Addr = nil
+	}
+	d.txMsgs = batch[:0]
+}
+
+// timerLoop fires the RC retransmit and RNR timers of every QP. One
+// goroutine per device scans the armed QPs when the earliest deadline
+// passes or when a QP arms a timer.
+func (d *Device) timerLoop() {
+	defer d.wg.Done()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.done:
+			return
+		case <-d.timerKick:
+		case <-t.C:
+		}
+		d.mu.Lock()
+		now := time.Now()
+		var next time.Time
+		for q := range d.timed {
+			if !q.deadline.After(now) {
+				q.fireTimer()
+				continue
+			}
+			if next.IsZero() || q.deadline.Before(next) {
+				next = q.deadline
+			}
+		}
+		// fireTimer may have re-armed; look once more for the earliest.
+		for q := range d.timed {
+			if next.IsZero() || q.deadline.Before(next) {
+				next = q.deadline
+			}
+		}
+		d.unlock()
+		if next.IsZero() {
+			t.Reset(time.Hour)
+		} else {
+			t.Reset(max(time.Until(next), 0))
+		}
+	}
+}
+
+// kickTimers makes timerLoop rescan; mu held.
+func (d *Device) kickTimers() {
+	select {
+	case d.timerKick <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,27 @@
+// Package rocev2 is an HCA backend that speaks RoCEv2 over UDP: every
+// device is one UDP socket, its port GID is its bind address as a GID
+// (::ffff:a.b.c.d), and the packets it sends are standard BTH/DETH/AETH
+// transport packets with a valid ICRC, so separate processes and hosts can
+// talk and tshark decodes the traffic.
+//
+// The RC transport follows Linux rxe: segmentation at the path MTU, 24-bit
+// PSNs, the AckReq bit on the last packet of a message and every
+// ackReqEvery packets, coalesced ACKs (one per QP per received batch),
+// go-back-N retransmission on the transport timer, one PSN sequence NAK
+// per gap, re-ACK of duplicates, and RNR NAKs with the IBTA timer table.
+//
+// UD multicast uses head-end replication (wire-formats.md §6 option C):
+// a send to an MGID becomes one unicast copy with DestQP 0xFFFFFF to every
+// known member: the configured peers, every address heard from, and the
+// device itself. The MGID is not in a RoCEv2 packet sent to a unicast IP
+// address, so a receiver cannot tell groups apart: it delivers a
+// multicast packet to every local QP attached to any group whose Q_Key
+// matches the DETH Q_Key. IPoIB puts all its groups on one Q_Key and
+// filters by IP destination above, so this limitation is invisible to it.
+//
+// The sending socket is unconnected and has IP_MTU_DISCOVER set to
+// IP_PMTUDISC_DO, so Linux sends IPv4 ID 0 with DF set, the IP header a
+// receiver reconstructs to check the ICRC (wire-formats.md §4.6). All
+// devices of one fabric bind the same UDP port (4791 by default): the
+// peer's endpoint is its GID's address and that port, with no table.
+package rocev2

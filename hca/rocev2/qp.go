@@ -1,0 +1,461 @@
+package rocev2
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/ipoibcm/ipoib/hca"
+)
+
+// timerKind says what a QP's single timer is waiting for.
+type timerKind uint8
+
+const (
+	timerNone timerKind = iota
+	// timerRetry: the transport (local ACK) timeout.
+	timerRetry
+	// timerRNR: the RNR NAK delay before resending.
+	timerRNR
+)
+
+func (k timerKind) String() string {
+	switch k {
+	case timerNone:
+		return "none"
+	case timerRetry:
+		return "retry"
+	case timerRNR:
+		return "rnr"
+	}
+	return fmt.Sprintf("timerKind(%d)", uint8(k))
+}
+
+// sendWQE is a posted RC send. Its PSNs are fixed at post time, so
+// go-back-N can find the packet any PSN stands for.
+type sendWQE struct {
+	id       uint64
+	data     []byte
+	firstPSN uint32
+	npkts    uint32
+}
+
+// qp is a queue pair; every field is guarded by dev.mu.
+type qp struct {
+	dev       *Device
+	qpn       hca.QPN
+	typ       hca.QPType
+	cfg       hca.QPConfig
+	sendCQ    *cq
+	recvCQ    *cq
+	srq       *srq
+	state     hca.QPState
+	destroyed bool
+	qkey      hca.QKey
+	pkey      hca.PKey
+	mcast     map[hca.GID]struct{}
+	// lastWQESent makes EventQPLastWQEReached fire once per QP.
+	lastWQESent bool
+
+	rq            []hca.RecvWR // own receive queue ring (non-SRQ)
+	rqHead, rqLen int
+
+	udPSN uint32
+
+	// RC requester.
+	sq            []sendWQE
+	sqHead, sqLen int
+	dest          netip.Addr
+	destQPN       hca.QPN
+	mtu           int
+	timeout       time.Duration // scaled; 0 = none
+	retryCount    uint8
+	rnrRetry      uint8
+	retryLeft     uint8
+	rnrLeft       uint8
+	nextPSN       uint32 // first PSN of the next posted WQE
+	una           uint32 // oldest unacknowledged PSN
+	txPSN         uint32 // next PSN to transmit
+	sentEnd       uint32 // one past the highest PSN transmitted
+	txIdx, txOff  int    // WQE (from sqHead) and byte offset of txPSN
+	timer         timerKind
+	deadline      time.Time
+
+	// RC responder.
+	minRNR     uint8
+	ePSN       uint32
+	msn        uint32
+	nakSent    bool
+	inMsg      bool
+	cur        hca.RecvWR
+	curValid   bool
+	curOff     int
+	ackPending bool
+	ackPSN     uint32
+}
+
+var _ hca.QP = (*qp)(nil)
+
+// CreateQP implements hca.Device.
+func (d *Device) CreateQP(cfg hca.QPConfig) (hca.QP, error) {
+	sc, ok1 := cfg.SendCQ.(*cq)
+	rc, ok2 := cfg.RecvCQ.(*cq)
+	if !ok1 || !ok2 || sc.dev != d || rc.dev != d {
+		return nil, fmt.Errorf("rocev2: create QP: CQs not of this device: %w", hca.ErrInvalidArgument)
+	}
+	var s *srq
+	if cfg.SRQ != nil {
+		var ok bool
+		if s, ok = cfg.SRQ.(*srq); !ok || s.dev != d {
+			return nil, fmt.Errorf("rocev2: create QP: SRQ not of this device: %w", hca.ErrInvalidArgument)
+		}
+		if cfg.Type != hca.QPTypeRC {
+			return nil, fmt.Errorf("rocev2: create %s QP with SRQ: %w", cfg.Type, hca.ErrNotSupported)
+		}
+	}
+	if cfg.MaxSendWR < 0 || cfg.MaxSendWR > maxQPWR || cfg.MaxRecvWR < 0 || cfg.MaxRecvWR > maxQPWR {
+		return nil, fmt.Errorf("rocev2: create QP: WR limits %d/%d: %w", cfg.MaxSendWR, cfg.MaxRecvWR, hca.ErrInvalidArgument)
+	}
+	q := &qp{dev: d, typ: cfg.Type, cfg: cfg, sendCQ: sc, recvCQ: rc, srq: s, pkey: d.cfg.PKeys[0]}
+	switch cfg.Type {
+	case hca.QPTypeRC:
+		q.sq = make([]sendWQE, max(cfg.MaxSendWR, 1))
+	case hca.QPTypeUD, hca.QPTypeGSI:
+	default:
+		return nil, fmt.Errorf("rocev2: create QP type %v: %w", cfg.Type, hca.ErrInvalidArgument)
+	}
+	if s == nil {
+		q.rq = make([]hca.RecvWR, max(cfg.MaxRecvWR, 1))
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, fmt.Errorf("rocev2: create QP: %w", hca.ErrDestroyed)
+	}
+	if sc.destroyed || rc.destroyed || s != nil && s.destroyed {
+		return nil, fmt.Errorf("rocev2: create QP on destroyed CQ/SRQ: %w", hca.ErrDestroyed)
+	}
+	if cfg.Type == hca.QPTypeGSI {
+		if d.gsi != nil {
+			return nil, fmt.Errorf("rocev2: GSI QP exists: %w", hca.ErrBusy)
+		}
+		q.qpn, q.qkey = hca.QPNGSI, hca.QKeyGSI
+		d.gsi = q
+	} else {
+		if len(d.qps) >= maxQP {
+			return nil, fmt.Errorf("rocev2: create QP: %w", hca.ErrNoResources)
+		}
+		for {
+			n := d.nextQPN
+			d.nextQPN++
+			if d.nextQPN >= hca.QPNMask {
+				d.nextQPN = firstQPN
+			}
+			if _, used := d.qps[n]; !used {
+				q.qpn = n
+				break
+			}
+		}
+	}
+	d.qps[q.qpn] = q
+	sc.refs++
+	rc.refs++
+	if s != nil {
+		s.refs++
+	}
+	return q, nil
+}
+
+func (q *qp) QPN() hca.QPN     { return q.qpn }
+func (q *qp) Type() hca.QPType { return q.typ }
+
+func (q *qp) State() hca.QPState {
+	q.dev.mu.Lock()
+	defer q.dev.mu.Unlock()
+	return q.state
+}
+
+func (q *qp) Modify(a hca.QPAttr) error {
+	d := q.dev
+	d.mu.Lock()
+	defer d.unlock()
+	if q.destroyed {
+		return fmt.Errorf("rocev2: modify QP %#x: %w", q.qpn, hca.ErrDestroyed)
+	}
+	if err := hca.CheckTransition(q.typ, q.state, a.State); err != nil {
+		return fmt.Errorf("rocev2: modify QP %#x: %w", q.qpn, err)
+	}
+	switch a.State {
+	case hca.QPStateInit:
+		if a.PKeyIndex < 0 || a.PKeyIndex >= len(d.cfg.PKeys) {
+			return fmt.Errorf("rocev2: P_Key index %d of %d: %w", a.PKeyIndex, len(d.cfg.PKeys), hca.ErrInvalidArgument)
+		}
+		q.pkey = d.cfg.PKeys[a.PKeyIndex]
+		if q.typ == hca.QPTypeUD {
+			q.qkey = a.QKey
+		}
+	case hca.QPStateRTR:
+		if q.typ == hca.QPTypeRC {
+			mtu := a.PathMTU
+			if mtu == 0 {
+				mtu = d.cfg.MTU
+			}
+			if !mtu.Valid() {
+				return fmt.Errorf("rocev2: path MTU %d: %w", a.PathMTU, hca.ErrInvalidArgument)
+			}
+			dest := a.DestGID.Addr()
+			if dest.Is4() != d.local.Addr().Is4() || a.DestGID.IsMulticast() {
+				return fmt.Errorf("rocev2: RC dest GID %v: %w", a.DestGID, hca.ErrInvalidArgument)
+			}
+			q.mtu = int(min(mtu, d.cfg.MTU))
+			q.dest, q.destQPN = dest, a.DestQPN&hca.QPNMask
+			q.ePSN = a.RQPSN & psnMask
+			q.minRNR = a.MinRNRTimer & 31
+			q.nakSent, q.inMsg, q.msn = false, false, 0
+		}
+	case hca.QPStateRTS:
+		if q.typ == hca.QPTypeRC {
+			if q.state == hca.QPStateRTR {
+				p := a.SQPSN & psnMask
+				q.nextPSN, q.una, q.txPSN, q.sentEnd = p, p, p, p
+			}
+			q.timeout = 0
+			if a.Timeout != 0 {
+				q.timeout = max(d.cfg.scale(TransportTimeout(a.Timeout)), d.cfg.MinAckTimeout)
+			}
+			q.retryCount, q.rnrRetry = min(a.RetryCount, 7), min(a.RNRRetry, 7)
+			q.retryLeft, q.rnrLeft = q.retryCount, q.rnrRetry
+		} else if q.state == hca.QPStateRTR {
+			q.udPSN = a.SQPSN & psnMask
+		}
+	case hca.QPStateError:
+		q.toError()
+		return nil
+	case hca.QPStateReset:
+		q.reset()
+	}
+	q.state = a.State
+	return nil
+}
+
+// toError moves the QP to Error and flushes every outstanding work
+// request, in order, with WRFlushErr; an SRQ QP then raises
+// LAST_WQE_REACHED once (the responder takes WQEs straight from the SRQ,
+// so nothing of it is left on the QP). mu held.
+func (q *qp) toError() {
+	q.state = hca.QPStateError
+	q.disarmTimer()
+	for q.sqLen > 0 {
+		w := &q.sq[q.sqHead]
+		q.completeSend(w.id, hca.StatusWRFlushErr, 0)
+		q.popSend()
+	}
+	q.txIdx, q.txOff = 0, 0
+	if q.curValid {
+		q.completeRecv(q.cur.ID, hca.StatusWRFlushErr, 0, nil)
+		q.curValid = false
+	}
+	q.inMsg = false
+	for q.rqLen > 0 {
+		wr := q.rq[q.rqHead]
+		q.rq[q.rqHead] = hca.RecvWR{}
+		q.rqHead = (q.rqHead + 1) % len(q.rq)
+		q.rqLen--
+		q.completeRecv(wr.ID, hca.StatusWRFlushErr, 0, nil)
+	}
+	if q.srq != nil && !q.lastWQESent {
+		q.lastWQESent = true
+		if q.cfg.OnEvent != nil {
+			q.dev.deferEvent(q.cfg.OnEvent, hca.AsyncEvent{Type: hca.EventQPLastWQEReached, QPN: q.qpn, Context: q.cfg.Context})
+		}
+	}
+}
+
+// reset discards all work without completions (IBTA: Reset empties the
+// queues). mu held.
+func (q *qp) reset() {
+	q.disarmTimer()
+	clear(q.sq)
+	q.sqHead, q.sqLen, q.txIdx, q.txOff = 0, 0, 0, 0
+	clear(q.rq)
+	q.rqHead, q.rqLen = 0, 0
+	q.cur, q.curValid, q.inMsg, q.curOff = hca.RecvWR{}, false, false, 0
+	q.ackPending = false
+}
+
+func (q *qp) PostRecv(wrs []hca.RecvWR) (int, error) {
+	d := q.dev
+	d.mu.Lock()
+	defer d.unlock()
+	if q.destroyed {
+		return 0, fmt.Errorf("rocev2: post recv QP %#x: %w", q.qpn, hca.ErrDestroyed)
+	}
+	if q.srq != nil {
+		return 0, fmt.Errorf("rocev2: post recv on SRQ QP %#x: %w", q.qpn, hca.ErrInvalidArgument)
+	}
+	if q.state == hca.QPStateReset {
+		return 0, fmt.Errorf("rocev2: post recv QP %#x in %v: %w", q.qpn, q.state, hca.ErrInvalidState)
+	}
+	for i := range wrs {
+		if q.state == hca.QPStateError {
+			q.completeRecv(wrs[i].ID, hca.StatusWRFlushErr, 0, nil)
+			continue
+		}
+		if q.rqLen == len(q.rq) {
+			return i, fmt.Errorf("rocev2: post recv %d of %d: %w", i, len(wrs), hca.ErrQueueFull)
+		}
+		q.rq[(q.rqHead+q.rqLen)%len(q.rq)] = wrs[i]
+		q.rqLen++
+	}
+	return len(wrs), nil
+}
+
+// takeRecv takes the next receive buffer from the SRQ or the own RQ.
+func (q *qp) takeRecv() (hca.RecvWR, bool) {
+	if q.srq != nil {
+		return q.srq.take()
+	}
+	if q.rqLen == 0 {
+		return hca.RecvWR{}, false
+	}
+	wr := q.rq[q.rqHead]
+	q.rq[q.rqHead] = hca.RecvWR{}
+	q.rqHead = (q.rqHead + 1) % len(q.rq)
+	q.rqLen--
+	return wr, true
+}
+
+func (q *qp) PostSend(wrs []hca.SendWR) (int, error) {
+	d := q.dev
+	d.mu.Lock()
+	defer d.unlock()
+	if q.destroyed {
+		return 0, fmt.Errorf("rocev2: post send QP %#x: %w", q.qpn, hca.ErrDestroyed)
+	}
+	switch q.state {
+	case hca.QPStateError:
+		for i := range wrs {
+			q.completeSend(wrs[i].ID, hca.StatusWRFlushErr, 0)
+		}
+		return len(wrs), nil
+	case hca.QPStateRTS:
+	default:
+		return 0, fmt.Errorf("rocev2: post send QP %#x in %v: %w", q.qpn, q.state, hca.ErrInvalidState)
+	}
+	if q.typ == hca.QPTypeRC {
+		return q.postSendRC(wrs)
+	}
+	return q.postSendUD(wrs)
+}
+
+func (q *qp) AttachMcast(mgid hca.GID) error {
+	d := q.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if q.destroyed {
+		return fmt.Errorf("rocev2: attach QP %#x: %w", q.qpn, hca.ErrDestroyed)
+	}
+	if q.typ != hca.QPTypeUD || !mgid.IsMulticast() {
+		return fmt.Errorf("rocev2: attach %v QP to %v: %w", q.typ, mgid, hca.ErrInvalidArgument)
+	}
+	if q.mcast == nil {
+		q.mcast = make(map[hca.GID]struct{})
+	}
+	q.mcast[mgid] = struct{}{}
+	return nil
+}
+
+func (q *qp) DetachMcast(mgid hca.GID) error {
+	d := q.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if q.destroyed {
+		return fmt.Errorf("rocev2: detach QP %#x: %w", q.qpn, hca.ErrDestroyed)
+	}
+	if _, ok := q.mcast[mgid]; !ok {
+		return fmt.Errorf("rocev2: QP %#x not attached to %v: %w", q.qpn, mgid, hca.ErrInvalidArgument)
+	}
+	delete(q.mcast, mgid)
+	return nil
+}
+
+// Destroy releases the QP without generating completions (as rxe);
+// completions already queued stay on their CQs.
+func (q *qp) Destroy() error {
+	d := q.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if q.destroyed {
+		return fmt.Errorf("rocev2: destroy QP %#x: %w", q.qpn, hca.ErrDestroyed)
+	}
+	if len(q.mcast) > 0 {
+		return fmt.Errorf("rocev2: destroy QP %#x attached to %d groups: %w", q.qpn, len(q.mcast), hca.ErrBusy)
+	}
+	q.destroyed = true
+	q.disarmTimer()
+	if d.qps[q.qpn] == q {
+		delete(d.qps, q.qpn)
+	}
+	if d.gsi == q {
+		d.gsi = nil
+	}
+	q.sendCQ.refs--
+	q.recvCQ.refs--
+	if q.srq != nil {
+		q.srq.refs--
+	}
+	clear(q.sq)
+	clear(q.rq)
+	return nil
+}
+
+func (q *qp) completeSend(id uint64, st hca.Status, n int) {
+	q.sendCQ.push(&hca.WC{ID: id, Status: st, Opcode: hca.WCSend, ByteLen: n, QPN: q.qpn, Context: q.cfg.Context})
+}
+
+// udInfo carries the UD-only fields of a receive completion.
+type udInfo struct {
+	srcQPN hca.QPN
+	srcGID hca.GID
+	pkey   hca.PKey
+}
+
+func (q *qp) completeRecv(id uint64, st hca.Status, n int, ud *udInfo) {
+	wc := hca.WC{ID: id, Status: st, Opcode: hca.WCRecv, ByteLen: n, QPN: q.qpn, Context: q.cfg.Context}
+	if ud != nil {
+		wc.SrcQPN, wc.SrcGID, wc.PKey = ud.srcQPN, ud.srcGID, ud.pkey
+	}
+	q.recvCQ.push(&wc)
+}
+
+func (q *qp) armTimer(k timerKind, after time.Duration) {
+	d := q.dev
+	_, was := d.timed[q]
+	old := q.deadline
+	q.timer, q.deadline = k, time.Now().Add(after)
+	d.timed[q] = struct{}{}
+	// A later deadline is found when the loop wakes for the earlier one.
+	if !was || q.deadline.Before(old) {
+		d.kickTimers()
+	}
+}
+
+func (q *qp) disarmTimer() {
+	q.timer = timerNone
+	delete(q.dev.timed, q)
+}
+
+// fireTimer runs when the deadline passed; mu held.
+func (q *qp) fireTimer() {
+	k := q.timer
+	q.disarmTimer()
+	if q.destroyed || q.state != hca.QPStateRTS {
+		return
+	}
+	switch k {
+	case timerRetry:
+		q.retryTimeout()
+	case timerRNR:
+		q.pump()
+	}
+}

@@ -1,0 +1,138 @@
+package wire
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"slices"
+)
+
+// RoCEv2Port is the IANA UDP destination port of RoCEv2.
+const RoCEv2Port = 4791
+
+// ipv4TTL is the TTL the Linux kernel uses for our unconnected sockets;
+// it is masked in the ICRC, so any value works.
+const ipv4TTL = 64
+
+// PutIPv4Header writes the 20-byte IPv4 header a Linux unconnected UDP
+// socket with IP_PMTUDISC_DO sends: ID 0, DF set, TTL 64, protocol UDP,
+// with a valid header checksum. udpLen is the UDP header plus payload.
+func PutIPv4Header(b []byte, src, dst netip.Addr, udpLen int) {
+	_ = b[IPv4HeaderLen-1]
+	b[0] = 0x45
+	b[1] = 0
+	binary.BigEndian.PutUint16(b[2:], uint16(IPv4HeaderLen+udpLen))
+	binary.BigEndian.PutUint16(b[4:], 0)      // Identification
+	binary.BigEndian.PutUint16(b[6:], 0x4000) // DF, offset 0
+	b[8] = ipv4TTL
+	b[9] = 17
+	b[10], b[11] = 0, 0
+	s, d := src.Unmap().As4(), dst.Unmap().As4()
+	copy(b[12:16], s[:])
+	copy(b[16:20], d[:])
+	binary.BigEndian.PutUint16(b[10:], ^onesSum(0, b[:IPv4HeaderLen]))
+}
+
+// PutIPv6Header writes a 40-byte IPv6 header (traffic class and flow
+// label 0, hop limit 64, next header UDP).
+func PutIPv6Header(b []byte, src, dst netip.Addr, udpLen int) {
+	_ = b[IPv6HeaderLen-1]
+	binary.BigEndian.PutUint32(b, 6<<28)
+	binary.BigEndian.PutUint16(b[4:], uint16(udpLen))
+	b[6] = 17
+	b[7] = 64
+	s, d := src.As16(), dst.As16()
+	copy(b[8:24], s[:])
+	copy(b[24:40], d[:])
+}
+
+// PutIPHeader writes an IPv4 header when src is IPv4 (or v4-mapped), else
+// an IPv6 header, and returns the header length.
+func PutIPHeader(b []byte, src, dst netip.Addr, udpLen int) int {
+	if src.Unmap().Is4() {
+		PutIPv4Header(b, src, dst, udpLen)
+		return IPv4HeaderLen
+	}
+	PutIPv6Header(b, src, dst, udpLen)
+	return IPv6HeaderLen
+}
+
+// PutUDPHeader writes a UDP header with a zero checksum, as rxe sends
+// over IPv4 (the ICRC masks it anyway).
+func PutUDPHeader(b []byte, sport, dport uint16, udpLen int) {
+	_ = b[UDPHeaderLen-1]
+	binary.BigEndian.PutUint16(b, sport)
+	binary.BigEndian.PutUint16(b[2:], dport)
+	binary.BigEndian.PutUint16(b[4:], uint16(udpLen))
+	b[6], b[7] = 0, 0
+}
+
+// onesSum adds b to the ones-complement sum s, folded to 16 bits.
+func onesSum(s uint32, b []byte) uint16 {
+	for len(b) >= 2 {
+		s += uint32(binary.BigEndian.Uint16(b))
+		b = b[2:]
+	}
+	if len(b) == 1 {
+		s += uint32(b[0]) << 8
+	}
+	for s > 0xFFFF {
+		s = s>>16 + s&0xFFFF
+	}
+	return uint16(s)
+}
+
+// udpChecksum computes the UDP checksum over the pseudo-header and the
+// UDP segment u (header with a zero checksum field, plus payload).
+func udpChecksum(src, dst netip.Addr, u []byte) uint16 {
+	var s uint32
+	sb, db := src.AsSlice(), dst.AsSlice()
+	s += uint32(onesSum(0, sb)) + uint32(onesSum(0, db))
+	s += 17 + uint32(len(u))
+	c := ^onesSum(s, u)
+	if c == 0 {
+		c = 0xFFFF
+	}
+	return c
+}
+
+// AppendFrame appends a whole IP/UDP/RoCEv2 packet to dst: the IP header
+// (IPv4 with ID 0 and DF, or IPv6, chosen by src), a UDP header with a
+// valid checksum, pkt (a UDP payload whose last 4 bytes are the ICRC
+// field) with its ICRC computed, and returns the extended slice.
+// src and dst must be the same family. With ethernet set, a 14-byte
+// Ethernet header with locally administered MACs comes first, for
+// LINKTYPE_ETHERNET captures.
+func AppendFrame(dstBuf []byte, src, dst netip.AddrPort, pkt []byte, ethernet bool) ([]byte, error) {
+	sa, da := src.Addr().Unmap(), dst.Addr().Unmap()
+	if sa.Is4() != da.Is4() {
+		return dstBuf, DropGarbage
+	}
+	udpLen := UDPHeaderLen + len(pkt)
+	ipLen := IPv6HeaderLen
+	etherType := uint16(0x86DD)
+	if sa.Is4() {
+		ipLen, etherType = IPv4HeaderLen, 0x0800
+	}
+	ethLen := 0
+	if ethernet {
+		ethLen = 14
+	}
+	start := len(dstBuf)
+	dstBuf = slices.Grow(dstBuf, ethLen+ipLen+udpLen)[:start+ethLen+ipLen+udpLen]
+	f := dstBuf[start:]
+	if ethernet {
+		copy(f[0:6], []byte{0x02, 0, 0, 0, 0, 2})
+		copy(f[6:12], []byte{0x02, 0, 0, 0, 0, 1})
+		binary.BigEndian.PutUint16(f[12:], etherType)
+		f = f[ethLen:]
+	}
+	ip, u, p := f[:ipLen], f[ipLen:ipLen+UDPHeaderLen], f[ipLen+UDPHeaderLen:]
+	PutIPHeader(ip, sa, da, udpLen)
+	PutUDPHeader(u, src.Port(), dst.Port(), udpLen)
+	copy(p, pkt)
+	if err := PutICRC(ip, u, p); err != nil {
+		return dstBuf[:start], err
+	}
+	binary.BigEndian.PutUint16(u[6:], udpChecksum(sa, da, f[ipLen:]))
+	return dstBuf, nil
+}

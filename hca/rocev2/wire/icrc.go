@@ -1,0 +1,107 @@
+package wire
+
+import (
+	"encoding/binary"
+	"hash/crc32"
+)
+
+// IP and UDP header sizes the ICRC covers.
+const (
+	IPv4HeaderLen = 20
+	IPv6HeaderLen = 40
+	UDPHeaderLen  = 8
+	maxIPv4HdrLen = 60
+)
+
+// crcAfterMaskedLRH is the running IEEE CRC after the eight 0xFF bytes that
+// stand for the masked LRH (IBTA A17.8). Seeding with it saves hashing them
+// per packet; rxe seeds its raw CRC with 0xdebb20e3, the same state.
+var crcAfterMaskedLRH = crc32.Update(0, crc32.IEEETable, []byte{0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF})
+
+// ICRC computes the invariant CRC of a RoCEv2 packet. ipHdr is the IPv4
+// (with options) or IPv6 header as sent, udpHdr the 8-byte UDP header and
+// ib the UDP payload without its trailing 4 ICRC bytes. The variant fields
+// are masked in small stack copies of the headers; the payload is hashed
+// in place. Malformed header lengths return DropTruncated.
+func ICRC(ipHdr, udpHdr, ib []byte) (uint32, error) {
+	if len(udpHdr) < UDPHeaderLen || len(ib) < BTHLen || len(ipHdr) == 0 {
+		return 0, DropTruncated
+	}
+	crc := crcAfterMaskedLRH
+	switch ipHdr[0] >> 4 {
+	case 4:
+		ihl := int(ipHdr[0]&0xF) * 4
+		if ihl < IPv4HeaderLen || len(ipHdr) < ihl {
+			return 0, DropTruncated
+		}
+		var h [maxIPv4HdrLen]byte
+		copy(h[:], ipHdr[:ihl])
+		h[1] = 0xFF               // TOS
+		h[8] = 0xFF               // TTL
+		h[10], h[11] = 0xFF, 0xFF // header checksum
+		crc = updateSmall(crc, h[:ihl])
+	case 6:
+		if len(ipHdr) < IPv6HeaderLen {
+			return 0, DropTruncated
+		}
+		var h [IPv6HeaderLen]byte
+		copy(h[:], ipHdr)
+		// Traffic class and flow label, with the version nibble kept.
+		h[0], h[1], h[2], h[3] = 0x6F, 0xFF, 0xFF, 0xFF
+		h[7] = 0xFF // hop limit
+		crc = updateSmall(crc, h[:])
+	default:
+		return 0, DropGarbage
+	}
+	var u [UDPHeaderLen]byte
+	copy(u[:], udpHdr)
+	u[6], u[7] = 0xFF, 0xFF // UDP checksum
+	crc = updateSmall(crc, u[:])
+	var bth [BTHLen]byte
+	copy(bth[:], ib)
+	bth[4] = 0xFF // FECN, BECN, resv6
+	crc = updateSmall(crc, bth[:])
+	return crc32.Update(crc, crc32.IEEETable, ib[BTHLen:]), nil
+}
+
+// PutICRC computes the ICRC of pkt (a whole UDP payload whose last 4 bytes
+// are the ICRC field) and writes it little-endian into those bytes.
+func PutICRC(ipHdr, udpHdr, pkt []byte) error {
+	if len(pkt) < BTHLen+ICRCLen {
+		return DropTruncated
+	}
+	n := len(pkt) - ICRCLen
+	c, err := ICRC(ipHdr, udpHdr, pkt[:n])
+	if err != nil {
+		return err
+	}
+	binary.LittleEndian.PutUint32(pkt[n:], c)
+	return nil
+}
+
+// CheckICRC verifies the ICRC of pkt; DropBadICRC on mismatch.
+func CheckICRC(ipHdr, udpHdr, pkt []byte) error {
+	if len(pkt) < BTHLen+ICRCLen {
+		return DropTruncated
+	}
+	n := len(pkt) - ICRCLen
+	c, err := ICRC(ipHdr, udpHdr, pkt[:n])
+	if err != nil {
+		return err
+	}
+	if c != binary.LittleEndian.Uint32(pkt[n:]) {
+		return DropBadICRC
+	}
+	return nil
+}
+
+// updateSmall continues an IEEE CRC over a few bytes with the byte-wise
+// table. The masked header copies live on the stack; handing them to
+// crc32.Update (an indirect call) would make them escape and allocate.
+func updateSmall(crc uint32, b []byte) uint32 {
+	crc = ^crc
+	for _, v := range b {
+		crc = crc32.IEEETable[byte(crc)^v] ^ crc>>8
+	}
+	return ^crc
+}

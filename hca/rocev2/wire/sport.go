@@ -1,0 +1,19 @@
+package wire
+
+// FlowLabel returns the flow label Linux derives for a QP pair when the
+// GRH carries none (rdma_calc_flow_label): the 64-bit product of the QPNs
+// folded to 20 bits.
+func FlowLabel(lqpn, rqpn uint32) uint32 {
+	v := uint64(lqpn) * uint64(rqpn)
+	v ^= v >> 20
+	v ^= v >> 40
+	return uint32(v) & 0xFFFFF
+}
+
+// UDPSourcePort returns the RoCEv2 entropy source port of a QP pair as
+// Linux rdma_get_udp_sport computes it: in 0xC000-0xFFFF and constant per
+// QP pair, so one flow is never spread over paths and reordered.
+func UDPSourcePort(lqpn, rqpn uint32) uint16 {
+	fl := FlowLabel(lqpn, rqpn)
+	return uint16(fl&0x3FFF^(fl&0xFC000)>>14) | 0xC000
+}
