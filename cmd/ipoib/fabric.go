@@ -1,0 +1,101 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+
+	"github.com/ipoibcm/ipoib/cmd/ipoib/internal/cli"
+	"github.com/ipoibcm/ipoib/control"
+	"github.com/ipoibcm/ipoib/hca/soft"
+	"github.com/ipoibcm/ipoib/ipoibcm"
+	"github.com/ipoibcm/ipoib/tap"
+)
+
+// This file is the only place the CLI touches the engine: it builds
+// ipoibcm Interfaces on hca/soft devices with kernel TAPs as host ports.
+
+var _ ipoibcm.HostPort = (*tap.Device)(nil)
+
+type softEngine struct{}
+
+func (softEngine) NewFabric(seed int64, log *slog.Logger) (cli.Fabric, error) {
+	return &softFabric{fab: soft.NewFabric(soft.Config{Seed: seed}), log: log}, nil
+}
+
+type softFabric struct {
+	fab *soft.Fabric
+	log *slog.Logger
+}
+
+func (f *softFabric) AddHost(host, ifname string, dev *tap.Device, addrs []netip.Prefix, mode string, mtu int) (cli.Host, error) {
+	m, err := ipoibcm.ParseMode(mode)
+	if err != nil {
+		return nil, err
+	}
+	hd, err := f.fab.NewDevice(host)
+	if err != nil {
+		return nil, fmt.Errorf("soft device: %w", err)
+	}
+	ifc, err := ipoibcm.New(ipoibcm.Config{
+		Device: hd,
+		Host:   dev,
+		Name:   ifname,
+		Mode:   m,
+		MTU:    mtu,
+		Logger: f.log.With("host", host),
+	})
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("ipoibcm: %w", err), hd.Close())
+	}
+	if err := ifc.Start(); err != nil {
+		return nil, errors.Join(fmt.Errorf("ipoibcm start: %w", err), ifc.Close(), hd.Close())
+	}
+	// The engine owns the MTU (mode default or capped); make the kernel
+	// side agree from the start.
+	if err := dev.SetMTU(ifc.MTU()); err != nil {
+		return nil, errors.Join(err, ifc.Close(), hd.Close())
+	}
+	return &softHost{host: host, ifc: ifc, dev: hd, addrs: addrs}, nil
+}
+
+func (f *softFabric) Close() error { return f.fab.Close() }
+
+// softHost adapts an ipoibcm.Interface to the control socket.
+type softHost struct {
+	host  string
+	ifc   *ipoibcm.Interface
+	dev   *soft.Device
+	addrs []netip.Prefix
+}
+
+func (h *softHost) Info() control.InterfaceInfo {
+	info := control.InterfaceInfo{
+		Host:   h.host,
+		Name:   h.ifc.Name(),
+		Mode:   h.ifc.Mode().String(),
+		MTU:    h.ifc.MTU(),
+		HWAddr: h.ifc.HWAddr().String(),
+		LinkUp: h.ifc.LinkUp(),
+	}
+	for _, a := range h.addrs {
+		info.Addrs = append(info.Addrs, a.String())
+	}
+	return info
+}
+
+func (h *softHost) Stats() any { return h.ifc.Stats() }
+
+func (h *softHost) SetMode(mode string) error {
+	m, err := ipoibcm.ParseMode(mode)
+	if err != nil {
+		return err
+	}
+	return h.ifc.SetMode(m)
+}
+
+// Close stops the interface (which closes its TAP) and then its device.
+func (h *softHost) Close() error {
+	return errors.Join(h.ifc.Close(), h.dev.Close())
+}

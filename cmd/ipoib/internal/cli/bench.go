@@ -1,0 +1,129 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/ipoibcm/ipoib/bench"
+	"github.com/ipoibcm/ipoib/tap"
+)
+
+// Default IP MTUs of the two modes on the soft fabric (IB MTU 4096): the
+// connected-mode maximum and the UD MTU, IB MTU minus the 4-byte header.
+const (
+	defaultConnectedMTU = 65520
+	defaultDatagramMTU  = 4096 - 4
+)
+
+func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
+	iperf := fs.Bool("iperf", false, "run iperf3 between namespaces over ib0, veth and tap-pipe (root, iperf3)")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	duration := fs.Duration("duration", 5*time.Second, "--iperf: length of each iperf3 test")
+	streams := fs.Int("streams", 1, "--iperf: parallel TCP streams (iperf3 -P)")
+	modes := fs.String("modes", "connected,datagram", "--iperf: ib0 modes to measure, comma-separated")
+	mtuCM := fs.Int("mtu-connected", defaultConnectedMTU, "--iperf: IP MTU for connected mode and its baselines")
+	mtuUD := fs.Int("mtu-datagram", defaultDatagramMTU, "--iperf: IP MTU for datagram mode and its baselines")
+	seed := fs.Int64("seed", 1, "--iperf: soft fabric random seed")
+	size := fs.Int64("bytes", 256<<20, "in-process: bytes to transfer")
+	mtu := fs.Int("mtu", defaultConnectedMTU, "in-process: link MTU")
+	return func(ctx context.Context, args []string) int {
+		if len(args) > 0 {
+			return usageError(env, "bench", fmt.Sprintf("unexpected argument %q", args[0]))
+		}
+		if !*iperf {
+			if *size <= 0 || *mtu < 576 {
+				return usageError(env, "bench", "--bytes must be positive and --mtu at least 576")
+			}
+			if env.InProc == nil {
+				return fail(env, "bench", errors.New("in-process benchmark not built into this binary (hook: Env.InProc, bench.InProcTCP)"))
+			}
+			if err := env.InProc(ctx, InProcOptions{Bytes: *size, MTU: *mtu, JSON: *asJSON}, env.Stdout); err != nil {
+				return fail(env, "bench", err)
+			}
+			return ExitOK
+		}
+		modeList := strings.Split(*modes, ",")
+		for _, m := range modeList {
+			if !validMode(m) {
+				return usageError(env, "bench", fmt.Sprintf("--modes: %q is not connected or datagram", m))
+			}
+		}
+		if *duration < time.Second || *streams < 1 || *mtuCM < 576 || *mtuUD < 576 {
+			return usageError(env, "bench", "--duration must be at least 1s, --streams at least 1, MTUs at least 576")
+		}
+		if env.Euid() != 0 {
+			return fail(env, "bench", errors.New("--iperf needs root (network namespaces, TAP devices); 'ipoib bench' without --iperf runs in-process without root"))
+		}
+		if err := bench.CheckIperfTools(); err != nil {
+			return fail(env, "bench", err)
+		}
+		cfg := bench.IperfSuiteConfig{
+			Modes:    modeList,
+			MTU:      map[string]int{"connected": *mtuCM, "datagram": *mtuUD},
+			Duration: *duration,
+			Streams:  *streams,
+			Owner:    &tap.Owner{MarkerDir: env.MarkerDir},
+			Progress: env.Stderr,
+		}
+		if env.Engine != nil {
+			cfg.IB = ibLinkFactory(env.Engine, *seed, newLogger(env.Stderr, slog.LevelWarn))
+		}
+		rep, err := bench.RunIperfSuite(ctx, cfg)
+		if err != nil {
+			return fail(env, "bench", err)
+		}
+		if *asJSON {
+			err = rep.WriteJSON(env.Stdout)
+		} else {
+			err = rep.WriteTable(env.Stdout)
+		}
+		if err != nil {
+			return fail(env, "bench", err)
+		}
+		if rep.Failed() {
+			return ExitFail
+		}
+		return ExitOK
+	}
+}
+
+// ibLinkFactory joins namespaces a and b with ib0: a TAP in each, two
+// interfaces on a fresh soft fabric.
+func ibLinkFactory(eng Engine, seed int64, log *slog.Logger) bench.IBLinkFactory {
+	return func(_ context.Context, mode string, mtu int, a, b *tap.Netns, addrA, addrB netip.Prefix) (func() error, error) {
+		fab, err := eng.NewFabric(seed, log)
+		if err != nil {
+			return nil, fmt.Errorf("soft fabric: %w", err)
+		}
+		var hosts []Host
+		stop := func() error {
+			var errs []error
+			for _, h := range hosts {
+				errs = append(errs, h.Close())
+			}
+			return errors.Join(append(errs, fab.Close())...)
+		}
+		for _, side := range []struct {
+			ns   *tap.Netns
+			addr netip.Prefix
+		}{{a, addrA}, {b, addrB}} {
+			dev, err := tap.Open(tap.Config{Name: "ib0", Netns: side.ns, Link: tap.LinkConfig{MTU: mtu, Addrs: []netip.Prefix{side.addr}}})
+			if err != nil {
+				return nil, errors.Join(err, stop())
+			}
+			h, err := fab.AddHost(side.ns.Name(), "ib0", dev, []netip.Prefix{side.addr}, mode, mtu)
+			if err != nil {
+				dev.Close()
+				return nil, errors.Join(err, stop())
+			}
+			hosts = append(hosts, h)
+		}
+		return stop, nil
+	}
+}

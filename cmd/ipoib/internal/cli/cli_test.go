@@ -1,0 +1,191 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/ipoibcm/ipoib/control"
+)
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func runCLI(t *testing.T, env Env, args ...string) result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	env.Stdout, env.Stderr = &out, &errOut
+	if env.Euid == nil {
+		env.Euid = func() int { return 1000 }
+	}
+	code := Main(context.Background(), args, env)
+	return result{code, out.String(), errOut.String()}
+}
+
+func TestFlagErrorsExitTwoWithOneLine(t *testing.T) {
+	for _, args := range [][]string{
+		{"nosuchcmd"},
+		{"show", "--bogus"},
+		{"show", "extra"},
+		{"mode"},
+		{"mode", "fast"},
+		{"mode", "datagram", "connected"},
+		{"mode", "datagram", "--host"},
+		{"fabric", "--hosts", "0"},
+		{"fabric", "--hosts", "x"},
+		{"fabric", "--mode", "turbo"},
+		{"fabric", "--prefix", "10.0.0.0/30", "--hosts", "3"},
+		{"fabric", "--prefix", "fd00::/64"},
+		{"fabric", "--log-level", "loud"},
+		{"bench", "--iperf", "--modes", "connected,warp"},
+		{"bench", "--iperf", "--duration", "10ms"},
+		{"bench", "--mtu", "100"},
+		{"up", "--nope"},
+	} {
+		r := runCLI(t, Env{}, args...)
+		if r.code != ExitUsage {
+			t.Errorf("%v: exit %d, want %d (stderr %q)", args, r.code, ExitUsage, r.stderr)
+			continue
+		}
+		if lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n"); len(lines) != 1 || lines[0] == "" {
+			t.Errorf("%v: stderr %q, want exactly one line", args, r.stderr)
+		}
+		if r.stdout != "" {
+			t.Errorf("%v: stdout %q, want nothing (usage only on -h)", args, r.stdout)
+		}
+		if !strings.HasPrefix(r.stderr, "ipoib") {
+			t.Errorf("%v: stderr %q does not name the program", args, r.stderr)
+		}
+	}
+}
+
+func TestHelpDescribesEveryCommandAndFlag(t *testing.T) {
+	r := runCLI(t, Env{}, "help")
+	if r.code != ExitOK {
+		t.Fatalf("help exit %d", r.code)
+	}
+	for _, c := range commands() {
+		if !strings.Contains(r.stdout, "  "+c.name+" ") {
+			t.Errorf("help lacks %s:\n%s", c.name, r.stdout)
+		}
+		if c.passthrough {
+			continue
+		}
+		var env Env
+		fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
+		c.flags(fs, &env)
+		h := runCLI(t, Env{}, c.name, "-h")
+		if h.code != ExitOK {
+			t.Errorf("%s -h exit %d", c.name, h.code)
+		}
+		fs.VisitAll(func(f *flag.Flag) {
+			if !strings.Contains(h.stdout, "-"+f.Name) || !strings.Contains(h.stdout, f.Usage) {
+				t.Errorf("%s -h does not describe -%s:\n%s", c.name, f.Name, h.stdout)
+			}
+		})
+		if hh := runCLI(t, Env{}, "help", c.name); hh.stdout != h.stdout {
+			t.Errorf("'help %s' differs from '%s -h'", c.name, c.name)
+		}
+	}
+	if r := runCLI(t, Env{}); r.code != ExitUsage || !strings.Contains(r.stdout, "commands:") {
+		t.Errorf("no arguments: exit %d, stdout %q", r.code, r.stdout)
+	}
+}
+
+func TestFabricWithoutRootPointsToBench(t *testing.T) {
+	r := runCLI(t, Env{Euid: func() int { return 1000 }}, "fabric", "--hosts", "3")
+	if r.code != ExitFail || !strings.Contains(r.stderr, "'ipoib bench'") || !strings.Contains(r.stderr, "root") {
+		t.Fatalf("exit %d stderr %q", r.code, r.stderr)
+	}
+	r = runCLI(t, Env{Euid: func() int { return 1000 }}, "bench", "--iperf")
+	if r.code != ExitFail || !strings.Contains(r.stderr, "needs root") {
+		t.Fatalf("bench --iperf without root: exit %d stderr %q", r.code, r.stderr)
+	}
+}
+
+func TestHooksNotBuiltIn(t *testing.T) {
+	for _, args := range [][]string{{"soak", "--anything"}, {"bench"}, {"up"}} {
+		r := runCLI(t, Env{}, args...)
+		if r.code != ExitFail || r.stderr == "" {
+			t.Errorf("%v: exit %d stderr %q", args, r.code, r.stderr)
+		}
+	}
+	var gotArgs []string
+	env := Env{Soak: func(_ context.Context, args []string, stdout, _ io.Writer) int {
+		gotArgs = args
+		io.WriteString(stdout, "soak ran\n")
+		return 3
+	}}
+	r := runCLI(t, env, "soak", "--hosts", "8", "-h")
+	if r.code != 3 || strings.Join(gotArgs, " ") != "--hosts 8 -h" || r.stdout != "soak ran\n" {
+		t.Fatalf("soak hook: exit %d args %v stdout %q", r.code, gotArgs, r.stdout)
+	}
+	var got InProcOptions
+	env = Env{InProc: func(_ context.Context, o InProcOptions, _ io.Writer) error { got = o; return nil }}
+	if r := runCLI(t, env, "bench", "--bytes", "1000", "--mtu", "9000", "--json"); r.code != ExitOK || got != (InProcOptions{Bytes: 1000, MTU: 9000, JSON: true}) {
+		t.Fatalf("bench hook: exit %d opts %+v stderr %q", r.code, got, r.stderr)
+	}
+}
+
+// fakeEndpoint is a control.Endpoint with a settable mode.
+type fakeEndpoint struct {
+	mu   sync.Mutex
+	info control.InterfaceInfo
+}
+
+func (f *fakeEndpoint) Info() control.InterfaceInfo { f.mu.Lock(); defer f.mu.Unlock(); return f.info }
+func (f *fakeEndpoint) Stats() any {
+	return map[string]any{"Counters": map[string]int{"rx_packets": 5, "tx_packets": 6}, "Drops": map[string]int{"rx_own_echo": 1}}
+}
+func (f *fakeEndpoint) SetMode(m string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.info.Mode = m
+	return nil
+}
+
+func TestShowAndModeOverControlSocket(t *testing.T) {
+	dir := t.TempDir()
+	h1 := &fakeEndpoint{info: control.InterfaceInfo{Host: "ipoib-h1", Name: "ib0", Mode: "connected", MTU: 65520, LinkUp: true}}
+	h2 := &fakeEndpoint{info: control.InterfaceInfo{Host: "ipoib-h2", Name: "ib0", Mode: "connected", MTU: 65520}}
+	srv, err := control.Listen(dir, []control.Endpoint{h1, h2}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	env := Env{ControlDir: dir}
+
+	r := runCLI(t, env, "show")
+	if r.code != ExitOK || !strings.Contains(r.stdout, "ipoib-h1: ib0: <UP> mode connected mtu 65520") ||
+		!strings.Contains(r.stdout, "ipoib-h2: ib0: <DOWN>") || !strings.Contains(r.stdout, "rx_own_echo: 1") {
+		t.Fatalf("show: exit %d stdout:\n%s\nstderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "show", "--json", "--host", "ipoib-h2")
+	var got []control.InterfaceStats
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || len(got) != 1 || got[0].Interface.Host != "ipoib-h2" {
+		t.Fatalf("show --json: %v %+v (%s)", err, got, r.stdout)
+	}
+	if r := runCLI(t, env, "show", "--host", "ipoib-h7"); r.code != ExitFail || !strings.Contains(r.stderr, "no such host") {
+		t.Fatalf("show unknown host: exit %d stderr %q", r.code, r.stderr)
+	}
+	r = runCLI(t, env, "mode", "datagram", "--host", "ipoib-h2")
+	if r.code != ExitOK || r.stdout != "ipoib-h2: ib0: mode datagram mtu 65520\n" {
+		t.Fatalf("mode: exit %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if h2.Info().Mode != "datagram" || h1.Info().Mode != "connected" {
+		t.Fatal("mode switch reached the wrong host")
+	}
+	if r := runCLI(t, env, "mode", "datagram"); r.code != ExitFail || !strings.Contains(r.stderr, "name one with host") {
+		t.Fatalf("mode without host on a 2-host process: exit %d stderr %q", r.code, r.stderr)
+	}
+	if r := runCLI(t, Env{ControlDir: t.TempDir()}, "show"); r.code != ExitFail || !strings.Contains(r.stderr, "no running ipoib process") {
+		t.Fatalf("show with nothing running: exit %d stderr %q", r.code, r.stderr)
+	}
+}

@@ -1,0 +1,157 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/netip"
+
+	"github.com/ipoibcm/ipoib/control"
+	"github.com/ipoibcm/ipoib/tap"
+)
+
+// maxHosts bounds --hosts; each host costs a namespace, a TAP and an
+// engine with its goroutines.
+const maxHosts = 254
+
+func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
+	hosts := fs.Int("hosts", 2, "number of hosts (namespaces ipoib-h1..ipoib-hN, each with an ib0)")
+	prefix := fs.String("prefix", "10.77.0.0/24", "IPv4 prefix; host i gets address i of it (.1, .2, ...)")
+	mode := fs.String("mode", "connected", "initial mode: connected or datagram")
+	mtu := fs.Int("mtu", 0, "IP MTU of ib0; 0 = the mode's default (65520 connected, IB MTU - 4 datagram)")
+	ifname := fs.String("ifname", "ib0", "name of the TAP device in each namespace")
+	seed := fs.Int64("seed", 1, "soft fabric random seed")
+	lvl := &levelFlag{level: slog.LevelInfo}
+	fs.Var(lvl, "log-level", "log level: debug, info, warn, error")
+	dir := controlDirFlag(fs, env)
+	return func(ctx context.Context, args []string) int {
+		if len(args) > 0 {
+			return usageError(env, "fabric", fmt.Sprintf("unexpected argument %q", args[0]))
+		}
+		if *hosts < 1 || *hosts > maxHosts {
+			return usageError(env, "fabric", fmt.Sprintf("--hosts %d out of range 1..%d", *hosts, maxHosts))
+		}
+		if !validMode(*mode) {
+			return usageError(env, "fabric", fmt.Sprintf("--mode %q: want connected or datagram", *mode))
+		}
+		if *mtu < 0 {
+			return usageError(env, "fabric", fmt.Sprintf("--mtu %d is negative", *mtu))
+		}
+		pfx, err := netip.ParsePrefix(*prefix)
+		if err != nil || !pfx.Addr().Is4() {
+			return usageError(env, "fabric", fmt.Sprintf("--prefix %q: want an IPv4 prefix like 10.77.0.0/24", *prefix))
+		}
+		addrs, err := hostAddrs(pfx, *hosts)
+		if err != nil {
+			return usageError(env, "fabric", err.Error())
+		}
+		if env.Euid() != 0 {
+			return fail(env, "fabric", errors.New("needs root to create network namespaces and TAP devices; without root, 'ipoib bench' measures the same engine in-process"))
+		}
+		if env.Engine == nil {
+			return fail(env, "fabric", errors.New("no IPoIB engine wired into this binary"))
+		}
+		log := newLogger(env.Stderr, lvl.level)
+		lab := fabricLab{env: env, log: log, owner: &tap.Owner{MarkerDir: env.MarkerDir, Logger: log}}
+		if err := lab.run(ctx, addrs, *mode, *mtu, *ifname, *seed, *dir); err != nil {
+			return fail(env, "fabric", err)
+		}
+		return ExitOK
+	}
+}
+
+// hostAddrs gives host i (1-based) address i of the prefix, keeping the
+// prefix length.
+func hostAddrs(pfx netip.Prefix, n int) ([]netip.Prefix, error) {
+	pfx = pfx.Masked()
+	if hostBits := 32 - pfx.Bits(); hostBits < 31 && n > (1<<hostBits)-2 {
+		return nil, fmt.Errorf("--prefix %s has room for %d hosts, not %d", pfx, (1<<hostBits)-2, n)
+	}
+	out := make([]netip.Prefix, n)
+	a := pfx.Addr()
+	for i := range out {
+		a = a.Next()
+		out[i] = netip.PrefixFrom(a, pfx.Bits())
+	}
+	return out, nil
+}
+
+type fabricLab struct {
+	env   *Env
+	log   *slog.Logger
+	owner *tap.Owner
+
+	namespaces []*tap.Netns
+	hosts      []Host
+	fabric     Fabric
+	server     *control.Server
+}
+
+// run builds the lab, serves until ctx ends (SIGINT/SIGTERM), and removes
+// everything it created whatever happened.
+func (l *fabricLab) run(ctx context.Context, addrs []netip.Prefix, mode string, mtu int, ifname string, seed int64, controlDir string) (err error) {
+	if removed, err := l.owner.CleanupStale(); err != nil {
+		return err
+	} else if len(removed) > 0 {
+		l.log.Info("removed a crashed run's namespaces", "names", removed)
+	}
+	defer func() { err = errors.Join(err, l.teardown()) }()
+	l.fabric, err = l.env.Engine.NewFabric(seed, l.log)
+	if err != nil {
+		return fmt.Errorf("soft fabric: %w", err)
+	}
+	var endpoints []control.Endpoint
+	for i, addr := range addrs {
+		name := fmt.Sprintf("ipoib-h%d", i+1)
+		ns, err := l.owner.Create(name)
+		if err != nil {
+			return err
+		}
+		l.namespaces = append(l.namespaces, ns)
+		// The engine raises the link once it has joined the broadcast
+		// group (HostPort.SetLinkUp).
+		dev, err := tap.Open(tap.Config{Name: ifname, Netns: ns, Link: tap.LinkConfig{Addrs: []netip.Prefix{addr}}})
+		if err != nil {
+			return err
+		}
+		h, err := l.fabric.AddHost(name, ifname, dev, []netip.Prefix{addr}, mode, mtu)
+		if err != nil {
+			dev.Close()
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		l.hosts = append(l.hosts, h)
+		endpoints = append(endpoints, h)
+		l.log.Info("host up", "host", name, "dev", ifname, "addr", addr, "mode", h.Info().Mode, "mtu", h.Info().MTU)
+	}
+	l.server, err = control.Listen(controlDir, endpoints, l.log)
+	if err != nil {
+		return err
+	}
+	l.log.Info("fabric ready; stop with Ctrl-C", "hosts", len(addrs), "control", l.server.Path(),
+		"try", fmt.Sprintf("ip netns exec ipoib-h1 ping %s; ipoib show", addrs[len(addrs)-1].Addr()))
+	if l.env.fabricReady != nil {
+		l.env.fabricReady(l.server.Path())
+	}
+	<-ctx.Done()
+	l.log.Info("shutting down")
+	return nil
+}
+
+func (l *fabricLab) teardown() error {
+	var errs []error
+	if l.server != nil {
+		errs = append(errs, l.server.Close())
+	}
+	for i := len(l.hosts) - 1; i >= 0; i-- {
+		errs = append(errs, l.hosts[i].Close())
+	}
+	if l.fabric != nil {
+		errs = append(errs, l.fabric.Close())
+	}
+	for i := len(l.namespaces) - 1; i >= 0; i-- {
+		errs = append(errs, l.namespaces[i].Delete())
+	}
+	return errors.Join(errs...)
+}

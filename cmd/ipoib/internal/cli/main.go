@@ -1,0 +1,156 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+)
+
+// Exit statuses.
+const (
+	ExitOK    = 0
+	ExitFail  = 1 // the command ran and failed
+	ExitUsage = 2 // bad command line
+)
+
+type command struct {
+	name    string
+	summary string
+	// flags declares the command's flags on fs and returns the runner.
+	flags func(fs *flag.FlagSet, env *Env) func(ctx context.Context, args []string) int
+	// positional describes positional arguments in usage, if any.
+	positional string
+	// passthrough hands every argument to the runner unparsed (the soak
+	// owns its flags).
+	passthrough bool
+}
+
+func commands() []command {
+	return []command{
+		{name: "fabric", summary: "run N hosts in network namespaces on one soft fabric (root)", flags: fabricFlags},
+		{name: "show", summary: "show counters, neighbours and connections of running interfaces", flags: showFlags},
+		{name: "mode", summary: "switch running interfaces to connected or datagram mode", flags: modeFlags, positional: "connected|datagram"},
+		{name: "bench", summary: "measure throughput: in-process (default) or iperf3 across namespaces (--iperf, root)", flags: benchFlags},
+		{name: "soak", summary: "stale-connection reaping soak with fault injection", flags: soakFlags, positional: "[soak flags]", passthrough: true},
+		{name: "up", summary: "bring up ib0 over RoCEv2/UDP (not available yet)", flags: upFlags},
+	}
+}
+
+// Main runs the ipoib command line and returns the exit status.
+func Main(ctx context.Context, args []string, env Env) int {
+	if len(args) == 0 {
+		usage(env.Stdout)
+		return ExitUsage
+	}
+	name, rest := args[0], args[1:]
+	switch name {
+	case "help", "-h", "-help", "--help":
+		if len(rest) > 0 {
+			return Main(ctx, []string{rest[0], "-h"}, env)
+		}
+		usage(env.Stdout)
+		return ExitOK
+	}
+	for _, c := range commands() {
+		if c.name == name {
+			return runCommand(ctx, c, rest, &env)
+		}
+	}
+	fmt.Fprintf(env.Stderr, "ipoib: unknown command %q (run 'ipoib help')\n", name)
+	return ExitUsage
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintf(w, "ipoib: IP over InfiniBand (RFC 4391/4755) as a userspace network stack\n\nusage: ipoib <command> [flags]\n\ncommands:\n")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-7s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "  %-7s %s\n\nrun 'ipoib <command> -h' for its flags\n", "help", "this text; 'ipoib help <command>' for one command")
+}
+
+func runCommand(ctx context.Context, c command, args []string, env *Env) int {
+	fs := flag.NewFlagSet("ipoib "+c.name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	run := c.flags(fs, env)
+	if c.passthrough {
+		return run(ctx, args)
+	}
+	printUsage := func() {
+		w := env.Stdout
+		fmt.Fprintf(w, "usage: ipoib %s [flags] %s\n\n%s\n", c.name, c.positional, c.summary)
+		if hasFlags(fs) {
+			fmt.Fprintf(w, "\nflags:\n")
+			fs.SetOutput(w)
+			fs.PrintDefaults()
+			fs.SetOutput(io.Discard)
+		}
+	}
+	// The FlagSet calls Usage on every parse error; usage goes out only
+	// for -h, so a bad flag costs exactly one line on stderr.
+	fs.Usage = func() {}
+	positional, err := parseInterspersed(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		printUsage()
+		return ExitOK
+	}
+	if err != nil {
+		return usageError(env, c.name, err.Error())
+	}
+	return run(ctx, positional)
+}
+
+func hasFlags(fs *flag.FlagSet) bool {
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	return n > 0
+}
+
+// parseInterspersed lets flags follow positional arguments ("ipoib mode
+// datagram --host h1"), which flag.Parse alone stops at.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return positional, nil
+		}
+		if args[0] == "--" {
+			return append(positional, args[1:]...), nil
+		}
+		positional = append(positional, args[0])
+		args = args[1:]
+	}
+}
+
+// usageError prints one line and returns ExitUsage.
+func usageError(env *Env, cmd, msg string) int {
+	fmt.Fprintf(env.Stderr, "ipoib %s: %s (run 'ipoib %s -h')\n", cmd, msg, cmd)
+	return ExitUsage
+}
+
+// fail prints one line and returns ExitFail.
+func fail(env *Env, cmd string, err error) int {
+	fmt.Fprintf(env.Stderr, "ipoib %s: %v\n", cmd, err)
+	return ExitFail
+}
+
+// levelFlag is a -log-level flag value.
+type levelFlag struct{ level slog.Level }
+
+func (l *levelFlag) String() string { return strings.ToLower(l.level.String()) }
+func (l *levelFlag) Set(s string) error {
+	return l.level.UnmarshalText([]byte(s))
+}
+
+func newLogger(w io.Writer, l slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+}
+
+func validMode(m string) bool { return m == "connected" || m == "datagram" }

@@ -1,0 +1,242 @@
+package control
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+)
+
+// DefaultDir holds the sockets of every running ipoib process.
+const DefaultDir = "/run/ipoib"
+
+// Endpoint is one interface as the control socket sees it.
+type Endpoint interface {
+	// Info describes the interface now.
+	Info() InterfaceInfo
+	// Stats returns a JSON-marshalable snapshot (ipoibcm.Stats).
+	Stats() any
+	// SetMode switches the interface to "connected" or "datagram".
+	SetMode(mode string) error
+}
+
+// SocketPath is the socket a process with the given pid serves in dir.
+func SocketPath(dir string, pid int) string {
+	return filepath.Join(dir, strconv.Itoa(pid)+".sock")
+}
+
+// Server answers control requests for a fixed set of endpoints.
+type Server struct {
+	path      string
+	ln        *net.UnixListener
+	endpoints []Endpoint
+	log       *slog.Logger
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// Listen creates dir if needed and serves endpoints on dir/<pid>.sock
+// until Close. A socket left at that path by a dead process with the same
+// pid is replaced.
+func Listen(dir string, endpoints []Endpoint, logger *slog.Logger) (*Server, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("control: %w", err)
+	}
+	path := SocketPath(dir, os.Getpid())
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("control: remove old socket: %w", err)
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("control: listen: %w", err)
+	}
+	// Close removes the file itself, after the accept loop has stopped.
+	ln.SetUnlinkOnClose(false)
+	eps := slices.Clone(endpoints)
+	slices.SortFunc(eps, func(a, b Endpoint) int {
+		ia, ib := a.Info(), b.Info()
+		if ia.Host != ib.Host {
+			return compareHosts(ia.Host, ib.Host)
+		}
+		return compareHosts(ia.Name, ib.Name)
+	})
+	s := &Server{path: path, ln: ln, endpoints: eps, log: logger, conns: map[net.Conn]struct{}{}}
+	s.wg.Add(1)
+	go s.acceptLoop()
+	return s, nil
+}
+
+// Path is the socket's file name.
+func (s *Server) Path() string { return s.path }
+
+func (s *Server) acceptLoop() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				s.log.Warn("control accept", "err", err)
+			}
+			return
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			return
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.serve(c)
+	}
+}
+
+func (s *Server) serve(c net.Conn) {
+	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		c.Close()
+	}()
+	sc := bufio.NewScanner(c)
+	sc.Buffer(make([]byte, 0, 4096), MaxMessage)
+	w := bufio.NewWriter(c)
+	enc := json.NewEncoder(w)
+	for sc.Scan() {
+		resp := s.handle(sc.Bytes())
+		if err := enc.Encode(resp); err != nil {
+			s.log.Warn("control: encode response", "err", err)
+			return
+		}
+		if err := w.Flush(); err != nil {
+			return
+		}
+	}
+	if err := sc.Err(); err != nil {
+		// An over-long line: answer once, then hang up.
+		enc.Encode(Response{Error: fmt.Sprintf("%v: %v", ErrProtocol, err)})
+		w.Flush()
+	}
+}
+
+func (s *Server) handle(line []byte) Response {
+	req, err := ParseRequest(line)
+	if err != nil {
+		return Response{Error: err.Error()}
+	}
+	eps, err := s.selectEndpoints(req.Host)
+	if err != nil {
+		return Response{Error: err.Error()}
+	}
+	resp := Response{PID: os.Getpid()}
+	switch req.Op {
+	case OpList:
+		for _, e := range eps {
+			resp.Interfaces = append(resp.Interfaces, e.Info())
+		}
+	case OpStats:
+		for _, e := range eps {
+			b, err := json.Marshal(e.Stats())
+			if err != nil {
+				return Response{Error: fmt.Sprintf("stats of %s: %v", e.Info().Host, err)}
+			}
+			resp.Stats = append(resp.Stats, InterfaceStats{Interface: e.Info(), Stats: b})
+		}
+	case OpMode:
+		if len(eps) > 1 && req.Host == "" {
+			return Response{Error: fmt.Sprintf("mode: %d interfaces in this process; name one with host", len(eps))}
+		}
+		for _, e := range eps {
+			if err := e.SetMode(req.Mode); err != nil {
+				return Response{Error: fmt.Sprintf("mode %s on %s: %v", req.Mode, e.Info().Host, err)}
+			}
+			s.log.Info("mode switched", "host", e.Info().Host, "mode", req.Mode)
+			resp.Interfaces = append(resp.Interfaces, e.Info())
+		}
+	}
+	return resp
+}
+
+// ErrNoSuchHost is reported when a request names a host the process does
+// not serve.
+var ErrNoSuchHost = errors.New("no such host")
+
+func (s *Server) selectEndpoints(host string) ([]Endpoint, error) {
+	if host == "" {
+		return s.endpoints, nil
+	}
+	for _, e := range s.endpoints {
+		if e.Info().Host == host {
+			return []Endpoint{e}, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: %q", ErrNoSuchHost, host)
+}
+
+// Close stops accepting, ends every connection's goroutine and removes the
+// socket file.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	err := s.ln.Close()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	if rerr := os.Remove(s.path); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+		err = errors.Join(err, rerr)
+	}
+	if err != nil {
+		return fmt.Errorf("control: close: %w", err)
+	}
+	return nil
+}
+
+// compareHosts orders names with numeric suffixes naturally, so h2 comes
+// before h10.
+func compareHosts(a, b string) int {
+	pa, na := splitNumericSuffix(a)
+	pb, nb := splitNumericSuffix(b)
+	if pa != pb || na < 0 || nb < 0 {
+		if a < b {
+			return -1
+		} else if a > b {
+			return 1
+		}
+		return 0
+	}
+	return na - nb
+}
+
+func splitNumericSuffix(s string) (string, int) {
+	i := len(s)
+	for i > 0 && s[i-1] >= '0' && s[i-1] <= '9' {
+		i--
+	}
+	if i == len(s) || len(s)-i > 9 {
+		return s, -1
+	}
+	n, _ := strconv.Atoi(s[i:])
+	return s[:i], n
+}

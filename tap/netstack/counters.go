@@ -1,0 +1,61 @@
+package netstack
+
+import "sync/atomic"
+
+// Counters is a snapshot of a Host's link counters. "rx" is toward the stack
+// (frames given to WriteFrames), "tx" is from the stack (frames ReadFrames
+// hands out), as the kernel counts them on a TAP's host side.
+type Counters struct {
+	RxPackets uint64 // frames delivered to the stack
+	RxBytes   uint64
+	TxPackets uint64 // frames handed out by ReadFrames
+	TxBytes   uint64
+
+	RxDroppedOtherHost uint64 // unicast to a MAC that is not ours
+	RxDroppedRunt      uint64 // shorter than an Ethernet header
+	RxDroppedEtherType uint64 // neither IPv4, IPv6 nor ARP
+	RxDroppedLinkDown  uint64 // arrived while carrier was down
+	RxDroppedClosed    uint64 // arrived after Close
+	TxDroppedQueueFull uint64 // the frame queue toward the engine was full
+	TxDroppedLinkDown  uint64 // sent while carrier was down
+	TxDroppedClosed    uint64 // sent after Close
+	TxTruncated        uint64 // longer than the caller's ReadFrames buffer
+}
+
+// RxDropped sums the receive drop reasons.
+func (c Counters) RxDropped() uint64 {
+	return c.RxDroppedOtherHost + c.RxDroppedRunt + c.RxDroppedEtherType + c.RxDroppedLinkDown + c.RxDroppedClosed
+}
+
+// TxDropped sums the transmit drop reasons.
+func (c Counters) TxDropped() uint64 {
+	return c.TxDroppedQueueFull + c.TxDroppedLinkDown + c.TxDroppedClosed
+}
+
+// counters is the live, concurrently updated form of Counters.
+type counters struct {
+	rxPackets, rxBytes, txPackets, txBytes atomic.Uint64
+
+	rxDroppedOtherHost, rxDroppedRunt, rxDroppedEtherType  atomic.Uint64
+	rxDroppedLinkDown, rxDroppedClosed                     atomic.Uint64
+	txDroppedQueueFull, txDroppedLinkDown, txDroppedClosed atomic.Uint64
+	txTruncated                                            atomic.Uint64
+}
+
+func (c *counters) snapshot() Counters {
+	return Counters{
+		RxPackets:          c.rxPackets.Load(),
+		RxBytes:            c.rxBytes.Load(),
+		TxPackets:          c.txPackets.Load(),
+		TxBytes:            c.txBytes.Load(),
+		RxDroppedOtherHost: c.rxDroppedOtherHost.Load(),
+		RxDroppedRunt:      c.rxDroppedRunt.Load(),
+		RxDroppedEtherType: c.rxDroppedEtherType.Load(),
+		RxDroppedLinkDown:  c.rxDroppedLinkDown.Load(),
+		RxDroppedClosed:    c.rxDroppedClosed.Load(),
+		TxDroppedQueueFull: c.txDroppedQueueFull.Load(),
+		TxDroppedLinkDown:  c.txDroppedLinkDown.Load(),
+		TxDroppedClosed:    c.txDroppedClosed.Load(),
+		TxTruncated:        c.txTruncated.Load(),
+	}
+}

@@ -1,0 +1,16 @@
+// Package netstack is an in-process host: a gVisor TCP/IP stack behind the
+// same host-port interface (ipoibcm.HostPort) as the kernel TAP device, so
+// tests and benchmarks exercise the IPoIB engine without root.
+//
+// The stack's single NIC is an Ethernet link endpoint that speaks whole
+// frames. Frames the stack sends wait in a bounded queue that ReadFrames
+// drains in batches; frames given to WriteFrames are filtered by destination
+// MAC and delivered to the stack. ARP and IPv6 neighbour discovery run inside
+// gVisor, exactly as the kernel would run them behind a TAP device, so the
+// engine answers them the same way for both hosts.
+//
+// Host also carries the helpers tests and benchmarks need: TCP and UDP
+// dialers and listeners (gonet), ICMP echo, and multicast membership (which
+// makes the stack emit IGMP and MLD reports). Link joins two hosts back to
+// back in memory; it is the benchmark baseline against which ib0 is measured.
+package netstack

@@ -1,0 +1,346 @@
+package netstack
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+)
+
+const ethernetHeaderLen = header.EthernetMinimumSize
+
+// endpoint is the stack's NIC: an Ethernet link whose far end is
+// ReadFrames/WriteFrames rather than a wire.
+type endpoint struct {
+	mac      tcpip.LinkAddress
+	macBytes [6]byte
+	mtu      atomic.Uint32
+	caps     stack.LinkEndpointCapabilities
+	gso      bool
+	counters *counters
+
+	// dispatcher is the stack's NIC; nil before Attach and after removal.
+	dispatcher atomic.Pointer[stack.NetworkDispatcher]
+
+	mu     sync.Mutex
+	state  linkState     // guarded by mu
+	queue  packetRing    // guarded by mu
+	ready  chan struct{} // one token: the queue went non-empty
+	closed chan struct{} // closed when state becomes linkClosed
+
+	// readMu serialises readers so scratch can be reused without
+	// allocating; ReadFrames copies outside mu so the stack is never held
+	// up by a 64 KiB memcpy.
+	readMu  sync.Mutex
+	scratch []*stack.PacketBuffer // guarded by readMu
+}
+
+var (
+	_ stack.LinkEndpoint = (*endpoint)(nil)
+	_ stack.GSOEndpoint  = (*endpoint)(nil)
+)
+
+func newEndpoint(cfg Config, c *counters) *endpoint {
+	e := &endpoint{
+		mac:      tcpip.LinkAddress(cfg.MAC),
+		caps:     stack.CapabilityResolutionRequired,
+		gso:      cfg.GSO,
+		counters: c,
+		queue:    newPacketRing(cfg.QueueLen),
+		ready:    make(chan struct{}, 1),
+		closed:   make(chan struct{}),
+		scratch:  make([]*stack.PacketBuffer, cfg.BatchSize),
+	}
+	copy(e.macBytes[:], cfg.MAC)
+	if cfg.TrustRXChecksums {
+		e.caps |= stack.CapabilityRXChecksumOffload
+	}
+	e.mtu.Store(uint32(cfg.MTU))
+	return e
+}
+
+// MTU implements stack.LinkEndpoint. It is the IP MTU; the stack derives the
+// TCP MSS of new connections from it.
+func (e *endpoint) MTU() uint32 { return e.mtu.Load() }
+
+// SetMTU implements stack.LinkEndpoint.
+func (e *endpoint) SetMTU(mtu uint32) { e.mtu.Store(mtu) }
+
+// MaxHeaderLength implements stack.LinkEndpoint.
+func (*endpoint) MaxHeaderLength() uint16 { return ethernetHeaderLen }
+
+// LinkAddress implements stack.LinkEndpoint.
+func (e *endpoint) LinkAddress() tcpip.LinkAddress { return e.mac }
+
+// SetLinkAddress implements stack.LinkEndpoint. The MAC is fixed at New: the
+// engine learns it once from HostMAC.
+func (*endpoint) SetLinkAddress(tcpip.LinkAddress) {}
+
+// Capabilities implements stack.LinkEndpoint. TX checksum offload is never
+// claimed: frames leave with real checksums.
+func (e *endpoint) Capabilities() stack.LinkEndpointCapabilities { return e.caps }
+
+// Attach implements stack.LinkEndpoint.
+func (e *endpoint) Attach(d stack.NetworkDispatcher) {
+	if d == nil {
+		e.dispatcher.Store(nil)
+		return
+	}
+	e.dispatcher.Store(&d)
+}
+
+// IsAttached implements stack.LinkEndpoint.
+func (e *endpoint) IsAttached() bool { return e.dispatcher.Load() != nil }
+
+// Wait implements stack.LinkEndpoint. The endpoint owns no goroutines.
+func (*endpoint) Wait() {}
+
+// ARPHardwareType implements stack.LinkEndpoint.
+func (*endpoint) ARPHardwareType() header.ARPHardwareType { return header.ARPHardwareEther }
+
+// AddHeader implements stack.LinkEndpoint.
+func (*endpoint) AddHeader(pkt *stack.PacketBuffer) {
+	eth := header.Ethernet(pkt.LinkHeader().Push(ethernetHeaderLen))
+	eth.Encode(&header.EthernetFields{
+		SrcAddr: pkt.EgressRoute.LocalLinkAddress,
+		DstAddr: pkt.EgressRoute.RemoteLinkAddress,
+		Type:    pkt.NetworkProtocolNumber,
+	})
+}
+
+// ParseHeader implements stack.LinkEndpoint.
+func (*endpoint) ParseHeader(pkt *stack.PacketBuffer) bool {
+	_, ok := pkt.LinkHeader().Consume(ethernetHeaderLen)
+	return ok
+}
+
+// Close implements stack.LinkEndpoint; the stack calls it when the NIC is
+// removed. It is idempotent.
+func (e *endpoint) Close() { e.shutdown() }
+
+// SetOnCloseAction implements stack.LinkEndpoint. There is no device to
+// destroy.
+func (*endpoint) SetOnCloseAction(func()) {}
+
+// gsoMaxSize bounds the TCP superpackets gVisor builds before cutting them to
+// MSS. gVisor's own 64 KiB (stack.GVisorGSOMaxSize) is "not a hard limit"
+// and would hold less than one full segment at a 65520-byte MTU, shrinking
+// every segment; 256 KiB holds several.
+const gsoMaxSize = 256 << 10
+
+// GSOMaxSize implements stack.GSOEndpoint.
+func (*endpoint) GSOMaxSize() uint32 { return gsoMaxSize }
+
+// SupportedGSO implements stack.GSOEndpoint.
+func (e *endpoint) SupportedGSO() stack.SupportedGSO {
+	if e.gso {
+		return stack.GVisorGSOSupported
+	}
+	return stack.GSONotSupported
+}
+
+// WritePackets implements stack.LinkWriter: it queues each packet for
+// ReadFrames. The caller keeps its own reference, so the queue takes one.
+// A full queue drops the rest and returns ErrNoBufferSpace, which TCP treats
+// as loss; see Config.QueueLen for why this never blocks.
+func (e *endpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+	list := pkts.AsSlice()
+	e.mu.Lock()
+	state := e.state
+	n := 0
+	if state == linkUp {
+		for _, pkt := range list {
+			if e.queue.full() {
+				break
+			}
+			e.queue.push(pkt.IncRef())
+			n++
+		}
+	}
+	e.mu.Unlock()
+
+	if n > 0 {
+		select {
+		case e.ready <- struct{}{}:
+		default:
+		}
+	}
+	if dropped := uint64(len(list) - n); dropped > 0 {
+		switch state {
+		case linkClosed:
+			e.counters.txDroppedClosed.Add(dropped)
+			return n, &tcpip.ErrClosedForSend{}
+		case linkDown:
+			e.counters.txDroppedLinkDown.Add(dropped)
+			return n, &tcpip.ErrNoBufferSpace{}
+		default:
+			e.counters.txDroppedQueueFull.Add(dropped)
+			return n, &tcpip.ErrNoBufferSpace{}
+		}
+	}
+	return n, nil
+}
+
+// readFrames implements ReadFrames; a nil ctx waits until a frame arrives or
+// the endpoint closes.
+func (e *endpoint) readFrames(ctx context.Context, bufs [][]byte, sizes []int) (int, error) {
+	if len(bufs) == 0 {
+		return 0, nil
+	}
+	var done <-chan struct{}
+	if ctx != nil {
+		done = ctx.Done()
+	}
+	e.readMu.Lock()
+	defer e.readMu.Unlock()
+	if len(e.scratch) < len(bufs) {
+		e.scratch = make([]*stack.PacketBuffer, len(bufs))
+	}
+	for {
+		e.mu.Lock()
+		if e.state == linkClosed {
+			e.mu.Unlock()
+			return 0, fmt.Errorf("netstack read frames: %w", net.ErrClosed)
+		}
+		n := e.queue.popInto(e.scratch[:min(len(bufs), len(sizes))])
+		e.mu.Unlock()
+		if n > 0 {
+			e.copyOut(e.scratch[:n], bufs, sizes)
+			return n, nil
+		}
+		select {
+		case <-e.ready:
+		case <-e.closed:
+		case <-done:
+			return 0, fmt.Errorf("netstack read frames: %w", ctx.Err())
+		}
+	}
+}
+
+// copyOut serialises pkts into bufs and drops the queue's references.
+func (e *endpoint) copyOut(pkts []*stack.PacketBuffer, bufs [][]byte, sizes []int) {
+	var bytes uint64
+	for i, pkt := range pkts {
+		copied, full := copyPacket(bufs[i], pkt)
+		if copied < full {
+			e.counters.txTruncated.Add(1)
+		}
+		sizes[i] = copied
+		bytes += uint64(copied)
+		pkt.DecRef()
+		pkts[i] = nil
+	}
+	e.counters.txPackets.Add(uint64(len(pkts)))
+	e.counters.txBytes.Add(bytes)
+}
+
+// writeFrames delivers frames to the stack. Each frame is copied into a
+// pooled packet buffer, so the caller's slices are free on return.
+func (e *endpoint) writeFrames(frames [][]byte) (int, error) {
+	e.mu.Lock()
+	state := e.state
+	e.mu.Unlock()
+	switch state {
+	case linkClosed:
+		e.counters.rxDroppedClosed.Add(uint64(len(frames)))
+		return 0, fmt.Errorf("netstack write frames: %w", net.ErrClosed)
+	case linkDown:
+		e.counters.rxDroppedLinkDown.Add(uint64(len(frames)))
+		return len(frames), nil
+	}
+	dp := e.dispatcher.Load()
+	for _, frame := range frames {
+		proto, kind, err := e.classify(frame)
+		if err != nil {
+			continue
+		}
+		if dp == nil {
+			e.counters.rxDroppedLinkDown.Add(1)
+			continue
+		}
+		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(frame)})
+		if !e.ParseHeader(pkt) {
+			// classify checked the length; this cannot fail.
+			pkt.DecRef()
+			e.counters.rxDroppedRunt.Add(1)
+			continue
+		}
+		pkt.PktType = kind
+		e.counters.rxPackets.Add(1)
+		e.counters.rxBytes.Add(uint64(len(frame)))
+		(*dp).DeliverNetworkPacket(proto, pkt)
+		pkt.DecRef()
+	}
+	return len(frames), nil
+}
+
+// classify parses a frame's Ethernet header and decides whether the stack
+// should see it, counting the reason when not, as a NIC's address filter
+// would.
+func (e *endpoint) classify(frame []byte) (tcpip.NetworkProtocolNumber, tcpip.PacketType, error) {
+	eh, err := parseEthernet(frame)
+	if err != nil {
+		e.counters.rxDroppedRunt.Add(1)
+		return 0, 0, err
+	}
+	var kind tcpip.PacketType
+	switch {
+	case eh.broadcast():
+		kind = tcpip.PacketBroadcast
+	case eh.multicast():
+		kind = tcpip.PacketMulticast
+	case eh.dst == e.macBytes:
+		kind = tcpip.PacketHost
+	default:
+		e.counters.rxDroppedOtherHost.Add(1)
+		return 0, 0, ErrOtherHost
+	}
+	switch eh.proto {
+	case header.IPv4ProtocolNumber, header.IPv6ProtocolNumber, header.ARPProtocolNumber:
+		return eh.proto, kind, nil
+	default:
+		e.counters.rxDroppedEtherType.Add(1)
+		return 0, 0, ErrUnknownEtherType
+	}
+}
+
+// setLinkUp moves between linkUp and linkDown; closed stays closed.
+func (e *endpoint) setLinkUp(up bool) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.state == linkClosed {
+		return fmt.Errorf("netstack set link up=%t: %w", up, net.ErrClosed)
+	}
+	if up {
+		e.state = linkUp
+	} else {
+		e.state = linkDown
+	}
+	return nil
+}
+
+func (e *endpoint) linkState() linkState {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.state
+}
+
+// shutdown moves to linkClosed, wakes readers and releases queued packets.
+// It reports whether this call did the closing.
+func (e *endpoint) shutdown() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.state == linkClosed {
+		return false
+	}
+	e.state = linkClosed
+	close(e.closed)
+	e.queue.release()
+	return true
+}
