@@ -1,0 +1,191 @@
+package ipoibcm
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/hca/cm"
+	"github.com/ipoibcm/ipoib/ipoibcm/frame"
+)
+
+// Mode is the IPoIB transport mode of an Interface: whether it initiates
+// RC connections (connected) or sends unicast over the UD QP (datagram).
+// In both modes the Interface accepts connections, as Linux does.
+type Mode int
+
+// The two modes; the names are the strings Linux's sysfs "mode" file uses.
+const (
+	ModeDatagram Mode = iota
+	ModeConnected
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ModeDatagram:
+		return "datagram"
+	case ModeConnected:
+		return "connected"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// ErrInvalidMode is wrapped by ParseMode and SetMode.
+var ErrInvalidMode = errors.New("invalid IPoIB mode")
+
+// ParseMode parses "datagram" or "connected" (surrounding space and a
+// trailing newline are ignored, like a write to Linux's sysfs file).
+func ParseMode(s string) (Mode, error) {
+	switch strings.TrimSpace(s) {
+	case "datagram":
+		return ModeDatagram, nil
+	case "connected":
+		return ModeConnected, nil
+	}
+	return 0, fmt.Errorf("parse mode %q: %w", s, ErrInvalidMode)
+}
+
+// Defaults for zero Config fields. Queue sizes and the stale-reaper times
+// are Linux's (kernel-ipoib.md §1).
+const (
+	DefaultSendQueueSize  = 128
+	DefaultRecvQueueSize  = 256
+	DefaultMaxNonSRQConns = 128
+	DefaultRXBudget       = 64
+	DefaultTXBudget       = 64
+
+	// DefaultCMBackoff is how long a peer that advertises 'C' but rejects
+	// or never answers a REQ is reached over UD. Linux retries CM on the
+	// next packet forever (kernel-ipoib.md §10 #11), so such a peer costs
+	// one CM timeout (~4 s of stalled traffic) per neighbour rebuild. A
+	// minute keeps that cost below 10% of the time while still noticing a
+	// peer that fixed itself within a neighbour lifetime.
+	DefaultCMBackoff = 60 * time.Second
+
+	DefaultStaleUpdate = 256 * time.Second // IPOIB_CM_RX_UPDATE_TIME
+	DefaultStaleAfter  = 512 * time.Second // IPOIB_CM_RX_TIMEOUT
+	DefaultStaleScan   = 768 * time.Second // IPOIB_CM_RX_DELAY
+
+	// DefaultNeighbourTimeout is 2 * the ARP gc_interval of 30 s: the
+	// lower bound of when Linux frees an unused IPoIB neighbour.
+	DefaultNeighbourTimeout = 60 * time.Second
+
+	// DefaultDrainTimeout is ipoib_cm_dev_stop's 5 s bound.
+	DefaultDrainTimeout = 5 * time.Second
+
+	// maxParked is IPOIB_MAX_PATH_REC_QUEUE.
+	maxParked = 3
+)
+
+// Config configures an Interface.
+type Config struct {
+	// Device is the HCA; the Interface uses its single port.
+	Device hca.Device
+	// Host is the host side. The Interface owns it: Close closes it.
+	Host HostPort
+	// Name names the interface in logs and statistics (e.g. "ib0").
+	Name string
+
+	// Mode is the initial mode.
+	Mode Mode
+	// MTU is the IP MTU; 0 = mode default (65520 connected, UD MTU
+	// datagram). In datagram mode it is capped at the UD MTU.
+	MTU int
+	// PKey is the partition (default 0xFFFF).
+	PKey hca.PKey
+	// DisableCM makes the Interface a datagram-only node: its hardware
+	// address carries no 'C' flag, it does not listen and never connects.
+	DisableCM bool
+
+	SendQueueSize  int // send credits and per-QP send queue depth (128)
+	RecvQueueSize  int // UD ring and SRQ depth (256)
+	DisableSRQ     bool
+	MaxNonSRQConns int // passive connections without SRQ (128)
+
+	RXBudget int // completions per RX poll (64)
+	TXBudget int // completions per TX poll (64)
+
+	// CM configures the connection manager the Interface creates.
+	CM cm.Options
+
+	// CMBackoff: see DefaultCMBackoff.
+	CMBackoff time.Duration
+	// StaleUpdate, StaleAfter, StaleScan drive the passive LRU: a stamp
+	// refreshed at most every StaleUpdate, connections idle longer than
+	// StaleAfter reaped by a scan every StaleScan.
+	StaleUpdate, StaleAfter, StaleScan time.Duration
+	// NeighbourTimeout ages neighbours unused for sending; their TX
+	// connection is disconnected.
+	NeighbourTimeout time.Duration
+	// DrainTimeout bounds the wait for the drain protocol at Close.
+	DrainTimeout time.Duration
+
+	Logger *slog.Logger
+
+	// UnsafeSkipDeadFlag skips marking a torn-down passive connection
+	// dead, so its late completions are delivered. Soak mutation test only.
+	UnsafeSkipDeadFlag bool
+	// UnsafeSkipDrain destroys a torn-down passive QP right after moving
+	// it to Error, without LAST_WQE and the drain WR. Soak mutation test
+	// only.
+	UnsafeSkipDrain bool
+
+	// OnRXPacket, if set, observes every IP packet delivered to the host:
+	// the peer's hardware address and the payload after the 4-byte IPoIB
+	// header (valid only during the call). It runs on the RX poller and
+	// must not block. The soak uses it to check payloads.
+	OnRXPacket func(peer frame.HWAddr, payload []byte)
+	// OnDeadCompletion, if set, is called for every receive completion of
+	// a connection already marked dead (counted rx_dead_dropped). The soak
+	// uses it to prove no dead completion was delivered.
+	OnDeadCompletion func(wc *hca.WC)
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Device == nil {
+		return c, fmt.Errorf("ipoibcm config: Device is nil: %w", hca.ErrInvalidArgument)
+	}
+	if c.Host == nil {
+		return c, fmt.Errorf("ipoibcm config: Host is nil: %w", hca.ErrInvalidArgument)
+	}
+	if c.Mode != ModeDatagram && c.Mode != ModeConnected {
+		return c, fmt.Errorf("ipoibcm config: %w: %d", ErrInvalidMode, int(c.Mode))
+	}
+	if c.DisableCM && c.Mode == ModeConnected {
+		return c, fmt.Errorf("ipoibcm config: connected mode with CM disabled: %w", ErrInvalidMode)
+	}
+	if c.Name == "" {
+		c.Name = "ib0"
+	}
+	if c.PKey == 0 {
+		c.PKey = hca.PKeyDefault
+	}
+	setDefault(&c.SendQueueSize, DefaultSendQueueSize)
+	setDefault(&c.RecvQueueSize, DefaultRecvQueueSize)
+	setDefault(&c.MaxNonSRQConns, DefaultMaxNonSRQConns)
+	setDefault(&c.RXBudget, DefaultRXBudget)
+	setDefault(&c.TXBudget, DefaultTXBudget)
+	setDefault(&c.CMBackoff, DefaultCMBackoff)
+	setDefault(&c.StaleUpdate, DefaultStaleUpdate)
+	setDefault(&c.StaleAfter, DefaultStaleAfter)
+	setDefault(&c.StaleScan, DefaultStaleScan)
+	setDefault(&c.NeighbourTimeout, DefaultNeighbourTimeout)
+	setDefault(&c.DrainTimeout, DefaultDrainTimeout)
+	if c.SendQueueSize < 4 || c.RecvQueueSize < 4 {
+		return c, fmt.Errorf("ipoibcm config: queue sizes %d/%d below 4: %w",
+			c.SendQueueSize, c.RecvQueueSize, hca.ErrInvalidArgument)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c, nil
+}
+
+func setDefault[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
+}

@@ -1,0 +1,55 @@
+package ipoibcm
+
+// Global TX credits (kernel-ipoib.md §6.1, design note 3): one count of
+// sends posted or parked, over the UD QP and every connection. The host
+// reader stops reading when the count reaches SendQueueSize-1 and resumes
+// when completions bring it down to half, so no per-QP send queue and no
+// CQ can overflow, and one stuck peer cannot wedge another's traffic
+// forever (the 2008 "never recovers" bug had one stop flag per ring).
+
+// creditsFree is how many frames the reader may take now.
+func (i *Interface) creditsFree() int {
+	return i.cfg.SendQueueSize - int(i.outstanding.Load())
+}
+
+// returnCredits gives n credits back and wakes the reader if it stopped
+// and the count fell to half. Called by the TX poller and by whoever
+// drops a parked frame.
+func (i *Interface) returnCredits(n int) {
+	if n == 0 {
+		return
+	}
+	left := i.outstanding.Add(int64(-n))
+	if left <= int64(i.cfg.SendQueueSize/2) && i.txStopped.Load() && i.txStopped.CompareAndSwap(true, false) {
+		i.rs.txWakes.Add(1)
+		select {
+		case i.txWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// waitCredits blocks the reader while the queue is stopped. It returns
+// false when the interface is stopping.
+func (i *Interface) waitCredits() bool {
+	if i.outstanding.Load() < int64(i.cfg.SendQueueSize-1) {
+		return true
+	}
+	i.rs.txStops.Add(1)
+	i.txStopped.Store(true)
+	// Completions may have drained the queue between the check and the
+	// store; re-check so the wake-up cannot be lost.
+	if i.outstanding.Load() <= int64(i.cfg.SendQueueSize/2) && i.txStopped.CompareAndSwap(true, false) {
+		return true
+	}
+	for {
+		select {
+		case <-i.txWake:
+			if !i.txStopped.Load() {
+				return true
+			}
+		case <-i.stop:
+			return false
+		}
+	}
+}

@@ -1,0 +1,418 @@
+package ipoibcm
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+
+	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/hca/cm"
+	"github.com/ipoibcm/ipoib/ipoibcm/frame"
+	"github.com/ipoibcm/ipoib/napi"
+)
+
+// ifState is the lifecycle of an Interface.
+type ifState int32
+
+const (
+	ifCreated ifState = iota
+	ifRunning
+	ifClosing
+	ifClosed
+)
+
+func (s ifState) String() string {
+	switch s {
+	case ifCreated:
+		return "created"
+	case ifRunning:
+		return "running"
+	case ifClosing:
+		return "closing"
+	case ifClosed:
+		return "closed"
+	}
+	return fmt.Sprintf("ifState(%d)", int(s))
+}
+
+// headroom is the room kept in front of every receive buffer so the 4-byte
+// IPoIB header at offset headroom becomes the tail of a 14-byte Ethernet
+// header written at offset 0: received packets reach the host without a
+// copy. The same offset in a TX buffer turns the host's Ethernet header
+// into the IPoIB header.
+const headroom = frame.EthHdrLen - frame.EncapLen
+
+// txBufSize fits the largest host frame plus one byte, so a frame the host
+// port truncated to the buffer is recognisably oversize.
+const txBufSize = frame.CMMTU + frame.EthHdrLen + 1
+
+// Interface is one IPoIB interface (ib0): a UD QP on the broadcast group,
+// RC connections through the CM, and the host port in front.
+type Interface struct {
+	cfg  Config
+	dev  hca.Device
+	host HostPort
+	log  *slog.Logger
+
+	port    hca.Port
+	udMTU   int
+	hw      frame.HWAddr
+	hostMAC frame.MAC
+	bcast   hca.GID
+
+	mode  atomic.Int32 // Mode
+	mtu   atomic.Int64
+	link  atomic.Bool
+	state atomic.Int32 // ifState
+
+	rxCQ, txCQ     hca.CQ
+	rxNAPI, txNAPI *napi.Context
+	ud             *udPath
+	srq            *srqRing // nil without SRQ
+	drainBuf       []byte
+	cmm            *cm.Manager
+	listener       *cm.Listener
+
+	// TX credits: sends posted or parked, across UD and all connections.
+	outstanding atomic.Int64
+	txStopped   atomic.Bool
+	txWake      chan struct{}
+	pool        *txPool
+	txFree      []int // TX poller scratch
+
+	// mu guards the neighbour table, multicast groups, connection sets
+	// and connection states. Never held across napi Sync or CM calls that
+	// may wait for the CM goroutine.
+	mu      sync.Mutex
+	neigh   neighbourTable
+	mcast   map[hca.GID]*mcastGroup
+	txConns map[*txConn]struct{}
+	rxConns map[*rxConn]struct{}
+	nonSRQ  int // passive connections with their own ring
+	rng     *rand.Rand
+	hostIPs []netip.Addr // host addresses seen, for re-resolving neighbours
+	// mcastScratch collects the groups of one IGMP/MLD report (reader).
+	mcastScratch [16]netip.Addr
+
+	ctl    control
+	reaper reaper    // owned by the control loop
+	rx     rxScratch // owned by the RX poller
+
+	hostWriteMu sync.Mutex
+
+	// hooks let tests wait for control-loop events instead of polling.
+	// Set before Start; called on the control loop.
+	hooks struct {
+		rxReaped    func(rxConn *rxConn)
+		txDestroyed func(tc *txConn)
+	}
+
+	ctr counters
+	rs  reaperCounters
+
+	stop     chan struct{} // closed by Close: reader and control loop end
+	readerWG sync.WaitGroup
+	ctlWG    sync.WaitGroup
+	closeErr error
+	closeMu  sync.Mutex
+}
+
+// New creates an Interface: its CQs, UD QP, SRQ and buffers, and the CM
+// manager. Nothing runs until Start.
+func New(cfg Config) (_ *Interface, err error) {
+	cfg, err = cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	i := &Interface{
+		cfg:     cfg,
+		dev:     cfg.Device,
+		host:    cfg.Host,
+		log:     cfg.Logger.With("if", cfg.Name),
+		port:    cfg.Device.Port(),
+		txWake:  make(chan struct{}, 1),
+		neigh:   newNeighbourTable(),
+		mcast:   make(map[hca.GID]*mcastGroup),
+		txConns: make(map[*txConn]struct{}),
+		rxConns: make(map[*rxConn]struct{}),
+		rng:     rand.New(rand.NewPCG(uint64(cfg.CM.Seed), 0x1b1b)),
+		stop:    make(chan struct{}),
+	}
+	i.ctl.init()
+	if !i.port.ActiveMTU.Valid() {
+		return nil, fmt.Errorf("%s: port MTU %d: %w", cfg.Name, i.port.ActiveMTU, hca.ErrInvalidArgument)
+	}
+	i.udMTU = frame.UDMTU(i.port.ActiveMTU)
+	i.bcast = frame.BroadcastMGID(cfg.PKey)
+	copy(i.hostMAC[:], cfg.Host.HostMAC())
+	i.mode.Store(int32(cfg.Mode))
+	i.mtu.Store(int64(i.modeMTU(cfg.Mode)))
+
+	defer func() {
+		if err != nil {
+			i.destroyResources()
+		}
+	}()
+	if err := i.createQueues(); err != nil {
+		return nil, fmt.Errorf("%s: %w", cfg.Name, err)
+	}
+	flags := byte(0)
+	if !cfg.DisableCM {
+		flags = frame.FlagRC
+		m, err := cm.NewManager(cfg.Device, cfg.CM)
+		if err != nil {
+			return nil, fmt.Errorf("%s: cm manager: %w", cfg.Name, err)
+		}
+		i.cmm = m
+	}
+	i.hw = frame.NewHWAddr(flags, i.ud.qp.QPN(), i.port.GID)
+	return i, nil
+}
+
+// modeMTU is the IP MTU of mode m: the configured MTU, capped by what the
+// mode can carry.
+func (i *Interface) modeMTU(m Mode) int {
+	mtu := i.cfg.MTU
+	if m == ModeConnected {
+		if mtu <= 0 || mtu > frame.CMMTU {
+			mtu = frame.CMMTU
+		}
+		return mtu
+	}
+	if mtu <= 0 || mtu > i.udMTU {
+		mtu = i.udMTU
+	}
+	return mtu
+}
+
+// rxCQSize is Linux's recv_cq size (kernel-ipoib.md §4.3): the UD ring
+// plus one, the sends of passive QPs (the drain WR) bounded by the send
+// queue, and the SRQ plus one spare for the drain completion, or every
+// non-SRQ ring.
+func rxCQSize(recvq, sendq int, srq bool, maxConn int) int {
+	n := recvq + 1 + sendq
+	if srq {
+		return n + recvq + 1
+	}
+	return n + recvq*maxConn
+}
+
+func (i *Interface) createQueues() error {
+	cfg := &i.cfg
+	useSRQ := !cfg.DisableSRQ && !cfg.DisableCM
+	var err error
+	i.rxCQ, err = i.dev.CreateCQ(hca.CQConfig{
+		Size:         rxCQSize(cfg.RecvQueueSize, cfg.SendQueueSize, useSRQ, cfg.MaxNonSRQConns),
+		OnCompletion: func() { i.rxNAPI.Schedule() },
+		OnEvent:      i.onCQEvent,
+	})
+	if err != nil {
+		return fmt.Errorf("create RX CQ: %w", err)
+	}
+	i.txCQ, err = i.dev.CreateCQ(hca.CQConfig{
+		Size:         cfg.SendQueueSize,
+		OnCompletion: func() { i.txNAPI.Schedule() },
+		OnEvent:      i.onCQEvent,
+	})
+	if err != nil {
+		return fmt.Errorf("create TX CQ: %w", err)
+	}
+	i.rxNAPI, err = napi.New(napi.Config{Name: cfg.Name + "-rx", CQ: i.rxCQ, Budget: cfg.RXBudget, Handle: i.handleRX})
+	if err != nil {
+		return fmt.Errorf("rx napi: %w", err)
+	}
+	i.txNAPI, err = napi.New(napi.Config{Name: cfg.Name + "-tx", CQ: i.txCQ, Budget: cfg.TXBudget, Handle: i.handleTX})
+	if err != nil {
+		return fmt.Errorf("tx napi: %w", err)
+	}
+	i.rx.init(i.rxCQBatch())
+	if i.ud, err = newUDPath(i); err != nil {
+		return err
+	}
+	if useSRQ {
+		if i.srq, err = newSRQRing(i); err != nil {
+			return err
+		}
+	}
+	if i.drainBuf, err = i.dev.Alloc(64); err != nil {
+		return fmt.Errorf("drain buffer: %w", err)
+	}
+	if i.pool, err = newTXPool(i.dev, cfg.SendQueueSize+i.host.BatchSize(), txBufSize); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (i *Interface) rxCQBatch() int { return napi.DefaultBatch }
+
+func (i *Interface) onCQEvent(ev hca.AsyncEvent) {
+	// A CQ overflow loses a completion; the sizing rule should make it
+	// impossible, so it is logged loudly and counted.
+	i.rs.cqErrors.Add(1)
+	i.log.Error("completion queue error", "event", ev.Type)
+}
+
+// Start brings the interface up: pollers, control loop, host reader, the
+// CM listener, and the broadcast group; the link goes up once the UD QP is
+// attached to the broadcast MGID.
+func (i *Interface) Start() error {
+	if !i.state.CompareAndSwap(int32(ifCreated), int32(ifRunning)) {
+		if ifState(i.state.Load()) == ifRunning {
+			return ErrAlreadyStarted
+		}
+		return ErrClosed
+	}
+	i.rxNAPI.Start()
+	i.txNAPI.Start()
+	i.ctlWG.Add(1)
+	go i.controlLoop()
+	if i.cmm != nil {
+		qpn := uint64(i.ud.qp.QPN())
+		l, err := i.cmm.Listen([]uint64{serviceIDIETF | qpn, serviceIDRFC | qpn}, i.acceptREQ)
+		if err != nil {
+			i.Close()
+			return fmt.Errorf("%s: cm listen: %w", i.cfg.Name, err)
+		}
+		i.listener = l
+	}
+	if err := i.joinDefaultGroups(); err != nil {
+		i.Close()
+		return fmt.Errorf("%s: %w", i.cfg.Name, err)
+	}
+	if err := i.host.SetMTU(i.MTU()); err != nil {
+		i.log.Warn("host SetMTU", "err", err)
+	}
+	i.link.Store(true)
+	if err := i.host.SetLinkUp(true); err != nil {
+		i.log.Warn("host SetLinkUp", "err", err)
+	}
+	i.readerWG.Add(1)
+	go i.hostReader()
+	i.log.Info("up", "hwaddr", i.hw, "mode", i.Mode(), "mtu", i.MTU())
+	return nil
+}
+
+// Close stops the interface: the host reader, then every connection
+// through the teardown protocol (bounded by DrainTimeout), then the
+// pollers, the control loop, the CM and every queue. The host port is
+// closed too. Close is idempotent.
+func (i *Interface) Close() error {
+	i.closeMu.Lock()
+	defer i.closeMu.Unlock()
+	st := ifState(i.state.Load())
+	switch st {
+	case ifClosed:
+		return i.closeErr
+	case ifCreated:
+		i.state.Store(int32(ifClosed))
+		i.destroyResources()
+		i.closeErr = i.host.Close()
+		return i.closeErr
+	}
+	i.state.Store(int32(ifClosing))
+	i.link.Store(false)
+	_ = i.host.SetLinkUp(false)
+	if i.listener != nil {
+		i.listener.Close()
+	}
+	// The reader ends when the port closes; it may be parked waiting for
+	// credits, which stop releases.
+	hostErr := i.host.Close()
+	close(i.stop)
+	i.readerWG.Wait()
+
+	done := make(chan struct{})
+	i.ctl.post(func() { i.beginShutdown(done) })
+	<-done
+
+	i.rxNAPI.Stop()
+	i.txNAPI.Stop()
+	i.ctl.stopLoop()
+	i.ctlWG.Wait()
+	i.destroyResources()
+	i.state.Store(int32(ifClosed))
+	if hostErr != nil && !errors.Is(hostErr, errAlreadyClosed) {
+		i.closeErr = fmt.Errorf("%s: close host port: %w", i.cfg.Name, hostErr)
+	}
+	i.log.Info("closed")
+	return i.closeErr
+}
+
+var errAlreadyClosed = errors.New("already closed")
+
+// destroyResources releases whatever New created, in dependency order.
+// Connections are gone by now (Close reaped or forced them).
+func (i *Interface) destroyResources() {
+	if i.cmm != nil {
+		i.cmm.Close()
+	}
+	if i.ud != nil {
+		i.ud.destroy()
+	}
+	if i.srq != nil {
+		i.srq.destroy()
+	}
+	for _, g := range i.mcast {
+		if g.ah != nil {
+			g.ah.Destroy()
+		}
+	}
+	for _, n := range i.neigh.byGID {
+		if n.ah != nil {
+			n.ah.Destroy()
+			n.ah = nil
+		}
+	}
+	if i.rxCQ != nil {
+		if err := i.rxCQ.Destroy(); err != nil {
+			i.log.Warn("destroy RX CQ", "err", err)
+		}
+	}
+	if i.txCQ != nil {
+		if err := i.txCQ.Destroy(); err != nil {
+			i.log.Warn("destroy TX CQ", "err", err)
+		}
+	}
+}
+
+// Mode is the current mode.
+func (i *Interface) Mode() Mode { return Mode(i.mode.Load()) }
+
+// MTU is the current IP MTU the host is told.
+func (i *Interface) MTU() int { return int(i.mtu.Load()) }
+
+// HWAddr is the interface's 20-byte hardware address.
+func (i *Interface) HWAddr() frame.HWAddr { return i.hw }
+
+// LinkUp reports whether the broadcast group is joined and the
+// interface running.
+func (i *Interface) LinkUp() bool { return i.link.Load() }
+
+// Name is the configured name.
+func (i *Interface) Name() string { return i.cfg.Name }
+
+// SetMode switches mode at run time: every TX connection is flushed, the
+// MTU follows the mode and the host is told. Traffic continues.
+func (i *Interface) SetMode(m Mode) error {
+	if m != ModeDatagram && m != ModeConnected {
+		return fmt.Errorf("%s: set mode %d: %w", i.cfg.Name, int(m), ErrInvalidMode)
+	}
+	if m == ModeConnected && i.cfg.DisableCM {
+		return fmt.Errorf("%s: connected mode without CM: %w", i.cfg.Name, ErrInvalidMode)
+	}
+	if ifState(i.state.Load()) != ifRunning {
+		return fmt.Errorf("%s: set mode: %w", i.cfg.Name, ErrNotStarted)
+	}
+	errc := make(chan error, 1)
+	i.ctl.post(func() { errc <- i.switchMode(m) })
+	select {
+	case err := <-errc:
+		return err
+	case <-i.stop:
+		return ErrClosed
+	}
+}

@@ -1,0 +1,407 @@
+package ipoibcm
+
+import (
+	"time"
+
+	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/ipoibcm/frame"
+)
+
+// rxScratch is the RX poller's reusable state for one Handle call.
+type rxScratch struct {
+	frames     [][]byte
+	udRepost   []hca.RecvWR
+	srqRepost  []hca.RecvWR
+	connRepost []connRepost
+
+	// trans holds translated ARP/ND frames (they change size, so they
+	// cannot be rewritten in the receive buffer).
+	trans  [][]byte
+	nTrans int
+
+	locked  bool // Interface.mu held for neighbour lookups
+	now     time.Time
+	haveNow bool
+	macOf   func(frame.HWAddr) (frame.MAC, bool)
+}
+
+type connRepost struct {
+	rc  *rxConn
+	idx int
+}
+
+const transBufSize = 2048
+
+func (r *rxScratch) init(batch int) {
+	r.frames = make([][]byte, 0, batch)
+	r.udRepost = make([]hca.RecvWR, 0, batch)
+	r.srqRepost = make([]hca.RecvWR, 0, batch)
+	r.connRepost = make([]connRepost, 0, batch)
+	r.trans = make([][]byte, batch)
+	for k := range r.trans {
+		r.trans[k] = make([]byte, transBufSize)
+	}
+}
+
+func (r *rxScratch) clock() time.Time {
+	if !r.haveNow {
+		r.now, r.haveNow = time.Now(), true
+	}
+	return r.now
+}
+
+func (r *rxScratch) transBuf() []byte {
+	if r.nTrans == len(r.trans) {
+		return nil
+	}
+	r.nTrans++
+	return r.trans[r.nTrans-1]
+}
+
+// lock takes Interface.mu once per Handle call, on first need.
+func (i *Interface) rxLock(r *rxScratch) {
+	if !r.locked {
+		i.mu.Lock()
+		r.locked = true
+	}
+}
+
+// handleRX is the RX poller's Handle: UD receives, passive-connection
+// receives (SRQ or own ring) and the drain completion.
+func (i *Interface) handleRX(wcs []hca.WC) {
+	r := &i.rx
+	for k := range wcs {
+		wc := &wcs[k]
+		if wc.ID == wrDrain {
+			i.rs.drainsCompleted.Add(1)
+			i.ctl.post(i.onDrainDone)
+			continue
+		}
+		switch wrKind(wc.ID) {
+		case wrKindUDRecv:
+			i.rxUD(r, wc)
+		case wrKindSRQRecv:
+			i.rxSRQ(r, wc)
+		case wrKindConnRecv:
+			i.rxConnRing(r, wc)
+		}
+	}
+	i.flushRX(r)
+}
+
+// flushRX hands the batch to the host, then gives the buffers back.
+func (i *Interface) flushRX(r *rxScratch) {
+	if r.locked {
+		i.mu.Unlock()
+		r.locked = false
+	}
+	if len(r.frames) > 0 {
+		i.writeHost(r.frames)
+		clear(r.frames)
+		r.frames = r.frames[:0]
+	}
+	if len(r.udRepost) > 0 {
+		if _, err := i.ud.qp.PostRecv(r.udRepost); err != nil {
+			i.log.Warn("repost UD receives", "err", err)
+		}
+		r.udRepost = r.udRepost[:0]
+	}
+	if len(r.srqRepost) > 0 {
+		if _, err := i.srq.srq.PostRecv(r.srqRepost); err != nil {
+			i.log.Warn("repost SRQ receives", "err", err)
+		}
+		r.srqRepost = r.srqRepost[:0]
+	}
+	for _, c := range r.connRepost {
+		wr := [1]hca.RecvWR{c.rc.recvWR(c.idx)}
+		if n, err := c.rc.qp.PostRecv(wr[:]); err != nil || n != 1 {
+			// The receive is gone for good: count it as flushed.
+			i.ringReceiveGone(c.rc)
+		}
+	}
+	clear(r.connRepost)
+	r.connRepost = r.connRepost[:0]
+	r.nTrans = 0
+	r.haveNow = false
+}
+
+func (i *Interface) rxUD(r *rxScratch, wc *hca.WC) {
+	idx := wrIndex(wc.ID)
+	if idx >= len(i.ud.bufs) {
+		return
+	}
+	b := i.ud.bufs[idx]
+	r.udRepost = append(r.udRepost, hca.RecvWR{ID: wc.ID, Buf: b[headroom:]})
+	if wc.Status != hca.StatusSuccess {
+		if wc.Status != hca.StatusWRFlushErr {
+			i.ctr.drop(dropRxError)
+		}
+		return
+	}
+	if wc.SrcQPN == i.ud.qp.QPN() && wc.SrcGID == i.port.GID {
+		i.ctr.drop(dropRxOwnEcho)
+		return
+	}
+	if wc.ByteLen > len(b)-headroom {
+		i.ctr.drop(dropRxTruncatedHeader)
+		return
+	}
+	msg := b[headroom : headroom+wc.ByteLen]
+	et, err := frame.ParseEncap(msg)
+	if err != nil {
+		i.ctr.drop(dropRxTruncatedHeader)
+		return
+	}
+	i.rxLock(r)
+	if et == frame.EtherTypeARP {
+		i.rxARPLocked(r, msg[frame.EncapLen:])
+		return
+	}
+	if et != frame.EtherTypeIPv4 && et != frame.EtherTypeIPv6 {
+		i.ctr.drop(dropRxUnknownEthertype)
+		return
+	}
+	// The UD source names the peer's port; its flags are whatever ARP/ND
+	// taught us.
+	var flags byte
+	if n := i.neigh.byGID[wc.SrcGID]; n != nil {
+		flags = n.hw.Flags()
+	}
+	src := frame.NewHWAddr(flags, wc.SrcQPN, wc.SrcGID)
+	n := i.learnLocked(src, ipSrc(et, msg[frame.EncapLen:]), r.clock())
+	if n == nil {
+		i.ctr.drop(dropRxBadIP)
+		return
+	}
+	i.deliverIP(r, b, wc.ByteLen, et, n.mac, src, true)
+}
+
+func (i *Interface) rxSRQ(r *rxScratch, wc *hca.WC) {
+	idx := wrIndex(wc.ID)
+	if i.srq == nil || idx >= len(i.srq.bufs) {
+		return
+	}
+	r.srqRepost = append(r.srqRepost, i.srq.recvWR(idx))
+	rc, _ := wc.Context.(*rxConn)
+	if rc == nil {
+		i.ctr.drop(dropRxFromUnknownConn)
+		return
+	}
+	if rc.dead.Load() {
+		i.deadCompletion(wc)
+		return
+	}
+	if wc.Status != hca.StatusSuccess {
+		if wc.Status != hca.StatusWRFlushErr {
+			i.ctr.drop(dropRxError)
+		}
+		return
+	}
+	i.rxConnPacket(r, rc, i.srq.bufs[idx], idx, wc.ByteLen)
+}
+
+func (i *Interface) rxConnRing(r *rxScratch, wc *hca.WC) {
+	rc, _ := wc.Context.(*rxConn)
+	idx := wrIndex(wc.ID)
+	if rc == nil || idx >= len(rc.ring) {
+		i.ctr.drop(dropRxFromUnknownConn)
+		return
+	}
+	if rc.dead.Load() || wc.Status == hca.StatusWRFlushErr {
+		if rc.dead.Load() {
+			i.deadCompletion(wc)
+		}
+		if !rc.dead.Load() {
+			// Flushed while live: the QP errored under us; tear down.
+			i.ctl.post(func() { i.teardownRX(rc, "flushed") })
+		}
+		i.ringReceiveGone(rc)
+		return
+	}
+	r.connRepost = append(r.connRepost, connRepost{rc: rc, idx: idx})
+	if wc.Status != hca.StatusSuccess {
+		i.ctr.drop(dropRxError)
+		return
+	}
+	i.rxConnPacket(r, rc, rc.ring[idx], idx, wc.ByteLen)
+}
+
+// ringReceiveGone counts down a non-SRQ connection's posted receives; at
+// zero nothing of it can be in the CQ any more and it is reaped.
+func (i *Interface) ringReceiveGone(rc *rxConn) {
+	if rc.recvCount.Add(-1) == 0 && rc.reapPosted.CompareAndSwap(false, true) {
+		i.ctl.post(func() { i.onRingFlushed(rc) })
+	}
+}
+
+func (i *Interface) deadCompletion(wc *hca.WC) {
+	i.ctr.rxDeadDropped.Add(1)
+	if i.cfg.OnDeadCompletion != nil {
+		i.cfg.OnDeadCompletion(wc)
+	}
+}
+
+// rxConnPacket delivers one message received on a passive connection.
+func (i *Interface) rxConnPacket(r *rxScratch, rc *rxConn, b []byte, idx, byteLen int) {
+	if !rc.established.Load() && rc.established.CompareAndSwap(false, true) {
+		// First receive before the RTU: tell the CM (IBTA COMM_EST), from
+		// the control loop, never holding the poll lock into the CM.
+		if c := rc.cmConn; c != nil {
+			i.ctl.post(c.NotifyEstablished)
+		}
+	}
+	if lruCheck(idx) {
+		now := r.clock().UnixNano()
+		if now-rc.stamp.Load() >= int64(i.cfg.StaleUpdate) {
+			rc.stamp.Store(now)
+		}
+	}
+	if byteLen > len(b)-headroom {
+		i.ctr.drop(dropRxTruncatedHeader)
+		return
+	}
+	msg := b[headroom : headroom+byteLen]
+	et, err := frame.ParseEncap(msg)
+	if err != nil {
+		i.ctr.drop(dropRxTruncatedHeader)
+		return
+	}
+	if et != frame.EtherTypeIPv4 && et != frame.EtherTypeIPv6 {
+		i.ctr.drop(dropRxUnknownEthertype)
+		return
+	}
+	rc.packets.Add(1)
+	rc.byts.Add(uint64(byteLen))
+	i.deliverIP(r, b, byteLen, et, rc.mac, rc.peer, false)
+}
+
+// deliverIP turns the IPoIB message at b[headroom:headroom+byteLen] into
+// an Ethernet frame for the host: in place (the Ethernet header is written
+// over the headroom and the IPoIB header), or, for neighbour discovery,
+// translated into a scratch buffer.
+func (i *Interface) deliverIP(r *rxScratch, b []byte, byteLen int, et uint16, srcMAC frame.MAC, peer frame.HWAddr, ud bool) {
+	pkt := b[frame.EthHdrLen : headroom+byteLen]
+	dst := frame.MAC(i.hostMAC)
+	switch et {
+	case frame.EtherTypeIPv4:
+		if !validIPv4(pkt) {
+			i.ctr.drop(dropRxBadIP)
+			return
+		}
+		if isIPv4Broadcast(pkt) {
+			dst = frame.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+			i.ctr.multicast.Add(1)
+		}
+	case frame.EtherTypeIPv6:
+		if !validIPv6(pkt) {
+			i.ctr.drop(dropRxBadIP)
+			return
+		}
+		if frame.IsND(pkt) {
+			i.deliverND(r, pkt, byteLen, srcMAC, peer)
+			return
+		}
+	}
+	if mac, ok := hostMulticastMAC(et, pkt); ok {
+		dst = mac
+		if ud {
+			i.ctr.multicast.Add(1)
+		}
+	}
+	if i.cfg.OnRXPacket != nil {
+		i.cfg.OnRXPacket(peer, pkt)
+	}
+	frame.PutEthernet(b, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: et})
+	r.frames = append(r.frames, b[:headroom+byteLen])
+	i.ctr.rxPackets.Add(1)
+	i.ctr.rxBytes.Add(uint64(byteLen))
+}
+
+// deliverND rewrites IPoIB link-layer options to the neighbours' MACs,
+// learning the hardware addresses they carry.
+func (i *Interface) deliverND(r *rxScratch, pkt []byte, byteLen int, srcMAC frame.MAC, peer frame.HWAddr) {
+	out := r.transBuf()
+	if out == nil {
+		i.ctr.drop(dropRxBadND)
+		return
+	}
+	i.rxLock(r)
+	if r.macOf == nil {
+		r.macOf = func(hw frame.HWAddr) (frame.MAC, bool) {
+			if hw.GID() == i.hw.GID() {
+				return i.hostMAC, true
+			}
+			n := i.learnLocked(hw, netipZero, r.clock())
+			if n == nil {
+				return frame.MAC{}, false
+			}
+			return n.mac, true
+		}
+	}
+	n, info, err := frame.NDToEthernet(out[frame.EthHdrLen:], pkt, r.macOf)
+	if err != nil {
+		i.ctr.drop(dropRxBadND)
+		return
+	}
+	if info.HasSourceLL {
+		if nb := i.neigh.byGID[info.SourceHW.GID()]; nb != nil {
+			nb.addIP(ipv6Src(pkt))
+		}
+	}
+	if info.HasTargetLL && info.Target.IsValid() {
+		if nb := i.neigh.byGID[info.TargetHW.GID()]; nb != nil {
+			nb.addIP(info.Target)
+		}
+	}
+	dst := frame.MAC(i.hostMAC)
+	if mac, ok := hostMulticastMAC(frame.EtherTypeIPv6, pkt); ok {
+		dst = mac
+	}
+	if i.cfg.OnRXPacket != nil {
+		i.cfg.OnRXPacket(peer, pkt)
+	}
+	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: frame.EtherTypeIPv6})
+	r.frames = append(r.frames, out[:frame.EthHdrLen+n])
+	i.ctr.rxPackets.Add(1)
+	i.ctr.rxBytes.Add(uint64(byteLen))
+}
+
+// rxARPLocked answers nothing itself: it learns the sender and hands the
+// host an Ethernet ARP with the sender's MAC (and the host's own MAC when
+// the target is us).
+func (i *Interface) rxARPLocked(r *rxScratch, body []byte) {
+	a, err := frame.ParseIPoIBARP(body)
+	if err != nil {
+		i.ctr.drop(dropRxBadARP)
+		return
+	}
+	n := i.learnLocked(a.SenderHW, a.SenderIP, r.clock())
+	if n == nil {
+		i.ctr.drop(dropRxBadARP)
+		return
+	}
+	var target frame.MAC
+	switch {
+	case a.TargetHW.GID() == i.hw.GID() && a.TargetHW.QPN() == i.hw.QPN():
+		target = i.hostMAC
+	case !a.TargetHW.IsZero():
+		if t := i.neigh.byGID[a.TargetHW.GID()]; t != nil {
+			target = t.mac
+		}
+	}
+	out := r.transBuf()
+	if out == nil {
+		i.ctr.drop(dropRxBadARP)
+		return
+	}
+	eth := a.ToEthernet(n.mac, target)
+	m := eth.Marshal(out[frame.EthHdrLen:])
+	dst := frame.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	if a.Op == arpOpReply {
+		dst = i.hostMAC
+	}
+	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: n.mac, EtherType: frame.EtherTypeARP})
+	r.frames = append(r.frames, out[:frame.EthHdrLen+m])
+	i.ctr.rxPackets.Add(1)
+	i.ctr.rxBytes.Add(uint64(frame.EncapLen + len(body)))
+}

@@ -1,0 +1,208 @@
+package ipoibcm
+
+import (
+	"net/netip"
+	"sort"
+	"time"
+
+	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/hca/cm"
+	"github.com/ipoibcm/ipoib/napi"
+)
+
+// Counters are the interface counters, named (and JSON-tagged) as Linux's
+// `ethtool -S` for ib_ipoib, plus rx_dead_dropped. rx_bytes/tx_bytes count
+// IPoIB messages (4-byte header included).
+type Counters struct {
+	RxPackets     uint64 `json:"rx_packets"`
+	TxPackets     uint64 `json:"tx_packets"`
+	RxBytes       uint64 `json:"rx_bytes"`
+	TxBytes       uint64 `json:"tx_bytes"`
+	TxErrors      uint64 `json:"tx_errors"`
+	RxDropped     uint64 `json:"rx_dropped"`
+	TxDropped     uint64 `json:"tx_dropped"`
+	Multicast     uint64 `json:"multicast"`
+	RxDeadDropped uint64 `json:"rx_dead_dropped"`
+}
+
+// NeighbourInfo describes one neighbour.
+type NeighbourInfo struct {
+	IPs       []netip.Addr `json:"ips"`
+	HWAddr    string       `json:"hwaddr"`
+	MAC       string       `json:"mac"`
+	Connected bool         `json:"connected"` // the peer advertises 'C'
+	TXConn    string       `json:"tx_conn"`   // state of the TX connection, "" if none
+	Parked    int          `json:"parked"`
+	LastUse   time.Time    `json:"last_use"`
+	CMBackoff time.Time    `json:"cm_backoff_until,omitzero"`
+}
+
+// ConnInfo describes one RC connection.
+type ConnInfo struct {
+	Peer      string    `json:"peer"`
+	PeerGID   string    `json:"peer_gid"`
+	LocalQPN  hca.QPN   `json:"local_qpn"`
+	RemoteQPN hca.QPN   `json:"remote_qpn"`
+	State     string    `json:"state"`
+	MTU       int       `json:"mtu,omitempty"`
+	Age       string    `json:"age"`
+	LastUse   time.Time `json:"last_use,omitzero"`
+	Packets   uint64    `json:"packets"`
+	Bytes     uint64    `json:"bytes"`
+}
+
+// ReaperStats count the teardown machinery's work.
+type ReaperStats struct {
+	StaleScans        uint64 `json:"stale_scans"`
+	StaleReaped       uint64 `json:"stale_reaped"`
+	MovedToError      uint64 `json:"moved_to_error"`
+	LastWQESeen       uint64 `json:"last_wqe_seen"`
+	LateLastWQE       uint64 `json:"late_last_wqe"` // LAST_WQE on a connection still live
+	DrainsPosted      uint64 `json:"drains_posted"`
+	DrainsCompleted   uint64 `json:"drains_completed"`
+	DrainPostFailures uint64 `json:"drain_post_failures"`
+	Reaped            uint64 `json:"reaped"`
+	ForcedAtStop      uint64 `json:"forced_at_stop"`
+	CQErrors          uint64 `json:"cq_errors"`
+	RXAccepted        uint64 `json:"rx_accepted"`
+	RXRejectedNoQP    uint64 `json:"rx_rejected_no_qp"`
+	TXConnects        uint64 `json:"tx_connects"`
+	TXEstablished     uint64 `json:"tx_established"`
+	TXConnectFailures uint64 `json:"tx_connect_failures"`
+	TXTeardowns       uint64 `json:"tx_teardowns"`
+	TXDestroyed       uint64 `json:"tx_destroyed"`
+	TXQueueStops      uint64 `json:"tx_queue_stops"`
+	TXQueueWakes      uint64 `json:"tx_queue_wakes"`
+	NeighRestarts     uint64 `json:"neigh_restarts"`
+	NeighAged         uint64 `json:"neigh_aged"`
+	Reresolves        uint64 `json:"reresolves"`
+	ModeSwitches      uint64 `json:"mode_switches"`
+	McastJoins        uint64 `json:"mcast_joins"`
+	TooBigSent        uint64 `json:"too_big_sent"`
+}
+
+// NAPIStats are the two pollers' statistics.
+type NAPIStats struct {
+	RX napi.Stats `json:"rx"`
+	TX napi.Stats `json:"tx"`
+}
+
+// Stats is a snapshot of an Interface.
+type Stats struct {
+	Name        string            `json:"name"`
+	Mode        string            `json:"mode"`
+	MTU         int               `json:"mtu"`
+	HWAddr      string            `json:"hwaddr"`
+	LinkUp      bool              `json:"link_up"`
+	Counters    Counters          `json:"counters"`
+	Drops       map[string]uint64 `json:"drops"`
+	Neighbours  []NeighbourInfo   `json:"neighbours"`
+	TXConns     []ConnInfo        `json:"tx_conns"`
+	RXConns     []ConnInfo        `json:"rx_conns"`
+	NAPI        NAPIStats         `json:"napi"`
+	Reaper      ReaperStats       `json:"reaper"`
+	CM          cm.Stats          `json:"cm"`
+	Outstanding int64             `json:"tx_outstanding"`
+	SRQPosted   int               `json:"srq_posted"`
+}
+
+// Stats returns a snapshot. Counters are read atomically one by one (not
+// as a consistent cut); connection lists under the interface lock.
+func (i *Interface) Stats() Stats {
+	c := &i.ctr
+	s := Stats{
+		Name:   i.cfg.Name,
+		Mode:   i.Mode().String(),
+		MTU:    i.MTU(),
+		HWAddr: i.hw.String(),
+		LinkUp: i.LinkUp(),
+		Counters: Counters{
+			RxPackets: c.rxPackets.Load(), TxPackets: c.txPackets.Load(),
+			RxBytes: c.rxBytes.Load(), TxBytes: c.txBytes.Load(),
+			TxErrors: c.txErrors.Load(), RxDropped: c.rxDropped.Load(), TxDropped: c.txDropped.Load(),
+			Multicast: c.multicast.Load(), RxDeadDropped: c.rxDeadDropped.Load(),
+		},
+		Drops:       make(map[string]uint64),
+		NAPI:        NAPIStats{RX: i.rxNAPI.Stats(), TX: i.txNAPI.Stats()},
+		Reaper:      i.reaperStats(),
+		Outstanding: i.outstanding.Load(),
+	}
+	for r := range numDropReasons {
+		if v := c.drops[r].Load(); v > 0 {
+			s.Drops[r.String()] = v
+		}
+	}
+	if i.cmm != nil {
+		s.CM = i.cmm.Stats()
+	}
+	now := time.Now()
+	i.mu.Lock()
+	if i.srq != nil && i.srq.srq != nil {
+		s.SRQPosted = i.srq.srq.Posted()
+	}
+	for _, n := range i.neigh.byGID {
+		ni := NeighbourInfo{
+			IPs: append([]netip.Addr(nil), n.ips...), HWAddr: n.hw.String(), MAC: n.mac.String(),
+			Connected: n.hw.Connected(), Parked: n.nParked, LastUse: n.lastUse, CMBackoff: n.cmBackoffUntil,
+		}
+		if n.tx != nil {
+			ni.TXConn = n.tx.state.String()
+		}
+		s.Neighbours = append(s.Neighbours, ni)
+	}
+	for tc := range i.txConns {
+		ci := ConnInfo{
+			Peer: tc.peer.String(), PeerGID: tc.peer.GID().String(), State: tc.state.String(), MTU: tc.mtu,
+			Age: now.Sub(tc.created).Round(time.Millisecond).String(), Packets: tc.packets.Load(), Bytes: tc.byts.Load(),
+		}
+		if tc.qp != nil {
+			ci.LocalQPN = tc.qp.QPN()
+		}
+		if tc.cmConn != nil {
+			ci.RemoteQPN = tc.cmConn.RemoteQPN()
+		}
+		s.TXConns = append(s.TXConns, ci)
+	}
+	for rc := range i.rxConns {
+		ci := ConnInfo{
+			Peer: rc.peer.String(), PeerGID: rc.peer.GID().String(), LocalQPN: rc.qp.QPN(), State: rc.state.String(),
+			Age: now.Sub(rc.created).Round(time.Millisecond).String(), LastUse: time.Unix(0, rc.stamp.Load()),
+			Packets: rc.packets.Load(), Bytes: rc.byts.Load(),
+		}
+		if rc.cmConn != nil {
+			ci.RemoteQPN = rc.cmConn.RemoteQPN()
+		}
+		s.RXConns = append(s.RXConns, ci)
+	}
+	i.mu.Unlock()
+	sort.Slice(s.Neighbours, func(a, b int) bool { return s.Neighbours[a].MAC < s.Neighbours[b].MAC })
+	sort.Slice(s.TXConns, func(a, b int) bool { return s.TXConns[a].Peer < s.TXConns[b].Peer })
+	sort.Slice(s.RXConns, func(a, b int) bool { return s.RXConns[a].LocalQPN < s.RXConns[b].LocalQPN })
+	return s
+}
+
+func (i *Interface) reaperStats() ReaperStats {
+	r := &i.rs
+	return ReaperStats{
+		StaleScans: r.staleScans.Load(), StaleReaped: r.staleReaped.Load(), MovedToError: r.movedToError.Load(),
+		LastWQESeen: r.lastWQESeen.Load(), LateLastWQE: r.lateLastWQE.Load(),
+		DrainsPosted: r.drainsPosted.Load(), DrainsCompleted: r.drainsCompleted.Load(),
+		DrainPostFailures: r.drainPostFailures.Load(), Reaped: r.reaped.Load(), ForcedAtStop: r.forcedAtStop.Load(),
+		CQErrors: r.cqErrors.Load(), RXAccepted: r.rxAccepted.Load(), RXRejectedNoQP: r.rxRejectedNoQP.Load(),
+		TXConnects: r.txConnects.Load(), TXEstablished: r.txEstablished.Load(),
+		TXConnectFailures: r.txConnectFailures.Load(), TXTeardowns: r.txTeardowns.Load(), TXDestroyed: r.txDestroyed.Load(),
+		TXQueueStops: r.txStops.Load(), TXQueueWakes: r.txWakes.Load(),
+		NeighRestarts: r.neighRestarts.Load(), NeighAged: r.neighAged.Load(), Reresolves: r.reresolves.Load(), ModeSwitches: r.modeSwitches.Load(),
+		McastJoins: r.mcastJoins.Load(), TooBigSent: r.tooBigSent.Load(),
+	}
+}
+
+// Drop returns the count of one named drop reason (0 if unknown).
+func (i *Interface) Drop(name string) uint64 {
+	for r := range numDropReasons {
+		if r.String() == name {
+			return i.ctr.drops[r].Load()
+		}
+	}
+	return 0
+}
