@@ -42,8 +42,9 @@ type endpoint struct {
 }
 
 var (
-	_ stack.LinkEndpoint = (*endpoint)(nil)
-	_ stack.GSOEndpoint  = (*endpoint)(nil)
+	_ stack.LinkEndpoint       = (*endpoint)(nil)
+	_ stack.GSOEndpoint        = (*endpoint)(nil)
+	_ stack.QueueingDiscipline = (*endpoint)(nil)
 )
 
 func newEndpoint(cfg Config, c *counters) *endpoint {
@@ -120,8 +121,8 @@ func (*endpoint) ParseHeader(pkt *stack.PacketBuffer) bool {
 	return ok
 }
 
-// Close implements stack.LinkEndpoint; the stack calls it when the NIC is
-// removed. It is idempotent.
+// Close implements stack.LinkEndpoint and stack.QueueingDiscipline; the
+// stack calls it when the NIC is removed. It is idempotent.
 func (e *endpoint) Close() { e.shutdown() }
 
 // SetOnCloseAction implements stack.LinkEndpoint. There is no device to
@@ -145,6 +146,24 @@ func (e *endpoint) SupportedGSO() stack.SupportedGSO {
 	return stack.GSONotSupported
 }
 
+// WritePacket implements stack.QueueingDiscipline. The endpoint is its own
+// NIC's qdisc: gVisor's default one wraps every packet in a fresh
+// PacketBufferList (one allocation per packet) only to call WritePackets.
+func (e *endpoint) WritePacket(pkt *stack.PacketBuffer) tcpip.Error {
+	e.mu.Lock()
+	state, queued := e.state, false
+	if state == linkUp && !e.queue.full() {
+		e.queue.push(pkt.IncRef())
+		queued = true
+	}
+	e.mu.Unlock()
+	if queued {
+		e.wakeReader()
+		return nil
+	}
+	return e.dropped(state, 1)
+}
+
 // WritePackets implements stack.LinkWriter: it queues each packet for
 // ReadFrames. The caller keeps its own reference, so the queue takes one.
 // A full queue drops the rest and returns ErrNoBufferSpace, which TCP treats
@@ -164,27 +183,37 @@ func (e *endpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 		}
 	}
 	e.mu.Unlock()
-
 	if n > 0 {
-		select {
-		case e.ready <- struct{}{}:
-		default:
-		}
+		e.wakeReader()
 	}
-	if dropped := uint64(len(list) - n); dropped > 0 {
-		switch state {
-		case linkClosed:
-			e.counters.txDroppedClosed.Add(dropped)
-			return n, &tcpip.ErrClosedForSend{}
-		case linkDown:
-			e.counters.txDroppedLinkDown.Add(dropped)
-			return n, &tcpip.ErrNoBufferSpace{}
-		default:
-			e.counters.txDroppedQueueFull.Add(dropped)
-			return n, &tcpip.ErrNoBufferSpace{}
-		}
+	if n < len(list) {
+		return n, e.dropped(state, len(list)-n)
 	}
 	return n, nil
+}
+
+// wakeReader leaves a token for a reader waiting on an empty queue.
+func (e *endpoint) wakeReader() {
+	select {
+	case e.ready <- struct{}{}:
+	default:
+	}
+}
+
+// dropped counts n packets that could not be queued in state and returns
+// the error the stack expects.
+func (e *endpoint) dropped(state linkState, n int) tcpip.Error {
+	switch state {
+	case linkClosed:
+		e.counters.txDroppedClosed.Add(uint64(n))
+		return &tcpip.ErrClosedForSend{}
+	case linkDown:
+		e.counters.txDroppedLinkDown.Add(uint64(n))
+		return &tcpip.ErrNoBufferSpace{}
+	default:
+		e.counters.txDroppedQueueFull.Add(uint64(n))
+		return &tcpip.ErrNoBufferSpace{}
+	}
 }
 
 // readFrames implements ReadFrames; a nil ctx waits until a frame arrives or
@@ -325,7 +354,7 @@ func (e *endpoint) setLinkUp(up bool) error {
 	return nil
 }
 
-func (e *endpoint) linkState() linkState {
+func (e *endpoint) currentState() linkState {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.state

@@ -62,7 +62,7 @@ func (h *Host) configure() error {
 	if err := h.tuneTCP(); err != nil {
 		return err
 	}
-	if err := tcpipErr("create NIC", h.stack.CreateNIC(nicID, h.ep)); err != nil {
+	if err := tcpipErr("create NIC", h.stack.CreateNICWithOptions(nicID, h.ep, stack.NICOptions{QDisc: h.ep})); err != nil {
 		return err
 	}
 	linkLocal := header.LinkLocalAddr(h.ep.mac)
@@ -109,6 +109,13 @@ func (h *Host) tuneTCP() error {
 	}{
 		{"SACK", &sack}, {"recovery", &recovery}, {"congestion control", &cc},
 		{"receive buffer moderation", &moderate}, {"send buffer", &send}, {"receive buffer", &recv},
+	}
+	if t.MinRTO > 0 {
+		minRTO := tcpip.TCPMinRTOOption(t.MinRTO)
+		opts = append(opts, struct {
+			name string
+			opt  tcpip.SettableTransportProtocolOption
+		}{"min RTO", &minRTO})
 	}
 	for _, o := range opts {
 		if err := tcpipErr("TCP "+o.name, h.stack.SetTransportProtocolOption(tcp.ProtocolNumber, o.opt)); err != nil {
@@ -175,7 +182,7 @@ func (h *Host) SetMTU(mtu int) error {
 func (h *Host) SetLinkUp(up bool) error { return h.ep.setLinkUp(up) }
 
 // LinkUp reports carrier.
-func (h *Host) LinkUp() bool { return h.ep.linkState() == linkUp }
+func (h *Host) LinkUp() bool { return h.ep.currentState() == linkUp }
 
 // Close implements ipoibcm.HostPort: it wakes ReadFrames, drops queued
 // frames, and stops the stack and all its goroutines before returning.

@@ -11,23 +11,11 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/ipoibcm/ipoib/ipoibcm"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
-// hostPort mirrors ipoibcm.HostPort method for method. The test does not
-// import ipoibcm so this package's tests do not depend on the engine
-// compiling; the compile-time check is the same.
-type hostPort interface {
-	ReadFrames(bufs [][]byte, sizes []int) (int, error)
-	WriteFrames(frames [][]byte) (int, error)
-	BatchSize() int
-	HostMAC() net.HardwareAddr
-	SetMTU(mtu int) error
-	SetLinkUp(up bool) error
-	Close() error
-}
-
-var _ hostPort = (*Host)(nil)
+var _ ipoibcm.HostPort = (*Host)(nil)
 
 func TestPing(t *testing.T) {
 	p := newPair(t, Config{})
@@ -469,6 +457,7 @@ func TestConfigRejects(t *testing.T) {
 		"negative queue": {QueueLen: -1},
 		"bad CC":         {TCP: TCPOptions{CongestionControl: "bbr"}},
 		"buffers":        {TCP: TCPOptions{BufferDefault: 8 << 20, BufferMax: 1 << 20}},
+		"negative RTO":   {TCP: TCPOptions{MinRTO: -1}},
 		"bad prefix":     {Addrs: []netip.Prefix{{}}},
 	} {
 		if h, err := New(cfg); err == nil {

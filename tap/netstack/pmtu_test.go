@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
@@ -81,12 +82,15 @@ func (p *pathClamp) fragNeeded(tooBig []byte) []byte {
 // not fragment, so only the ICMP can save the connection.
 func TestPathMTUFromICMP(t *testing.T) {
 	for _, gso := range []bool{false, true} {
-		a, err := New(Config{MTU: 9000, GSO: gso, Addrs: []netip.Prefix{addrA4}})
+		// Recovering the swallowed segments takes retransmission timeouts;
+		// a 5 ms floor keeps the test fast.
+		tcpOpts := TCPOptions{MinRTO: 5 * time.Millisecond}
+		a, err := New(Config{MTU: 9000, GSO: gso, TCP: tcpOpts, Addrs: []netip.Prefix{addrA4}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer a.Close()
-		b, err := New(Config{MTU: 9000, GSO: gso, Addrs: []netip.Prefix{addrB4}})
+		b, err := New(Config{MTU: 9000, GSO: gso, TCP: tcpOpts, Addrs: []netip.Prefix{addrB4}})
 		if err != nil {
 			t.Fatal(err)
 		}
