@@ -125,7 +125,12 @@ func (i *Interface) writeHost(frames [][]byte) {
 // parked); otherwise the frame was dropped, counted, or answered locally.
 func (i *Interface) txFrameLocked(t *txScratch, bufIdx, size int, now time.Time) bool {
 	b := i.pool.bufs[bufIdx]
-	if size > i.MTU()+frame.EthHdrLen || size > len(b) {
+	// A frame that filled its whole buffer was truncated by the host port.
+	// A frame merely above our MTU (the host's MTU may be larger: a user
+	// raised it, or segments queued before a mode switch) goes on to the
+	// path check, which answers it with ICMP as Linux's ipoib_send does
+	// through ipoib_cm_skb_too_long, instead of losing it silently.
+	if size >= len(b) {
 		i.ctr.txErrors.Add(1)
 		i.ctr.drop(dropTxOversize)
 		return false
@@ -253,8 +258,8 @@ func (i *Interface) txNeighLocked(t *txScratch, n *neighbour, bufIdx, size int, 
 		if tc != nil {
 			switch tc.state {
 			case txUp:
-				if ipLen+frame.EncapLen > tc.mtu {
-					i.tooBigLocked(t, n, bufIdx, size, tc.mtu-frame.EncapLen)
+				if pathMTU := min(tc.mtu-frame.EncapLen, i.MTU()); ipLen > pathMTU {
+					i.tooBigLocked(t, n, bufIdx, size, pathMTU)
 					return false
 				}
 				return i.postRCLocked(t, tc, bufIdx, size, etherType)
@@ -263,8 +268,8 @@ func (i *Interface) txNeighLocked(t *txScratch, n *neighbour, bufIdx, size int, 
 			}
 		}
 	}
-	if ipLen > i.udMTU {
-		i.tooBigLocked(t, n, bufIdx, size, i.udMTU)
+	if pathMTU := min(i.udMTU, i.MTU()); ipLen > pathMTU {
+		i.tooBigLocked(t, n, bufIdx, size, pathMTU)
 		return false
 	}
 	if n.ah == nil {
