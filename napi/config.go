@@ -1,0 +1,66 @@
+package napi
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/ipoibcm/ipoib/hca"
+)
+
+// Defaults for Config fields left zero. DefaultBudget is NAPI_POLL_WEIGHT and
+// IPoIB's send weight (MAX_SEND_CQE); DefaultBatch amortises the CQ lock of a
+// backend over a cache-friendly number of WCs.
+const (
+	DefaultBudget = 64
+	DefaultBatch  = 16
+)
+
+// ErrInvalidConfig is wrapped by New's errors.
+var ErrInvalidConfig = errors.New("invalid napi config")
+
+// Config configures a Context.
+type Config struct {
+	// Name identifies the context in logs and statistics ("ib0-rx").
+	Name string
+	// CQ is the completion queue to poll. Its OnCompletion should call the
+	// Context's Schedule.
+	CQ hca.CQ
+	// Budget is the most completions one poll handles before yielding
+	// (default DefaultBudget).
+	Budget int
+	// Batch is the most WCs asked of one CQ.Poll call (default
+	// DefaultBatch).
+	Batch int
+	// Handle processes a batch of completions. It is called with the poll
+	// lock held, from the context's goroutine, with 1..Batch completions.
+	// The slice is reused for the next batch: Handle must not retain it.
+	// Handle may call Sync (fn then runs directly, the lock is already
+	// held) and Stop (which then does not wait); it must not block on
+	// anything that waits for this Context's poll lock.
+	Handle func(wcs []hca.WC)
+}
+
+// withDefaults validates c and fills in the defaults.
+func (c Config) withDefaults() (Config, error) {
+	if c.CQ == nil {
+		return c, fmt.Errorf("napi %q: CQ is nil: %w", c.Name, ErrInvalidConfig)
+	}
+	if c.Handle == nil {
+		return c, fmt.Errorf("napi %q: Handle is nil: %w", c.Name, ErrInvalidConfig)
+	}
+	if c.Budget < 0 {
+		return c, fmt.Errorf("napi %q: Budget %d < 0: %w", c.Name, c.Budget, ErrInvalidConfig)
+	}
+	if c.Batch < 0 {
+		return c, fmt.Errorf("napi %q: Batch %d < 0: %w", c.Name, c.Batch, ErrInvalidConfig)
+	}
+	if c.Budget == 0 {
+		c.Budget = DefaultBudget
+	}
+	if c.Batch == 0 {
+		c.Batch = DefaultBatch
+	}
+	// A batch larger than the budget could never be asked for in full.
+	c.Batch = min(c.Batch, c.Budget)
+	return c, nil
+}

@@ -1,0 +1,251 @@
+package napi
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"github.com/ipoibcm/ipoib/hca"
+)
+
+// Context polls one CQ from one goroutine. See the package documentation.
+type Context struct {
+	cfg Config
+
+	// pollMu is the poll lock: held for a whole poll, taken by Sync.
+	pollMu sync.Mutex
+	// wcs is the poll buffer, reused for every batch.
+	wcs []hca.WC
+
+	// kick holds at most one pending wake-up, which is what coalesces a
+	// burst of Schedule calls into one poll.
+	kick chan struct{}
+	// stop is closed by Stop; exited is closed when the goroutine is gone
+	// (or by Stop if it never started).
+	stop   chan struct{}
+	exited chan struct{}
+	// stopping mirrors stop for the poll loop, which checks it between
+	// batches without a select.
+	stopping atomic.Bool
+	// pollGoroutine is the runtime id of the poll goroutine (0 until it
+	// runs), to recognise calls made from inside Handle.
+	pollGoroutine atomic.Uint64
+
+	lifeMu sync.Mutex // serialises Start and Stop
+	state  State      // guarded by lifeMu
+
+	counters counters
+}
+
+// New validates cfg and returns a Context in StateNew. Nothing runs until
+// Start.
+func New(cfg Config) (*Context, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Context{
+		cfg:    cfg,
+		wcs:    make([]hca.WC, cfg.Batch),
+		kick:   make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+		exited: make(chan struct{}),
+	}, nil
+}
+
+// Name returns Config.Name.
+func (c *Context) Name() string { return c.cfg.Name }
+
+// State returns the lifecycle state.
+func (c *Context) State() State {
+	c.lifeMu.Lock()
+	defer c.lifeMu.Unlock()
+	return c.state
+}
+
+// Start starts the poll goroutine and arms the CQ, scheduling a poll if
+// completions are already queued (they would never raise an event). Start
+// on a running or stopped Context does nothing.
+func (c *Context) Start() {
+	c.lifeMu.Lock()
+	if c.state != StateNew {
+		c.lifeMu.Unlock()
+		return
+	}
+	c.state = StateRunning
+	go c.run()
+	// Released before taking the poll lock: a Handle already running (from
+	// a Schedule that came before Start) may call Stop, which takes lifeMu.
+	c.lifeMu.Unlock()
+
+	// Under the poll lock so the first arm never interleaves with a poll
+	// started by a Schedule that came before Start.
+	c.pollMu.Lock()
+	c.counters.rearms.Add(1)
+	missed := c.cfg.CQ.Notify(true)
+	c.pollMu.Unlock()
+	if missed {
+		c.Schedule()
+	}
+}
+
+// Schedule asks for a poll. It never blocks, coalesces with a poll already
+// pending, is safe from any goroutine, before Start (the poll then runs once
+// started) and after Stop (it does nothing). Wire it to
+// hca.CQConfig.OnCompletion.
+func (c *Context) Schedule() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Sync runs fn under the poll lock: when fn runs, no poll that began before
+// Sync was called is still running, and no poll starts until fn returns.
+// Called from inside Handle (the lock is already held by the caller's own
+// poll) Sync runs fn directly.
+func (c *Context) Sync(fn func()) {
+	if c.onPollGoroutine() {
+		fn()
+		return
+	}
+	c.pollMu.Lock()
+	defer c.pollMu.Unlock()
+	fn()
+}
+
+// Stop stops the poll goroutine and waits for it to exit; once Stop returns,
+// Handle is never called again. Stop is idempotent and safe from any
+// goroutine. Called from inside Handle it cannot wait for its own goroutine:
+// the current poll then ends after Handle returns, and no further batch is
+// handled.
+func (c *Context) Stop() {
+	c.lifeMu.Lock()
+	switch c.state {
+	case StateNew:
+		close(c.exited) // no goroutine will ever close it
+		fallthrough
+	case StateRunning:
+		c.state = StateStopped
+		c.stopping.Store(true)
+		close(c.stop)
+	}
+	c.lifeMu.Unlock()
+	if c.onPollGoroutine() {
+		return
+	}
+	<-c.exited
+}
+
+// Stats returns a snapshot of the counters.
+func (c *Context) Stats() Stats { return c.counters.snapshot() }
+
+func (c *Context) onPollGoroutine() bool {
+	id := c.pollGoroutine.Load()
+	return id != 0 && id == goroutineID()
+}
+
+// run is the poll goroutine.
+func (c *Context) run() {
+	defer close(c.exited)
+	c.pollGoroutine.Store(goroutineID())
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-c.kick:
+		}
+		c.counters.wakeups.Add(1)
+		c.pollUntilIdle()
+	}
+}
+
+// pollUntilIdle polls until the CQ is empty and re-armed, or Stop.
+func (c *Context) pollUntilIdle() {
+	for !c.stopping.Load() {
+		switch c.poll() {
+		case pollExhausted:
+			c.counters.budgetExhausted.Add(1)
+			// Without re-arming: more completions are surely queued,
+			// but let other goroutines (the other CQ's Context, the
+			// producers) run first, as NAPI returns to the softirq loop.
+			runtime.Gosched()
+		case pollMissed:
+			c.counters.missedEventRepolls.Add(1)
+		case pollArmed, pollStopped:
+			return
+		}
+	}
+}
+
+// pollResult is how a poll ended.
+type pollResult int
+
+const (
+	// pollArmed: under budget, CQ re-armed, nothing missed: sleep.
+	pollArmed pollResult = iota
+	// pollMissed: under budget, but the re-arm reported queued
+	// completions: poll again.
+	pollMissed
+	// pollExhausted: the whole budget was used: yield, poll again.
+	pollExhausted
+	// pollStopped: Stop was called during the poll.
+	pollStopped
+)
+
+func (r pollResult) String() string {
+	switch r {
+	case pollArmed:
+		return "armed"
+	case pollMissed:
+		return "missed"
+	case pollExhausted:
+		return "exhausted"
+	case pollStopped:
+		return "stopped"
+	}
+	return "pollResult(?)"
+}
+
+// poll is one pass over the CQ under the poll lock.
+func (c *Context) poll() pollResult {
+	c.pollMu.Lock()
+	defer c.pollMu.Unlock()
+	// Counted first so that Handle can tell which poll it is part of.
+	c.counters.polls.Add(1)
+	budget, batch := c.cfg.Budget, c.cfg.Batch
+	done := 0
+	result := pollArmed
+	for done < budget {
+		if c.stopping.Load() {
+			result = pollStopped
+			break
+		}
+		want := min(batch, budget-done)
+		n := c.cfg.CQ.Poll(c.wcs[:want])
+		if n <= 0 {
+			break
+		}
+		n = min(n, want) // a misbehaving backend must not push us over budget
+		c.cfg.Handle(c.wcs[:n])
+		// Drop the references so a destroyed QP's context is not kept
+		// alive by the poll buffer.
+		clear(c.wcs[:n])
+		done += n
+		if n < want {
+			break // the CQ ran dry; a further Poll would return 0
+		}
+	}
+	c.counters.notePoll(done)
+	switch {
+	case result == pollStopped:
+		return pollStopped
+	case done == budget:
+		return pollExhausted
+	}
+	c.counters.rearms.Add(1)
+	if c.cfg.CQ.Notify(true) {
+		return pollMissed
+	}
+	return pollArmed
+}

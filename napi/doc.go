@@ -1,0 +1,33 @@
+// Package napi polls a completion queue the way Linux NAPI polls a device:
+// the completion event only schedules a poll, the poll drains completions up
+// to a budget under a poll lock, and a poll that finishes under budget
+// "completes" by re-arming the CQ with missed-event reporting.
+//
+// One Context serves one hca.CQ with exactly one goroutine. Its life:
+//
+//	New ──Start──▶ running ──Stop──▶ stopped
+//
+// While running, the goroutine sleeps until Schedule (wired to
+// hca.CQConfig.OnCompletion) wakes it, then loops:
+//
+//  1. poll: take the poll lock, call CQ.Poll in batches of
+//     min(Batch, Budget-done) and Handle for each non-empty batch, never
+//     more than Budget completions;
+//  2. if the budget was used up, release the lock, yield the processor and
+//     poll again without re-arming (the CQ is still busy, and another
+//     Context on the same core deserves a turn);
+//  3. otherwise complete: CQ.Notify(true). If the CQ reports completions
+//     that arrived between the last Poll and the re-arm, no event will come
+//     for them, so poll again at once. This is the no-lost-wake-up rule of
+//     ib_req_notify_cq(IB_CQ_REPORT_MISSED_EVENTS).
+//
+// Schedule coalesces: a burst of events while a poll is pending or running
+// causes one more poll, not one per event.
+//
+// Sync runs a function under the poll lock, which is how a consumer changes
+// state that Handle reads (IPoIB marks a connection dead this way before
+// destroying its QP): when fn runs, no poll that began before Sync is still
+// running and none can start until fn returns.
+//
+// napi does not know what a completion means; Handle does.
+package napi

@@ -1,0 +1,67 @@
+package napi
+
+import "sync/atomic"
+
+// Stats is a snapshot of a Context's counters.
+type Stats struct {
+	// Polls counts polls: each locked pass over the CQ, empty ones included.
+	Polls uint64
+	// Completions counts WCs handed to Handle.
+	Completions uint64
+	// BudgetExhausted counts polls that used the whole budget and were
+	// followed by another poll without re-arming.
+	BudgetExhausted uint64
+	// MissedEventRepolls counts re-arms at the end of a poll that reported
+	// completions already queued, each followed by another poll. (Start's
+	// arm schedules a poll instead and is not counted here.)
+	MissedEventRepolls uint64
+	// Wakeups counts times the goroutine was woken by Schedule.
+	Wakeups uint64
+	// Rearms counts CQ.Notify calls (the one in Start included).
+	Rearms uint64
+	// MaxPerPoll is the most completions one poll handled; never above
+	// the budget.
+	MaxPerPoll int
+}
+
+// AvgPerPoll is the mean number of completions per poll, 0 before any poll.
+func (s Stats) AvgPerPoll() float64 {
+	if s.Polls == 0 {
+		return 0
+	}
+	return float64(s.Completions) / float64(s.Polls)
+}
+
+// counters are written by the poll goroutine (and Start) and read by Stats
+// from anywhere, hence atomics; the data path adds to them once per poll,
+// not per completion.
+type counters struct {
+	polls              atomic.Uint64
+	completions        atomic.Uint64
+	budgetExhausted    atomic.Uint64
+	missedEventRepolls atomic.Uint64
+	wakeups            atomic.Uint64
+	rearms             atomic.Uint64
+	maxPerPoll         atomic.Int64
+}
+
+func (c *counters) snapshot() Stats {
+	return Stats{
+		Polls:              c.polls.Load(),
+		Completions:        c.completions.Load(),
+		BudgetExhausted:    c.budgetExhausted.Load(),
+		MissedEventRepolls: c.missedEventRepolls.Load(),
+		Wakeups:            c.wakeups.Load(),
+		Rearms:             c.rearms.Load(),
+		MaxPerPoll:         int(c.maxPerPoll.Load()),
+	}
+}
+
+// notePoll records a finished poll of n completions. Only the poll goroutine
+// calls it, so the max needs no compare-and-swap.
+func (c *counters) notePoll(n int) {
+	c.completions.Add(uint64(n))
+	if int64(n) > c.maxPerPoll.Load() {
+		c.maxPerPoll.Store(int64(n))
+	}
+}
