@@ -117,7 +117,10 @@ func (i *Interface) connectTX(tc *txConn) {
 		i.failTX(tc, false)
 		return
 	}
+	// Under mu: Stats reads qp and cmConn (the soak's race run caught it).
+	i.mu.Lock()
 	tc.qp = qp
+	i.mu.Unlock()
 	conn, err := i.cmm.Connect(cm.ConnectParams{
 		DestGID:     tc.peer.GID(),
 		ServiceID:   serviceIDIETF | uint64(tc.peer.QPN()),
@@ -134,7 +137,9 @@ func (i *Interface) connectTX(tc *txConn) {
 		i.failTX(tc, true)
 		return
 	}
+	i.mu.Lock()
 	tc.cmConn = conn
+	i.mu.Unlock()
 	i.rs.txConnects.Add(1)
 }
 

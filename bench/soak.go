@@ -1,0 +1,250 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/ipoibcm/ipoib/hca/cm"
+	"github.com/ipoibcm/ipoib/hca/soft"
+	"github.com/ipoibcm/ipoib/ipoibcm"
+)
+
+// soakRun is one soak: a soft fabric with cfg.Hosts interfaces, each with
+// a soakHost and a traffic generator.
+type soakRun struct {
+	cfg   SoakConfig
+	fab   *soft.Fabric
+	hosts []*soakHost
+	ifcs  []*ipoibcm.Interface
+	// watches check the dead flag through the verbs (soak_verbs.go).
+	watches []*verbsWatch
+	flows   *soakFlows
+	viol    soakViolations
+
+	start      time.Time
+	goroutines int // baseline before the fabric started
+	heapStart  uint64
+	heapPeak   uint64
+	heapLimit  uint64
+
+	lastPrint time.Time
+}
+
+// RunSoak runs the stale-connection reaping soak (issue 5): it returns the
+// report, whose Violations field is what decides pass or fail. An error
+// means the soak could not run at all.
+func RunSoak(ctx context.Context, cfg SoakConfig) (*SoakReport, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &soakRun{cfg: cfg, flows: newSoakFlows(cfg.Hosts), goroutines: runtime.NumGoroutine()}
+	if err := s.setUp(); err != nil {
+		s.closeAll()
+		return nil, err
+	}
+	s.heapStart = heapInuse()
+	s.heapPeak = s.heapStart
+	s.heapLimit = uint64(float64(s.heapStart)*cfg.HeapGrowth) + cfg.HeapSlack
+
+	s.start = time.Now()
+	stop := make(chan struct{})
+	var gens sync.WaitGroup
+	for k, h := range s.hosts {
+		rng := rand.New(rand.NewPCG(uint64(cfg.Seed), uint64(k)+1))
+		gens.Add(1)
+		go func() {
+			defer gens.Done()
+			s.generate(h, rng, stop)
+		}()
+	}
+	s.monitor(ctx)
+	close(stop)
+	gens.Wait()
+	rep := s.finish()
+	return rep, nil
+}
+
+// setUp creates the fabric and starts every interface.
+func (s *soakRun) setUp() error {
+	cfg := &s.cfg
+	s.fab = soft.NewFabric(soft.Config{Seed: cfg.Seed, TimerScale: cfg.TimerScale, Faults: cfg.Faults})
+	for k := range cfg.Hosts {
+		dev, err := s.fab.NewDevice(fmt.Sprintf("soak%d", k))
+		if err != nil {
+			return fmt.Errorf("soak: host %d: %w", k, err)
+		}
+		h := newSoakHost(k, cfg.HostBatch, cfg.HostQueue, s.flows, &s.viol)
+		watch := newVerbsWatch(k, &s.viol)
+		ifc, err := ipoibcm.New(ipoibcm.Config{
+			Device: watch.wrap(dev), Host: h, OnDeadCompletion: watch.reportDead, Name: fmt.Sprintf("ib%d", k), Mode: ipoibcm.ModeConnected,
+			SendQueueSize: cfg.SendQueueSize, RecvQueueSize: cfg.RecvQueueSize,
+			CM: cm.Options{
+				ResponseTimeout: cfg.CMResponseTimeout, MaxRetries: 3, TimeWait: cfg.CMTimeWait,
+				Seed: cfg.Seed*7919 + int64(k), QueueDepth: 256,
+			},
+			CMBackoff:   cfg.CMBackoff,
+			StaleUpdate: cfg.StaleUpdate, StaleAfter: cfg.StaleAfter, StaleScan: cfg.StaleScan,
+			NeighbourTimeout: cfg.NeighbourTimeout, DrainTimeout: cfg.DrainTimeout,
+			Logger:             cfg.Logger.With("host", k),
+			UnsafeSkipDeadFlag: cfg.UnsafeSkipDeadFlag,
+			UnsafeSkipDrain:    cfg.UnsafeSkipDrain,
+		})
+		if err != nil {
+			h.Close()
+			return fmt.Errorf("soak: host %d: %w", k, err)
+		}
+		s.hosts = append(s.hosts, h)
+		s.watches = append(s.watches, watch)
+		s.ifcs = append(s.ifcs, ifc)
+		if err := ifc.Start(); err != nil {
+			return fmt.Errorf("soak: host %d: %w", k, err)
+		}
+	}
+	return nil
+}
+
+// closeAll closes every interface and then the fabric (setup failed).
+func (s *soakRun) closeAll() {
+	s.closeIfaces()
+	if s.fab != nil {
+		s.fab.Close()
+	}
+}
+
+// generate is one host's traffic: pick a peer (often the previous one, so
+// bursts race the peer's reaper), resolve it, send a burst, go idle.
+func (s *soakRun) generate(h *soakHost, rng *rand.Rand, stop <-chan struct{}) {
+	cfg := &s.cfg
+	seq := make([]uint64, cfg.Hosts)
+	peer := -1
+	for {
+		if peer < 0 || rng.Float64() >= cfg.RepeatPeer {
+			peer = rng.IntN(cfg.Hosts - 1)
+			if peer >= h.idx {
+				peer++
+			}
+		}
+		mac, ok := s.resolve(h, peer, rng, stop)
+		if ok {
+			for k := range 1 + rng.IntN(cfg.BurstMax) {
+				seq[peer]++
+				f := h.dataFrame(mac, peer, seq[peer], s.packetSize(rng))
+				if !h.enqueue(queuedFrame{b: f, dst: peer}, false, stop) {
+					return
+				}
+				// Like a host waiting for a handshake, give the first
+				// packet time to bring the connection up: the engine
+				// parks only three packets per neighbour meanwhile.
+				if k == 0 && !wait(cfg.FirstPacketPause, stop) {
+					return
+				}
+			}
+		}
+		if !wait(s.idleTime(rng), stop) {
+			return
+		}
+	}
+}
+
+// idleTime mixes three kinds of pause: short (the connection stays up),
+// about the stale timeout (the next burst races the reaper), and long
+// (the passive side reaps the connection).
+func (s *soakRun) idleTime(rng *rand.Rand) time.Duration {
+	after, scan := s.cfg.StaleAfter, s.cfg.StaleScan
+	switch x := rng.Float64(); {
+	case x < 0.4:
+		return randDur(rng, 0, after/4)
+	case x < 0.7:
+		return randDur(rng, after/2, after+2*scan)
+	default:
+		return randDur(rng, after+2*scan, 2*(after+2*scan))
+	}
+}
+
+// packetSize is an IP packet size: mostly Ethernet-sized, sometimes up to
+// the connected-mode MTU.
+func (s *soakRun) packetSize(rng *rand.Rand) int {
+	if rng.Float64() < 0.8 || s.cfg.MaxPacket <= 1500 {
+		return soakMinIP + rng.IntN(min(1500, s.cfg.MaxPacket)-soakMinIP+1)
+	}
+	return 1500 + rng.IntN(s.cfg.MaxPacket-1500+1)
+}
+
+func randDur(rng *rand.Rand, lo, hi time.Duration) time.Duration {
+	if hi <= lo {
+		return lo
+	}
+	return lo + time.Duration(rng.Int64N(int64(hi-lo)))
+}
+
+// wait pauses the generator (traffic pacing, not synchronisation); false
+// when stop closed.
+func wait(d time.Duration, stop <-chan struct{}) bool {
+	if d <= 0 {
+		select {
+		case <-stop:
+			return false
+		default:
+			return true
+		}
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-stop:
+		return false
+	}
+}
+
+// resolve returns the MAC the engine mapped peer to, asking with ARP when
+// the host does not know it. Now and then a known peer is asked again:
+// the reply must name the same MAC (checked in receiveARP). Replies can be
+// lost (UD loss), so a request is retried a few times.
+func (s *soakRun) resolve(h *soakHost, peer int, rng *rand.Rand, stop <-chan struct{}) (mac [6]byte, ok bool) {
+	ip := soakHostIP(peer)
+	if known, had := h.lookupARP(ip); had {
+		if rng.Float64() < s.cfg.ReARP {
+			h.enqueue(queuedFrame{b: h.arpRequest(ip), dst: -1}, false, stop)
+		}
+		return known, true
+	}
+	for range 4 {
+		select {
+		case <-h.arpReply: // a signal left by an earlier reply
+		default:
+		}
+		if !h.enqueue(queuedFrame{b: h.arpRequest(ip), dst: -1}, false, stop) {
+			return mac, false
+		}
+		t := time.NewTimer(s.cfg.ARPTimeout)
+	waitReply:
+		for {
+			select {
+			case <-h.arpReply:
+				if m, ok := h.lookupARP(ip); ok {
+					t.Stop()
+					return m, true
+				}
+			case <-t.C:
+				break waitReply
+			case <-stop:
+				t.Stop()
+				return mac, false
+			}
+		}
+	}
+	return mac, false
+}
+
+func heapInuse() uint64 {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse
+}

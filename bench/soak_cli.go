@@ -1,0 +1,106 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/ipoibcm/ipoib/hca/soft"
+)
+
+// Exit statuses of SoakMain.
+const (
+	SoakExitOK        = 0
+	SoakExitViolation = 1 // violations found, or the soak could not run
+	SoakExitUsage     = 2
+)
+
+// SoakMain is `ipoib soak`: it parses args, runs the soak with a progress
+// line on stderr (rewritten in place on a terminal), prints the table (or
+// --json) on stdout and returns the exit status: 1 on any violation.
+func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg := DefaultSoakConfig()
+	fs := flag.NewFlagSet("ipoib soak", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long traffic runs (the end checks follow)")
+	fs.IntVar(&cfg.Hosts, "hosts", cfg.Hosts, "hosts on the soft fabric")
+	fs.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the fabric's faults and of the traffic")
+	fs.Float64Var(&cfg.Faults.CompletionDelay.Probability, "delay-prob", cfg.Faults.CompletionDelay.Probability, "probability a completion is held back (delivered past destroy)")
+	fs.DurationVar(&cfg.Faults.CompletionDelay.Max, "delay-max", cfg.Faults.CompletionDelay.Max, "longest completion hold-back")
+	purge := fs.Bool("purge", false, "purge a destroyed QP's completions (mlx5) instead of leaving them in the CQ (rxe)")
+	fs.BoolVar(&cfg.Faults.ImmediateQPNReuse, "qpn-reuse", cfg.Faults.ImmediateQPNReuse, "hand a freed QPN to the next QP at once")
+	fs.Float64Var(&cfg.Faults.RNR, "rnr", cfg.Faults.RNR, "probability of an injected RNR NAK")
+	fs.Float64Var(&cfg.Faults.UDLoss, "ud-loss", cfg.Faults.UDLoss, "probability a UD delivery is lost")
+	fs.DurationVar(&cfg.Faults.LastWQEDelay, "lastwqe-delay", cfg.Faults.LastWQEDelay, "delay of LAST_WQE_REACHED")
+	fs.Float64Var(&cfg.Faults.SpuriousCompletionEvents, "spurious", cfg.Faults.SpuriousCompletionEvents, "probability of a spurious completion event on re-arm")
+	fs.DurationVar(&cfg.StaleAfter, "stale-after", cfg.StaleAfter, "passive connections idle this long are reaped")
+	fs.DurationVar(&cfg.StaleScan, "stale-scan", cfg.StaleScan, "period of the stale scan")
+	fs.DurationVar(&cfg.StaleUpdate, "stale-update", cfg.StaleUpdate, "LRU stamp refresh period (0: stale-after/2)")
+	fs.DurationVar(&cfg.NeighbourTimeout, "neigh-timeout", cfg.NeighbourTimeout, "TX connections unused this long are disconnected")
+	fs.IntVar(&cfg.SendQueueSize, "sendq", cfg.SendQueueSize, "send queue size and TX credits per interface")
+	fs.IntVar(&cfg.RecvQueueSize, "recvq", cfg.RecvQueueSize, "SRQ and UD ring size per interface")
+	fs.IntVar(&cfg.BurstMax, "burst", cfg.BurstMax, "largest burst of packets to one peer")
+	fs.IntVar(&cfg.MaxPacket, "max-packet", cfg.MaxPacket, "largest IP packet (up to the connected MTU, 65520)")
+	fs.Float64Var(&cfg.HeapGrowth, "heap-growth", cfg.HeapGrowth, "heap limit as a multiple of the heap at start (plus 128 MiB)")
+	fs.BoolVar(&cfg.UnsafeSkipDeadFlag, "unsafe-skip-dead-flag", false, "mutation: do not mark torn-down connections dead (must fail)")
+	fs.BoolVar(&cfg.UnsafeSkipDrain, "unsafe-skip-drain", false, "mutation: destroy QPs without LAST_WQE and drain (must fail)")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	quiet := fs.Bool("quiet", false, "no progress line")
+	verbose := fs.Bool("v", false, "log engine warnings to stderr")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return SoakExitOK
+		}
+		return SoakExitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "ipoib soak: unexpected argument %q\n", fs.Arg(0))
+		return SoakExitUsage
+	}
+	if *purge {
+		cfg.Faults.DestroyedQPCompletions = soft.PurgeCompletionsOnDestroy
+	}
+	if !*quiet {
+		cfg.Progress = stderr
+		cfg.ProgressTTY = isTerminal(stderr)
+	}
+	if *verbose {
+		cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	rep, err := RunSoak(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "ipoib soak: %v\n", err)
+		if errors.Is(err, ErrSoakConfig) {
+			return SoakExitUsage
+		}
+		return SoakExitViolation
+	}
+	if *asJSON {
+		err = rep.WriteJSON(stdout)
+	} else {
+		err = rep.WriteTable(stdout)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ipoib soak: %v\n", err)
+		return SoakExitViolation
+	}
+	if rep.Failed() {
+		return SoakExitViolation
+	}
+	return SoakExitOK
+}
+
+// isTerminal reports whether w is a character device (a terminal), where
+// the progress line is rewritten in place.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

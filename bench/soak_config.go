@@ -1,0 +1,182 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/ipoibcm/ipoib/hca/soft"
+)
+
+// SoakConfig configures RunSoak. Zero fields take the defaults of
+// DefaultSoakConfig; durations are small so reaping happens many times a
+// second.
+type SoakConfig struct {
+	Hosts    int
+	Duration time.Duration
+	Seed     int64
+
+	// Faults is the soft fabric's fault injection (delayed completions,
+	// completions left after destroy, QPN reuse, RNR, UD loss, LAST_WQE
+	// delay, spurious completion events).
+	Faults soft.Faults
+	// TimerScale scales the fabric's RNR and transport timers.
+	TimerScale float64
+
+	// Engine timing: the passive LRU, TX neighbour aging, CM.
+	StaleAfter, StaleScan, StaleUpdate time.Duration
+	NeighbourTimeout                   time.Duration
+	DrainTimeout                       time.Duration
+	CMResponseTimeout, CMTimeWait      time.Duration
+	CMBackoff                          time.Duration
+
+	// Queue sizes: small, to provoke RNR and credit stops.
+	SendQueueSize, RecvQueueSize int
+	// HostBatch is each host port's batch size; HostQueue how many frames
+	// a host queues for its engine before the traffic generator waits.
+	HostBatch, HostQueue int
+
+	// Traffic: bursts of 1..BurstMax packets of IP size up to MaxPacket,
+	// to the previous peer with probability RepeatPeer, then idle.
+	BurstMax  int
+	MaxPacket int
+	// FirstPacketPause is the pause after a burst's first packet.
+	FirstPacketPause time.Duration
+	RepeatPeer       float64
+	// ReARP is the probability of resolving a known peer again.
+	ReARP      float64
+	ARPTimeout time.Duration
+
+	// HeapGrowth bounds HeapInuse to start*HeapGrowth + HeapSlack.
+	HeapGrowth float64
+	HeapSlack  uint64
+	// QuiesceTimeout bounds each wait at the end (traffic drained, idle
+	// connections reaped, goroutines gone).
+	QuiesceTimeout time.Duration
+	// CheckEvery is the period of the continuous checks.
+	CheckEvery time.Duration
+
+	// The engine's mutation switches (issue 5 item 6): the soak must then
+	// report violations.
+	UnsafeSkipDeadFlag bool
+	UnsafeSkipDrain    bool
+
+	// Progress receives the live progress line (nil: none). With
+	// ProgressTTY the line is rewritten in place every CheckEvery,
+	// otherwise a line is printed every ProgressEvery.
+	Progress      io.Writer
+	ProgressTTY   bool
+	ProgressEvery time.Duration
+
+	Logger *slog.Logger
+}
+
+// DefaultSoakConfig is the configuration `ipoib soak` starts from.
+func DefaultSoakConfig() SoakConfig {
+	return SoakConfig{
+		Hosts:    64,
+		Duration: 30 * time.Second,
+		Seed:     1,
+		Faults: soft.Faults{
+			CompletionDelay:          soft.CompletionDelay{Probability: 0.02, Max: 4 * time.Millisecond},
+			DestroyedQPCompletions:   soft.LeaveCompletionsAfterDestroy,
+			ImmediateQPNReuse:        true,
+			UDLoss:                   0.01,
+			LastWQEDelay:             3 * time.Millisecond,
+			SpuriousCompletionEvents: 0.01,
+			RNR:                      0.002,
+		},
+		TimerScale:        0.01,
+		StaleAfter:        40 * time.Millisecond,
+		StaleScan:         10 * time.Millisecond,
+		StaleUpdate:       20 * time.Millisecond,
+		NeighbourTimeout:  150 * time.Millisecond,
+		DrainTimeout:      2 * time.Second,
+		CMResponseTimeout: 50 * time.Millisecond,
+		CMTimeWait:        20 * time.Millisecond,
+		CMBackoff:         200 * time.Millisecond,
+		SendQueueSize:     16,
+		RecvQueueSize:     16,
+		HostBatch:         8,
+		HostQueue:         32,
+		BurstMax:          24,
+		FirstPacketPause:  2 * time.Millisecond,
+		MaxPacket:         65520,
+		RepeatPeer:        0.4,
+		ReARP:             0.02,
+		ARPTimeout:        30 * time.Millisecond,
+		HeapGrowth:        2,
+		HeapSlack:         128 << 20,
+		QuiesceTimeout:    10 * time.Second,
+		CheckEvery:        200 * time.Millisecond,
+		ProgressEvery:     3 * time.Second,
+	}
+}
+
+// ErrSoakConfig is wrapped by RunSoak for an unusable configuration.
+var ErrSoakConfig = errors.New("invalid soak configuration")
+
+// withDefaults fills zero fields from DefaultSoakConfig and checks ranges.
+func (c SoakConfig) withDefaults() (SoakConfig, error) {
+	d := DefaultSoakConfig()
+	fill := func(v *time.Duration, def time.Duration) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	fillInt := func(v *int, def int) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	fillInt(&c.Hosts, d.Hosts)
+	fill(&c.Duration, d.Duration)
+	if c.TimerScale <= 0 {
+		c.TimerScale = d.TimerScale
+	}
+	fill(&c.StaleAfter, d.StaleAfter)
+	fill(&c.StaleScan, d.StaleScan)
+	if c.StaleUpdate <= 0 {
+		c.StaleUpdate = c.StaleAfter / 2
+	}
+	fill(&c.NeighbourTimeout, d.NeighbourTimeout)
+	fill(&c.DrainTimeout, d.DrainTimeout)
+	fill(&c.CMResponseTimeout, d.CMResponseTimeout)
+	fill(&c.CMTimeWait, d.CMTimeWait)
+	fill(&c.CMBackoff, d.CMBackoff)
+	fillInt(&c.SendQueueSize, d.SendQueueSize)
+	fillInt(&c.RecvQueueSize, d.RecvQueueSize)
+	fillInt(&c.HostBatch, d.HostBatch)
+	fillInt(&c.HostQueue, d.HostQueue)
+	fillInt(&c.BurstMax, d.BurstMax)
+	fillInt(&c.MaxPacket, d.MaxPacket)
+	if c.FirstPacketPause < 0 {
+		c.FirstPacketPause = 0
+	}
+	fill(&c.ARPTimeout, d.ARPTimeout)
+	if c.HeapGrowth <= 0 {
+		c.HeapGrowth = d.HeapGrowth
+	}
+	if c.HeapSlack == 0 {
+		c.HeapSlack = d.HeapSlack
+	}
+	fill(&c.QuiesceTimeout, d.QuiesceTimeout)
+	fill(&c.CheckEvery, d.CheckEvery)
+	fill(&c.ProgressEvery, d.ProgressEvery)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case c.Hosts < 2 || c.Hosts > 250*250:
+		return c, fmt.Errorf("%w: %d hosts (2..62500)", ErrSoakConfig, c.Hosts)
+	case c.MaxPacket < soakMinIP || c.MaxPacket > 65520:
+		return c, fmt.Errorf("%w: max packet %d (%d..65520)", ErrSoakConfig, c.MaxPacket, soakMinIP)
+	case c.RepeatPeer < 0 || c.RepeatPeer > 1 || c.ReARP < 0 || c.ReARP > 1:
+		return c, fmt.Errorf("%w: probabilities must be in [0,1]", ErrSoakConfig)
+	case c.SendQueueSize < 4 || c.RecvQueueSize < 4:
+		return c, fmt.Errorf("%w: queue sizes %d/%d below 4", ErrSoakConfig, c.SendQueueSize, c.RecvQueueSize)
+	}
+	return c, nil
+}
