@@ -5,23 +5,23 @@ import "sync/atomic"
 // Stats is a snapshot of a Context's counters.
 type Stats struct {
 	// Polls counts polls: each locked pass over the CQ, empty ones included.
-	Polls uint64
+	Polls uint64 `json:"polls"`
 	// Completions counts WCs handed to Handle.
-	Completions uint64
+	Completions uint64 `json:"completions"`
 	// BudgetExhausted counts polls that used the whole budget and were
 	// followed by another poll without re-arming.
-	BudgetExhausted uint64
+	BudgetExhausted uint64 `json:"budget_exhausted"`
 	// MissedEventRepolls counts re-arms at the end of a poll that reported
 	// completions already queued, each followed by another poll. (Start's
 	// arm schedules a poll instead and is not counted here.)
-	MissedEventRepolls uint64
+	MissedEventRepolls uint64 `json:"missed_event_repolls"`
 	// Wakeups counts times the goroutine was woken by Schedule.
-	Wakeups uint64
+	Wakeups uint64 `json:"wakeups"`
 	// Rearms counts CQ.Notify calls (the one in Start included).
-	Rearms uint64
+	Rearms uint64 `json:"rearms"`
 	// MaxPerPoll is the most completions one poll handled; never above
 	// the budget.
-	MaxPerPoll int
+	MaxPerPoll int `json:"max_per_poll"`
 }
 
 // AvgPerPoll is the mean number of completions per poll, 0 before any poll.

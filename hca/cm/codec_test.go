@@ -3,9 +3,11 @@ package cm
 import (
 	"bytes"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"net/netip"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -399,6 +401,19 @@ func TestTimeoutCode(t *testing.T) {
 		}
 		if got := timeoutDuration(c.want); c.want < 31 && got < d {
 			t.Errorf("timeoutDuration(%d) = %v < %v", c.want, got, d)
+		}
+	}
+}
+
+func TestStatsJSONNamesKeys(t *testing.T) {
+	s := Stats{Sent: map[MsgType]uint64{MsgREQ: 2}, RejSent: map[RejectReason]uint64{RejectStaleConn: 1}}
+	b, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"sent":{"REQ":2}`, `"rej_sent":{"` + RejectStaleConn.String() + `":1}`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("JSON %s lacks %s", b, want)
 		}
 	}
 }

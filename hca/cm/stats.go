@@ -69,30 +69,30 @@ func dropReasonOf(err error) DropReason {
 
 // Stats is a snapshot of a Manager's counters.
 type Stats struct {
-	Sent     map[MsgType]uint64 // MADs posted, per type (retries included)
-	Received map[MsgType]uint64 // well-formed MADs received, per type
+	Sent     map[MsgType]uint64 `json:"sent"`     // MADs posted, per type (retries included)
+	Received map[MsgType]uint64 `json:"received"` // well-formed MADs received, per type
 	// Retries counts resends after a response timeout.
-	Retries uint64
+	Retries uint64 `json:"retries"`
 	// Timeouts counts REQ/REP/DREQ transactions whose retries ran out.
-	Timeouts uint64
+	Timeouts uint64 `json:"timeouts"`
 	// Dropped counts received MADs dropped, per reason.
-	Dropped map[DropReason]uint64
+	Dropped map[DropReason]uint64 `json:"dropped"`
 	// StaleREQs counts REQs rejected with STALE_CONN.
-	StaleREQs uint64
+	StaleREQs uint64 `json:"stale_reqs"`
 	// DuplicateREQs counts REQs for a connection already known.
-	DuplicateREQs uint64
+	DuplicateREQs uint64 `json:"duplicate_reqs"`
 	// UnknownDREQs counts DREQs for no connection, answered with DREP.
-	UnknownDREQs uint64
-	RejSent      map[RejectReason]uint64
-	RejReceived  map[RejectReason]uint64
+	UnknownDREQs uint64                  `json:"unknown_dreqs"`
+	RejSent      map[RejectReason]uint64 `json:"rej_sent"`
+	RejReceived  map[RejectReason]uint64 `json:"rej_received"`
 	// SendErrors counts MADs that could not be posted (no free send slot,
 	// PostSend error) or completed in error; the retry timer covers them.
-	SendErrors uint64
+	SendErrors uint64 `json:"send_errors"`
 	// LiveConns is the number of connections the Manager tracks, time-wait
 	// included.
-	LiveConns int
+	LiveConns int `json:"live_conns"`
 	// Listeners is the number of service IDs listened on.
-	Listeners int
+	Listeners int `json:"listeners"`
 }
 
 // counters are the live counters behind Stats, guarded by Manager.mu.
@@ -144,3 +144,12 @@ func (c *counters) snapshot() Stats {
 	}
 	return s
 }
+
+// MarshalText makes the Stats maps readable in JSON ("REQ": 3, not "16": 3).
+func (t MsgType) MarshalText() ([]byte, error) { return []byte(t.String()), nil }
+
+// MarshalText names the reason in JSON map keys.
+func (r RejectReason) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+
+// MarshalText names the reason in JSON map keys.
+func (r DropReason) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
