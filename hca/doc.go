@@ -21,4 +21,7 @@
 //     been missed, so a poller that re-arms never loses a wake-up.
 //   - Posting never blocks and never calls back into the consumer
 //     synchronously.
+//   - A UD receive buffer holds the payload from offset 0: unlike the
+//     verbs API there is no 40-byte GRH in front, the source GID is in the
+//     work completion instead (SrcGID), so buffers need no GRH headroom.
 package hca
