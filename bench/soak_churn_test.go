@@ -240,10 +240,13 @@ func TestChurnRig(t *testing.T) {
 	}
 	waitReaped(t, r, 20, 10*time.Second)
 	sent, received := r.flows.totals()
-	if sent != 20 || received != 20 || r.viol.total() != 0 {
-		t.Fatalf("sent %d received %d violations %+v", sent, received, r.viol.results())
-	}
 	st := r.ifc.Stats()
+	// A packet still in the passive CQ when its DREQ arrives is recycled
+	// as dead, as Linux does: each packet is delivered intact or counted.
+	dead := st.Counters.RxDeadDropped
+	if sent != 20 || received+dead != 20 || received == 0 || r.viol.total() != 0 {
+		t.Fatalf("sent %d received %d dead %d violations %+v", sent, received, dead, r.viol.results())
+	}
 	if st.Reaper.RXAccepted != 20 || st.Reaper.DrainsCompleted == 0 || len(st.RXConns) != 0 {
 		t.Fatalf("reaper %+v, %d passive connections left", st.Reaper, len(st.RXConns))
 	}

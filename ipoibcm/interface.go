@@ -193,8 +193,8 @@ func (i *Interface) modeMTU(m Mode) int {
 // plus one, the sends of passive QPs (the drain WR) bounded by the send
 // queue, and the SRQ plus one spare for the drain completion, or every
 // non-SRQ ring.
-func rxCQSize(recvq, sendq int, srq bool, maxConn int) int {
-	n := recvq + 1 + sendq
+func rxCQSize(udRecvq, recvq, sendq int, srq bool, maxConn int) int {
+	n := udRecvq + 1 + sendq
 	if srq {
 		return n + recvq + 1
 	}
@@ -206,7 +206,7 @@ func (i *Interface) createQueues() error {
 	useSRQ := !cfg.DisableSRQ && !cfg.DisableCM
 	var err error
 	i.rxCQ, err = i.dev.CreateCQ(hca.CQConfig{
-		Size:         rxCQSize(cfg.RecvQueueSize, cfg.SendQueueSize, useSRQ, cfg.MaxNonSRQConns),
+		Size:         rxCQSize(cfg.UDRecvQueueSize, cfg.RecvQueueSize, cfg.SendQueueSize, useSRQ, cfg.MaxNonSRQConns),
 		OnCompletion: func() { i.rxNAPI.Schedule() },
 		OnEvent:      i.onCQEvent,
 	})

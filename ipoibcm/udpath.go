@@ -15,7 +15,7 @@ type udQP struct{}
 type udPath struct {
 	i    *Interface
 	qp   hca.QP
-	bufs [][]byte // RecvQueueSize buffers: headroom + IB MTU
+	bufs [][]byte // UDRecvQueueSize buffers: headroom + IB MTU
 }
 
 func newUDPath(i *Interface) (*udPath, error) {
@@ -25,7 +25,7 @@ func newUDPath(i *Interface) (*udPath, error) {
 		SendCQ:    i.txCQ,
 		RecvCQ:    i.rxCQ,
 		MaxSendWR: i.cfg.SendQueueSize,
-		MaxRecvWR: i.cfg.RecvQueueSize,
+		MaxRecvWR: i.cfg.UDRecvQueueSize,
 		Context:   &udQP{},
 		OnEvent:   func(ev hca.AsyncEvent) { i.log.Warn("UD QP event", "event", ev.Type) },
 	})
@@ -37,7 +37,7 @@ func newUDPath(i *Interface) (*udPath, error) {
 		return nil, fmt.Errorf("UD QP to Init: %w", err)
 	}
 	size := headroom + int(i.port.ActiveMTU)
-	u.bufs = make([][]byte, i.cfg.RecvQueueSize)
+	u.bufs = make([][]byte, i.cfg.UDRecvQueueSize)
 	wrs := make([]hca.RecvWR, len(u.bufs))
 	for k := range u.bufs {
 		b, err := i.dev.Alloc(size)

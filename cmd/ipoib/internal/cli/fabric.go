@@ -26,9 +26,14 @@ func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 	lvl := &levelFlag{level: slog.LevelInfo}
 	fs.Var(lvl, "log-level", "log level: debug, info, warn, error")
 	dir := controlDirFlag(fs, env)
+	netnsPrefix := fs.String("netns-prefix", "ipoib-h", "namespace names are this prefix plus the host number")
+	prof := addProfileFlags(fs)
 	return func(ctx context.Context, args []string) int {
 		if len(args) > 0 {
 			return usageError(env, "fabric", fmt.Sprintf("unexpected argument %q", args[0]))
+		}
+		if *netnsPrefix == "" || len(*netnsPrefix) > 24 {
+			return usageError(env, "fabric", fmt.Sprintf("--netns-prefix %q: want 1..24 characters", *netnsPrefix))
 		}
 		if *hosts < 1 || *hosts > maxHosts {
 			return usageError(env, "fabric", fmt.Sprintf("--hosts %d out of range 1..%d", *hosts, maxHosts))
@@ -54,8 +59,13 @@ func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 			return fail(env, "fabric", errors.New("no IPoIB engine wired into this binary"))
 		}
 		log := newLogger(env.Stderr, lvl.level)
-		lab := fabricLab{env: env, log: log, owner: &tap.Owner{MarkerDir: env.MarkerDir, Logger: log}}
-		if err := lab.run(ctx, addrs, *mode, *mtu, *ifname, *seed, *dir); err != nil {
+		stopProfile, err := prof.start()
+		if err != nil {
+			return fail(env, "fabric", err)
+		}
+		lab := fabricLab{env: env, log: log, owner: &tap.Owner{MarkerDir: env.MarkerDir, Logger: log}, netnsPrefix: *netnsPrefix}
+		err = lab.run(ctx, addrs, *mode, *mtu, *ifname, *seed, *dir)
+		if err = errors.Join(err, stopProfile()); err != nil {
 			return fail(env, "fabric", err)
 		}
 		return ExitOK
@@ -82,6 +92,8 @@ type fabricLab struct {
 	env   *Env
 	log   *slog.Logger
 	owner *tap.Owner
+	// netnsPrefix names the namespaces (prefix + host number).
+	netnsPrefix string
 
 	namespaces []*tap.Netns
 	hosts      []Host
@@ -104,7 +116,11 @@ func (l *fabricLab) run(ctx context.Context, addrs []netip.Prefix, mode string, 
 	}
 	var endpoints []control.Endpoint
 	for i, addr := range addrs {
-		name := fmt.Sprintf("ipoib-h%d", i+1)
+		prefix := l.netnsPrefix
+		if prefix == "" {
+			prefix = "ipoib-h"
+		}
+		name := fmt.Sprintf("%s%d", prefix, i+1)
 		ns, err := l.owner.Create(name)
 		if err != nil {
 			return err
