@@ -24,9 +24,8 @@ func main() {
 		MarkerDir:  tap.DefaultMarkerDir,
 		Engine:     softEngine{},
 		InProc:     runInProc,
-		// TODO(soak): Soak: bench.Soak's CLI entry once it exists, with
-		// the signature func(ctx, args, stdout, stderr) int.
-		Soak: nil,
+		Soak:       runSoak,
+		Up:         runUp,
 	})
 	stop()
 	os.Exit(code)

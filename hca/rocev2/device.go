@@ -3,13 +3,10 @@ package rocev2
 import (
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"sync"
 	"time"
-
-	"golang.org/x/net/ipv4"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
@@ -32,8 +29,7 @@ type Device struct {
 	hooks hooks
 	gid   hca.GID
 	local netip.AddrPort
-	conn  *net.UDPConn
-	bc    batchConn
+	sock  *udpSocket
 	ctr   counters
 	// maxPacket is the largest UDP payload the device sends or accepts.
 	maxPacket int
@@ -49,7 +45,6 @@ type Device struct {
 	cqs       map[*cq]struct{}
 	members   []netip.Addr
 	memberSet map[netip.Addr]struct{}
-	udpAddrs  map[netip.Addr]*net.UDPAddr
 	portFns   map[int]func(hca.AsyncEvent)
 	nextFn    int
 	timed     map[*qp]struct{}
@@ -60,20 +55,21 @@ type Device struct {
 
 	// txMu serialises socket writes in the order work was queued under mu
 	// (it is taken before mu is released), so packets of one QP leave in
-	// PSN order. It also owns the fault RNG and txMsgs.
+	// PSN order. It also owns tx and faults.
 	txMu   sync.Mutex
-	txMsgs []ipv4.Message
-	rng    *rand.Rand
+	tx     *sender
+	faults *faultInjector
 
 	timerKick chan struct{}
 	done      chan struct{}
 	wg        sync.WaitGroup
 }
 
-// txPacket is one datagram waiting for the socket.
+// txPacket is one datagram waiting for the socket; the UDP port is the
+// fabric's.
 type txPacket struct {
 	buf []byte
-	to  *net.UDPAddr
+	to  netip.Addr
 }
 
 // pendingEvent is an async event to deliver outside the lock.
@@ -106,28 +102,26 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
-	conn, bc, err := openSocket(cfg.Bind)
+	sock, err := openSocket(cfg.Bind)
 	if err != nil {
 		return nil, err
 	}
-	bound := conn.LocalAddr().(*net.UDPAddr).AddrPort()
 	d := &Device{
 		cfg:       cfg,
 		hooks:     h,
 		gid:       hca.GIDFromAddr(cfg.Bind.Addr()),
-		local:     netip.AddrPortFrom(cfg.Bind.Addr(), bound.Port()),
-		conn:      conn,
-		bc:        bc,
+		local:     netip.AddrPortFrom(cfg.Bind.Addr(), sock.port),
+		sock:      sock,
+		tx:        newSender(sock, txBatch),
+		faults:    newFaultInjector(cfg.Faults),
 		maxPacket: wire.PacketLen(wire.OpUDSendOnly, int(cfg.MTU)),
 		qps:       make(map[hca.QPN]*qp),
 		nextQPN:   firstQPN,
 		cqs:       make(map[*cq]struct{}),
 		memberSet: make(map[netip.Addr]struct{}),
-		udpAddrs:  make(map[netip.Addr]*net.UDPAddr),
 		portFns:   make(map[int]func(hca.AsyncEvent)),
 		timed:     make(map[*qp]struct{}),
 		work:      &work{},
-		rng:       rand.New(rand.NewPCG(cfg.Faults.Seed, cfg.Faults.Seed^0x9E3779B97F4A7C15)),
 		timerKick: make(chan struct{}, 1),
 		done:      make(chan struct{}),
 	}
@@ -249,7 +243,7 @@ func (d *Device) Close() error {
 	d.gsi = nil
 	d.mu.Unlock()
 	close(d.done)
-	err := d.conn.Close()
+	err := d.sock.Close()
 	d.wg.Wait()
 	if err != nil {
 		return fmt.Errorf("rocev2: close socket: %w", err)
@@ -265,16 +259,6 @@ func (d *Device) addMember(a netip.Addr) {
 	}
 	d.memberSet[a] = struct{}{}
 	d.members = append(d.members, a)
-}
-
-// udpAddr returns the cached socket address of a peer.
-func (d *Device) udpAddr(a netip.Addr) *net.UDPAddr {
-	u, ok := d.udpAddrs[a]
-	if !ok {
-		u = net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, d.local.Port()))
-		d.udpAddrs[a] = u
-	}
-	return u
 }
 
 // deferCompletion schedules a CQ's completion handler; mu held.
@@ -303,7 +287,7 @@ func (d *Device) queuePacket(dst netip.Addr, pkt []byte) {
 	n := wire.PutIPHeader(hdr[:], d.local.Addr(), dst, udpLen)
 	wire.PutUDPHeader(hdr[n:], d.local.Port(), d.local.Port(), udpLen)
 	_ = wire.PutICRC(hdr[:n], hdr[n:n+wire.UDPHeaderLen], pkt)
-	d.work.out = append(d.work.out, txPacket{buf: pkt, to: d.udpAddr(dst)})
+	d.work.out = append(d.work.out, txPacket{buf: pkt, to: dst})
 }
 
 // unlock releases mu and then does the work the critical section queued:
@@ -349,68 +333,85 @@ func (d *Device) unlock() {
 	d.mu.Unlock()
 }
 
+// txBatch is how many datagrams one sendmmsg may carry: a 64 KiB IPoIB
+// packet at MTU 4096 is 16.
+const txBatch = 64
+
 // transmit writes packets with sendmmsg, applying faults; txMu held.
 func (d *Device) transmit(out []txPacket) {
-	f := d.cfg.Faults
-	msgs := d.txMsgs[:0]
-	add := func(p *txPacket) {
-		// Extend within capacity so the element keeps its Buffers array.
-		if len(msgs) < cap(msgs) {
-			msgs = msgs[:len(msgs)+1]
-		} else {
-			msgs = append(msgs, ipv4.Message{})
+	if !d.cfg.Faults.active() {
+		for i := range out {
+			d.stage(out[i].buf, out[i].to)
 		}
-		m := &msgs[len(msgs)-1]
-		if cap(m.Buffers) == 0 {
-			m.Buffers = make([][]byte, 1)
-		}
-		m.Buffers = m.Buffers[:1]
-		m.Buffers[0] = p.buf
-		m.Addr = p.to
+		d.flushTx()
+		return
 	}
+	fi := d.faults
+	now := time.Now()
+	held := len(fi.held)
 	for i := range out {
-		if f.active() {
-			if f.Drop > 0 && d.rng.Float64() < f.Drop {
-				d.ctr.faultDropped.Add(1)
-				continue
-			}
-			if f.Reorder > 0 && i+1 < len(out) && d.rng.Float64() < f.Reorder {
-				out[i], out[i+1] = out[i+1], out[i]
-				d.ctr.faultReordered.Add(1)
-			}
-			if f.Duplicate > 0 && d.rng.Float64() < f.Duplicate {
-				add(&out[i])
-				d.ctr.faultDuplicated.Add(1)
-			}
+		if i+1 < len(out) && fi.reorder() {
+			out[i], out[i+1] = out[i+1], out[i]
+			d.ctr.faultReordered.Add(1)
 		}
-		add(&out[i])
-	}
-	batch := msgs
-	for len(msgs) > 0 {
-		n, err := d.bc.WriteBatch(msgs, 0)
-		if n > 0 {
-			for i := range msgs[:n] {
-				d.ctr.txPackets.Add(1)
-				d.ctr.txBytes.Add(uint64(len(msgs[i].Buffers[0])))
-			}
+		switch fi.decide() {
+		case faultDrop:
+			d.ctr.faultDropped.Add(1)
+			continue
+		case faultDelay:
+			fi.hold(out[i].buf, out[i].to, now)
+			d.ctr.faultDelayed.Add(1)
+			continue
+		case faultDuplicate:
+			d.stage(out[i].buf, out[i].to)
+			d.ctr.faultDuplicated.Add(1)
 		}
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				break
-			}
-			// The datagram at n was refused; count it and go on.
-			d.ctr.txErrors.Add(1)
-			n++
-			d.cfg.Logger.Debug("rocev2: sendmmsg", "dev", d.cfg.Name, "err", err)
+		d.stage(out[i].buf, out[i].to)
+	}
+	d.flushTx()
+	d.releaseHeld(now)
+	if held == 0 && len(fi.held) > 0 {
+		// The timer loop does not know about the new deadline yet.
+		d.kickTimers()
+	}
+}
+
+// stage adds a datagram to the write batch, flushing a full batch; txMu
+// held.
+func (d *Device) stage(buf []byte, to netip.Addr) {
+	if !d.tx.stage(buf, to) {
+		d.flushTx()
+		d.tx.stage(buf, to)
+	}
+}
+
+// flushTx writes the staged batch; txMu held.
+func (d *Device) flushTx() {
+	if err := d.tx.flush(&d.ctr); err != nil && !errors.Is(err, net.ErrClosed) {
+		d.cfg.Logger.Debug("rocev2: transmit", "dev", d.cfg.Name, "err", err)
+	}
+}
+
+// releaseHeld writes the delayed datagrams that are due; txMu held.
+func (d *Device) releaseHeld(now time.Time) {
+	fi := d.faults
+	for {
+		n := fi.release(now, d.tx)
+		if n == 0 {
+			return
 		}
-		msgs = msgs[min(n, len(msgs)):]
+		d.flushTx()
+		fi.recycle(n)
 	}
-	// Keep the message array for the next call without pinning buffers.
-	for i := range batch {
-		batch[i].Buffers[0] = nil
-		batch[i].Addr = nil
-	}
-	d.txMsgs = batch[:0]
+}
+
+// releaseHeldAt takes txMu, writes the due delayed datagrams and returns
+// the next release time, zero if none.
+func (d *Device) releaseHeldAt(now time.Time) time.Time {
+	d.txMu.Lock()
+	defer d.txMu.Unlock()
+	d.releaseHeld(now)
+	return d.faults.nextDue()
 }
 
 // timerLoop fires the RC retransmit and RNR timers of every QP. One
@@ -446,6 +447,9 @@ func (d *Device) timerLoop() {
 			}
 		}
 		d.unlock()
+		if due := d.releaseHeldAt(now); !due.IsZero() && (next.IsZero() || due.Before(next)) {
+			next = due
+		}
 		if next.IsZero() {
 			t.Reset(time.Hour)
 		} else {

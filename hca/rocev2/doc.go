@@ -19,6 +19,17 @@
 // matches the DETH Q_Key. IPoIB puts all its groups on one Q_Key and
 // filters by IP destination above, so this limitation is invisible to it.
 //
+// Socket I/O is batch-shaped and allocation-free: recvmmsg and sendmmsg
+// are called directly on the runtime's non-blocking descriptor (through
+// syscall.RawConn, so the netpoller still parks the goroutines) with
+// header, iovec and sockaddr arrays allocated once. A 65520-byte IPoIB
+// packet is 16 datagrams and leaves in one sendmmsg.
+//
+// Faults (drop, duplicate, reorder, delay; seeded) are injected on
+// transmit. IPoIB-CM asks for RC retry count 0, which suits a lossless IB
+// link but turns one lost UDP datagram into a failed connection;
+// Config.MinRetryCount lets the device raise that floor.
+//
 // The sending socket is unconnected and has IP_MTU_DISCOVER set to
 // IP_PMTUDISC_DO, so Linux sends IPv4 ID 0 with DF set, the IP header a
 // receiver reconstructs to check the ICRC (wire-formats.md §4.6). All

@@ -223,7 +223,7 @@ func (q *qp) Modify(a hca.QPAttr) error {
 			if a.Timeout != 0 {
 				q.timeout = max(d.cfg.scale(TransportTimeout(a.Timeout)), d.cfg.MinAckTimeout)
 			}
-			q.retryCount, q.rnrRetry = min(a.RetryCount, 7), min(a.RNRRetry, 7)
+			q.retryCount, q.rnrRetry = max(min(a.RetryCount, 7), d.cfg.MinRetryCount), min(a.RNRRetry, 7)
 			q.retryLeft, q.rnrLeft = q.retryCount, q.rnrRetry
 		} else if q.state == hca.QPStateRTR {
 			q.udPSN = a.SQPSN & psnMask

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
@@ -63,11 +64,11 @@ func TestRCSendRecvSizesAcrossPSNWrap(t *testing.T) {
 	}
 }
 
-// TestRCRecoversFromLoss drops, duplicates and reorders datagrams on both
+// TestRCRecoversFromLoss drops, duplicates, delays and reorders datagrams on both
 // links; with infinite retries every message must arrive intact and in
 // order, through go-back-N, sequence NAKs and duplicate re-ACKs.
 func TestRCRecoversFromLoss(t *testing.T) {
-	f := newTestFabric(t, 21, Faults{Seed: 42, Drop: 0.05, Duplicate: 0.05, Reorder: 0.05})
+	f := newTestFabric(t, 21, Faults{Seed: 42, Drop: 0.05, Duplicate: 0.05, Reorder: 0.05, Delay: 0.05, DelayTime: 2 * time.Millisecond})
 	o := rcOpts{retry: 7, rnrRetry: 7, minRNR: 1}
 	a, b := newRCEnd(t, f.newDevice(t), o), newRCEnd(t, f.newDevice(t), o)
 	connectRC(t, a, b, o, o)
@@ -78,7 +79,7 @@ func TestRCRecoversFromLoss(t *testing.T) {
 	}
 	sendAndCheck(t, a, b, sizes)
 	sa, sb := a.dev.Stats(), b.dev.Stats()
-	if sa.FaultDropped == 0 || sa.Retransmits == 0 {
+	if sa.FaultDropped == 0 || sa.FaultDelayed == 0 || sa.Retransmits == 0 {
 		t.Fatalf("faults not exercised: %+v", sa)
 	}
 	if sb.SeqNAKsSent == 0 && sa.Timeouts == 0 {
@@ -227,5 +228,64 @@ func TestRCErrorFlushLastWQEAndDrain(t *testing.T) {
 	}
 	if srq.Posted() != 1 {
 		t.Fatalf("SRQ posted %d, want 1 (buffer 2 stays with the SRQ)", srq.Posted())
+	}
+}
+
+// TestRCMinRetryCountSurvivesLoss: QPs that ask for retry count 0, as
+// IPoIB-CM does, survive 2% loss when the device raises the floor, and
+// fail without it.
+func TestRCMinRetryCountSurvivesLoss(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		floor    uint8
+		wantFail bool
+	}{{"floor6", 6, false}, {"nofloor", 0, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newTestFabric(t, 26, Faults{Seed: 5, Drop: 0.02})
+			var devs [2]*Device
+			for i := range devs {
+				cfg := f.config(t)
+				cfg.MinRetryCount = tc.floor
+				cfg.MinAckTimeout = 20 * time.Millisecond
+				devs[i] = f.open(t, cfg)
+			}
+			o := rcOpts{minRNR: 1}
+			a, b := newRCEnd(t, devs[0], o), newRCEnd(t, devs[1], o)
+			connectRC(t, a, b, o, o)
+			sizes := make([]int, 40)
+			for i := range sizes {
+				sizes[i] = 65520
+			}
+			if !tc.wantFail {
+				sendAndCheck(t, a, b, sizes)
+				if s := a.dev.Stats(); s.FaultDropped == 0 || s.Retransmits == 0 {
+					t.Fatalf("loss not exercised: %+v", s)
+				}
+				return
+			}
+			bufs := make([]hca.RecvWR, len(sizes))
+			for i := range bufs {
+				buf, _ := b.dev.Alloc(65536)
+				bufs[i] = hca.RecvWR{ID: uint64(i), Buf: buf}
+			}
+			if _, err := b.qp.PostRecv(bufs); err != nil {
+				t.Fatal(err)
+			}
+			msg, _ := a.dev.Alloc(65520)
+			for i := range sizes {
+				if _, err := a.qp.PostSend([]hca.SendWR{{ID: uint64(i), Data: msg}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			failed := false
+			for _, wc := range a.sendCQ.wait(t, len(sizes)) {
+				if wc.Status == hca.StatusRetryExcErr {
+					failed = true
+				}
+			}
+			if !failed || a.qp.State() != hca.QPStateError {
+				t.Fatalf("retry count 0 survived 2%% loss: state %v", a.qp.State())
+			}
+		})
 	}
 }

@@ -5,9 +5,6 @@ import (
 	"net"
 	"net/netip"
 
-	"golang.org/x/net/ipv4"
-	"golang.org/x/sys/unix"
-
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
 )
@@ -23,13 +20,10 @@ const rxBufSize = 8192
 // lock acquisition, then sends the batch's coalesced ACKs.
 func (d *Device) rxLoop() {
 	defer d.wg.Done()
-	msgs := make([]ipv4.Message, rxBatch)
-	for i := range msgs {
-		msgs[i].Buffers = [][]byte{make([]byte, rxBufSize)}
-	}
+	r := newReceiver(d.sock, rxBatch, rxBufSize)
 	var p wire.Packet
 	for {
-		n, err := d.bc.ReadBatch(msgs, 0)
+		n, err := r.read()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
@@ -39,30 +33,27 @@ func (d *Device) rxLoop() {
 				return
 			default:
 			}
-			d.cfg.Logger.Debug("rocev2: recvmmsg", "dev", d.cfg.Name, "err", err)
+			d.cfg.Logger.Debug("rocev2: receive", "dev", d.cfg.Name, "err", err)
 			continue
 		}
+		d.ctr.rxBatches.Add(1)
 		d.mu.Lock()
 		if d.closed {
 			d.mu.Unlock()
 			return
 		}
-		for i := range msgs[:n] {
-			m := &msgs[i]
-			ua, _ := m.Addr.(*net.UDPAddr)
-			if ua == nil {
-				d.ctr.drop(wire.DropGarbage)
-				continue
-			}
-			from := ua.AddrPort()
-			from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+		for i := range n {
+			b, from, ok, truncated := r.datagram(i)
 			d.ctr.rxPackets.Add(1)
-			d.ctr.rxBytes.Add(uint64(m.N))
-			if m.Flags&unix.MSG_TRUNC != 0 || m.N > d.maxPacket {
+			d.ctr.rxBytes.Add(uint64(len(b)))
+			switch {
+			case !ok:
+				d.ctr.drop(wire.DropGarbage)
+			case truncated || len(b) > d.maxPacket:
 				d.ctr.drop(wire.DropTruncated)
-				continue
+			default:
+				d.receive(b, from, &p)
 			}
-			d.receive(m.Buffers[0][:m.N], from, &p)
 		}
 		for _, q := range d.ackQPs {
 			if q.ackPending {

@@ -1,35 +1,62 @@
 package rocev2
 
 import (
+	"encoding/json"
+	"fmt"
 	"sync/atomic"
 
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
 )
 
-// Stats are a device's counters, named like the kernel's where one exists.
+// Stats are a device's counters, named like the kernel's where one exists
+// (the JSON names are what 'ipoib show' prints).
 type Stats struct {
-	RxPackets uint64
-	RxBytes   uint64
-	TxPackets uint64
-	TxBytes   uint64
+	RxPackets uint64 `json:"rx_packets"`
+	RxBytes   uint64 `json:"rx_bytes"`
+	TxPackets uint64 `json:"tx_packets"`
+	TxBytes   uint64 `json:"tx_bytes"`
 	// TxErrors counts datagrams the socket refused.
-	TxErrors uint64
-	// Drops counts received datagrams dropped, per reason.
-	Drops [wire.NumDropReasons]uint64
+	TxErrors uint64 `json:"tx_errors"`
+	// TxBatches and RxBatches count sendmmsg and recvmmsg calls that
+	// moved datagrams: the data path's syscalls.
+	TxBatches uint64 `json:"tx_batches"`
+	RxBatches uint64 `json:"rx_batches"`
+	// Drops counts received datagrams dropped, per reason; JSON gives it
+	// as an object keyed by reason name, zero counts included so a
+	// script can rely on every key.
+	Drops [wire.NumDropReasons]uint64 `json:"-"`
 
-	Retransmits     uint64 // packets sent again (go-back-N)
-	Timeouts        uint64 // transport timer expiries with work outstanding
-	AcksSent        uint64
-	SeqNAKsSent     uint64
-	SeqNAKsReceived uint64
-	RNRNAKsSent     uint64
-	RNRNAKsReceived uint64
-	Duplicates      uint64 // RC request packets received twice
-	CQOverflows     uint64
+	Retransmits     uint64 `json:"retransmits"` // packets sent again (go-back-N)
+	Timeouts        uint64 `json:"timeouts"`    // transport timer expiries with work outstanding
+	AcksSent        uint64 `json:"acks_sent"`
+	SeqNAKsSent     uint64 `json:"seq_naks_sent"`
+	SeqNAKsReceived uint64 `json:"seq_naks_received"`
+	RNRNAKsSent     uint64 `json:"rnr_naks_sent"`
+	RNRNAKsReceived uint64 `json:"rnr_naks_received"`
+	Duplicates      uint64 `json:"duplicates"` // RC request packets received twice
+	CQOverflows     uint64 `json:"cq_overflows"`
 
-	FaultDropped    uint64
-	FaultDuplicated uint64
-	FaultReordered  uint64
+	FaultDropped    uint64 `json:"fault_dropped"`
+	FaultDuplicated uint64 `json:"fault_duplicated"`
+	FaultReordered  uint64 `json:"fault_reordered"`
+	FaultDelayed    uint64 `json:"fault_delayed"`
+}
+
+// MarshalJSON writes the counters with the drops as {"reason": count}.
+func (s Stats) MarshalJSON() ([]byte, error) {
+	type plain Stats // without the method, so Marshal does not recurse
+	drops := make(map[string]uint64, wire.NumDropReasons-1)
+	for r := wire.DropReason(1); r < wire.NumDropReasons; r++ {
+		drops[r.String()] = s.Drops[r]
+	}
+	b, err := json.Marshal(struct {
+		plain
+		Drops map[string]uint64 `json:"rx_drops"`
+	}{plain(s), drops})
+	if err != nil {
+		return nil, fmt.Errorf("rocev2 stats: %w", err)
+	}
+	return b, nil
 }
 
 // Dropped returns the drop counter of reason r.
@@ -52,12 +79,14 @@ func (s Stats) TotalDropped() uint64 {
 // counters are the live, atomically updated form of Stats.
 type counters struct {
 	rxPackets, rxBytes, txPackets, txBytes, txErrors atomic.Uint64
+	txBatches, rxBatches                             atomic.Uint64
 	drops                                            [wire.NumDropReasons]atomic.Uint64
 	retransmits, timeouts, acksSent                  atomic.Uint64
 	seqNAKsSent, seqNAKsReceived                     atomic.Uint64
 	rnrNAKsSent, rnrNAKsReceived                     atomic.Uint64
 	duplicates, cqOverflows                          atomic.Uint64
 	faultDropped, faultDuplicated, faultReordered    atomic.Uint64
+	faultDelayed                                     atomic.Uint64
 }
 
 func (c *counters) drop(r wire.DropReason) { c.drops[r].Add(1) }
@@ -66,12 +95,13 @@ func (c *counters) snapshot() Stats {
 	s := Stats{
 		RxPackets: c.rxPackets.Load(), RxBytes: c.rxBytes.Load(),
 		TxPackets: c.txPackets.Load(), TxBytes: c.txBytes.Load(), TxErrors: c.txErrors.Load(),
+		TxBatches: c.txBatches.Load(), RxBatches: c.rxBatches.Load(),
 		Retransmits: c.retransmits.Load(), Timeouts: c.timeouts.Load(), AcksSent: c.acksSent.Load(),
 		SeqNAKsSent: c.seqNAKsSent.Load(), SeqNAKsReceived: c.seqNAKsReceived.Load(),
 		RNRNAKsSent: c.rnrNAKsSent.Load(), RNRNAKsReceived: c.rnrNAKsReceived.Load(),
 		Duplicates: c.duplicates.Load(), CQOverflows: c.cqOverflows.Load(),
 		FaultDropped: c.faultDropped.Load(), FaultDuplicated: c.faultDuplicated.Load(),
-		FaultReordered: c.faultReordered.Load(),
+		FaultReordered: c.faultReordered.Load(), FaultDelayed: c.faultDelayed.Load(),
 	}
 	for i := range c.drops {
 		s.Drops[i] = c.drops[i].Load()

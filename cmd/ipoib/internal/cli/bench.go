@@ -23,27 +23,40 @@ const (
 
 func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	iperf := fs.Bool("iperf", false, "run iperf3 between namespaces over ib0, veth and tap-pipe (root, iperf3)")
+	hcaName := fs.String("hca", "soft", "--iperf: backend under ib0: soft (one process, soft fabric) or rocev2 (two 'ipoib up' processes over a veth, against a udp-pipe baseline)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	duration := fs.Duration("duration", 5*time.Second, "--iperf: length of each iperf3 test")
 	streams := fs.Int("streams", 1, "--iperf: parallel TCP streams (iperf3 -P)")
 	modes := fs.String("modes", "connected,datagram", "--iperf: ib0 modes to measure, comma-separated")
 	mtuCM := fs.Int("mtu-connected", defaultConnectedMTU, "--iperf: IP MTU for connected mode and its baselines")
-	mtuUD := fs.Int("mtu-datagram", defaultDatagramMTU, "--iperf: IP MTU for datagram mode and its baselines")
+	mtuUD := fs.Int("mtu-datagram", defaultDatagramMTU, "IP MTU for datagram mode and its baselines (--iperf and in-process)")
 	seed := fs.Int64("seed", 1, "--iperf: soft fabric random seed")
-	size := fs.Int64("bytes", 256<<20, "in-process: bytes to transfer")
-	mtu := fs.Int("mtu", defaultConnectedMTU, "in-process: link MTU")
-	return func(ctx context.Context, args []string) int {
+	size := fs.Int64("bytes", 256<<20, "in-process: bytes to transfer per run")
+	mtu := fs.Int("mtu", defaultConnectedMTU, "in-process: IP MTU of the direct and ib0 connected rows")
+	runs := fs.Int("runs", 1, "in-process: runs per row, the report shows the median")
+	prof := addProfileFlags(fs)
+	return func(ctx context.Context, args []string) (code int) {
 		if len(args) > 0 {
 			return usageError(env, "bench", fmt.Sprintf("unexpected argument %q", args[0]))
 		}
+		stopProfile, err := prof.start()
+		if err != nil {
+			return fail(env, "bench", err)
+		}
+		defer func() {
+			if err := stopProfile(); err != nil && code == ExitOK {
+				code = fail(env, "bench", err)
+			}
+		}()
 		if !*iperf {
-			if *size <= 0 || *mtu < 576 {
-				return usageError(env, "bench", "--bytes must be positive and --mtu at least 576")
+			if *size <= 0 || *mtu < 1280 || *mtuUD < 1280 || *runs < 1 {
+				return usageError(env, "bench", "--bytes and --runs must be positive, --mtu and --mtu-datagram at least 1280")
 			}
 			if env.InProc == nil {
 				return fail(env, "bench", errors.New("in-process benchmark not built into this binary (hook: Env.InProc, bench.InProcTCP)"))
 			}
-			if err := env.InProc(ctx, InProcOptions{Bytes: *size, MTU: *mtu, JSON: *asJSON}, env.Stdout); err != nil {
+			opts := InProcOptions{Bytes: *size, MTU: *mtu, DatagramMTU: *mtuUD, Runs: *runs, JSON: *asJSON, Progress: env.Stderr}
+			if err := env.InProc(ctx, opts, env.Stdout); err != nil {
 				return fail(env, "bench", err)
 			}
 			return ExitOK
@@ -62,6 +75,17 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 		}
 		if err := bench.CheckIperfTools(); err != nil {
 			return fail(env, "bench", err)
+		}
+		switch *hcaName {
+		case "soft":
+		case "rocev2":
+			return benchRoCEv2(ctx, env, bench.RoCEv2SuiteConfig{
+				Modes: modeList, MTU: map[string]int{"connected": *mtuCM, "datagram": *mtuUD},
+				Duration: *duration, Streams: *streams,
+				Owner: &tap.Owner{MarkerDir: env.MarkerDir}, Progress: env.Stderr,
+			}, *asJSON)
+		default:
+			return usageError(env, "bench", fmt.Sprintf("--hca %q: want soft or rocev2", *hcaName))
 		}
 		cfg := bench.IperfSuiteConfig{
 			Modes:    modeList,

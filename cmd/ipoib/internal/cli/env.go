@@ -35,8 +35,14 @@ type Host interface {
 // --iperf).
 type InProcOptions struct {
 	Bytes int64
-	MTU   int
-	JSON  bool
+	// MTU is the IP MTU of the direct and ib0 connected rows; DatagramMTU
+	// that of the direct and ib0 datagram rows.
+	MTU, DatagramMTU int
+	// Runs per row; the report shows the median.
+	Runs int
+	JSON bool
+	// Progress receives a line per transfer (the CLI's stderr).
+	Progress io.Writer
 }
 
 // Env is everything the commands touch outside themselves, so tests can
@@ -58,8 +64,13 @@ type Env struct {
 	// Soak runs the soak (bench.Soak) with its own flags and returns the
 	// exit status; nil: not built in.
 	Soak func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+	// Up runs 'ipoib up' (cmd/ipoib/up.go) until ctx ends; nil: not built
+	// in. Errors wrapping ErrSetup exit with status 2.
+	Up func(ctx context.Context, opts UpOptions, logger *slog.Logger) error
 
 	// fabricReady, if set, is called once the lab serves its control
 	// socket (tests synchronise on it).
 	fabricReady func(controlPath string)
+	// upReady is handed to Env.Up as UpOptions.Ready.
+	upReady func(controlPath string)
 }

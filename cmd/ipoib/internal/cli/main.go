@@ -36,7 +36,7 @@ func commands() []command {
 		{name: "mode", summary: "switch running interfaces to connected or datagram mode", flags: modeFlags, positional: "connected|datagram"},
 		{name: "bench", summary: "measure throughput: in-process (default) or iperf3 across namespaces (--iperf, root)", flags: benchFlags},
 		{name: "soak", summary: "stale-connection reaping soak with fault injection", flags: soakFlags, positional: "[soak flags]", passthrough: true},
-		{name: "up", summary: "bring up ib0 over RoCEv2/UDP (not available yet)", flags: upFlags},
+		{name: "up", summary: "bring up ib0 on this host over RoCEv2/UDP to other hosts (root)", flags: upFlags},
 	}
 }
 

@@ -91,16 +91,3 @@ func soakFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 		return env.Soak(ctx, args, env.Stdout, env.Stderr)
 	}
 }
-
-func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
-	fs.String("dev", "ib0", "TAP device name")
-	fs.String("addr", "", "IP prefix of ib0, e.g. 10.0.0.1/24")
-	fs.String("hca", "rocev2", "HCA backend: rocev2")
-	fs.String("bind", "", "local UDP address for RoCEv2, e.g. 192.0.2.1")
-	return func(context.Context, []string) int {
-		// TODO(rocev2): open hca/rocev2 on --bind, a TAP named --dev with
-		// --addr, and an ipoibcm.Interface between them, like fabric does
-		// per host; serve the control socket.
-		return fail(env, "up", fmt.Errorf("the RoCEv2 backend is not wired into the CLI yet; use 'ipoib fabric' for a lab"))
-	}
-}

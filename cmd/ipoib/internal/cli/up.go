@@ -1,0 +1,178 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"time"
+)
+
+// ErrSetup marks an 'ipoib up' failure before the interface ran: an
+// address in use, no permission for the TAP, a bind address that is not
+// local. The command then exits with status 2, like a bad flag.
+var ErrSetup = errors.New("setup failed")
+
+// UpOptions is the validated command line of 'ipoib up'.
+type UpOptions struct {
+	Dev  string       // TAP name, e.g. ib0
+	Addr netip.Prefix // IP prefix of the TAP
+	HCA  string       // backend: "rocev2"
+	// Bind is the local UDP address; its IP is the port GID.
+	Bind  netip.AddrPort
+	Peers []netip.Addr
+	Mode  string // "connected" or "datagram"
+	MTU   int    // IP MTU; 0: the mode's default
+	IBMTU int    // IB path MTU, 1024..4096
+	// Fault injection on the UDP transmit path, for tests.
+	Loss, Dup, Reorder, Delay float64
+	DelayTime                 time.Duration
+	Seed                      uint64
+	// RCRetry floors the RC transport retry count (IPoIB asks for 0);
+	// AckTimeout floors the RC transport timeout.
+	RCRetry    uint8
+	AckTimeout time.Duration
+	// Host names the interface on the control socket.
+	Host       string
+	ControlDir string
+	// Ready, if set, is called once the control socket serves.
+	Ready func(controlPath string)
+}
+
+func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
+	dev := fs.String("dev", "ib0", "TAP device name")
+	addr := fs.String("addr", "", "IP prefix of the device, e.g. 10.77.0.1/24 (required)")
+	hcaName := fs.String("hca", "rocev2", "HCA backend: rocev2")
+	bind := fs.String("bind", "", "local IP address for RoCEv2/UDP, e.g. 192.0.2.1 (required; its GID is ::ffff:<addr>)")
+	port := fs.Uint("port", 4791, "UDP port of the fabric (every host uses the same)")
+	peers := fs.String("peers", "", "comma-separated IP addresses of the other hosts (the broadcast group); hosts heard from join too")
+	mode := fs.String("mode", "connected", "initial mode: connected or datagram")
+	mtu := fs.Int("mtu", 0, "IP MTU of the device; 0 = the mode's default (65520 connected, IB MTU - 4 datagram)")
+	ibMTU := fs.Int("ib-mtu", 4096, "IB path MTU: 1024, 2048 or 4096 (the UDP path must carry it plus 60 bytes)")
+	loss := fs.Float64("loss", 0, "fault injection: probability of dropping an outgoing UDP datagram")
+	dup := fs.Float64("dup", 0, "fault injection: probability of sending a datagram twice")
+	reorder := fs.Float64("reorder", 0, "fault injection: probability of swapping a datagram with the next")
+	delay := fs.Float64("delay", 0, "fault injection: probability of holding a datagram back by --delay-time")
+	delayTime := fs.Duration("delay-time", time.Millisecond, "fault injection: how long --delay holds a datagram")
+	seed := fs.Uint64("seed", 1, "fault injection random seed")
+	rcRetry := fs.Uint("rc-retry", 6, "RC transport retries at least (0..7, 7 = forever): IPoIB-CM asks for 0, which one lost UDP datagram would turn into a dropped connection")
+	ackTimeout := fs.Duration("ack-timeout", 50*time.Millisecond, "RC transport (ACK) timeout at least: the go-back-N retransmit delay when a datagram is lost")
+	host := fs.String("host", "", "name on the control socket (ipoib show/mode --host); default <dev>@<bind>")
+	lvl := &levelFlag{level: slog.LevelInfo}
+	fs.Var(lvl, "log-level", "log level: debug, info, warn, error")
+	dir := controlDirFlag(fs, env)
+	return func(ctx context.Context, args []string) int {
+		if env.Up == nil {
+			return fail(env, "up", errors.New("not built into this binary (hook: Env.Up in cmd/ipoib/main.go)"))
+		}
+		o, msg := parseUp(args, upRaw{*dev, *addr, *hcaName, *bind, *port, *peers, *mode, *mtu, *ibMTU})
+		if msg != "" {
+			return usageError(env, "up", msg)
+		}
+		for _, p := range []struct {
+			name string
+			v    float64
+		}{{"loss", *loss}, {"dup", *dup}, {"reorder", *reorder}, {"delay", *delay}} {
+			if !(p.v >= 0 && p.v <= 1) {
+				return usageError(env, "up", fmt.Sprintf("--%s %v: want a probability in [0, 1]", p.name, p.v))
+			}
+		}
+		if *delayTime < 0 {
+			return usageError(env, "up", fmt.Sprintf("--delay-time %v is negative", *delayTime))
+		}
+		if *rcRetry > 7 {
+			return usageError(env, "up", fmt.Sprintf("--rc-retry %d not in 0..7", *rcRetry))
+		}
+		if *ackTimeout < time.Millisecond {
+			return usageError(env, "up", fmt.Sprintf("--ack-timeout %v: want at least 1ms", *ackTimeout))
+		}
+		o.RCRetry, o.AckTimeout = uint8(*rcRetry), *ackTimeout
+		o.Loss, o.Dup, o.Reorder, o.Delay, o.DelayTime, o.Seed = *loss, *dup, *reorder, *delay, *delayTime, *seed
+		o.Host, o.ControlDir = *host, *dir
+		if o.Host == "" {
+			o.Host = o.Dev + "@" + o.Bind.Addr().String()
+		}
+		if env.Euid() != 0 {
+			fmt.Fprintf(env.Stderr, "ipoib up: %v: needs root (CAP_NET_ADMIN) to create TAP device %s\n", ErrSetup, o.Dev)
+			return ExitUsage
+		}
+		o.Ready = env.upReady
+		err := env.Up(ctx, o, newLogger(env.Stderr, lvl.level))
+		switch {
+		case err == nil:
+			return ExitOK
+		case errors.Is(err, ErrSetup):
+			fmt.Fprintf(env.Stderr, "ipoib up: %s\n", oneLine(err))
+			return ExitUsage
+		}
+		fmt.Fprintf(env.Stderr, "ipoib up: %s\n", oneLine(err))
+		return ExitFail
+	}
+}
+
+// upRaw is the flag values parseUp checks.
+type upRaw struct {
+	dev, addr, hca, bind string
+	port                 uint
+	peers, mode          string
+	mtu, ibMTU           int
+}
+
+// parseUp validates the flags; a non-empty message is a usage error.
+func parseUp(args []string, r upRaw) (UpOptions, string) {
+	var o UpOptions
+	if len(args) > 0 {
+		return o, fmt.Sprintf("unexpected argument %q", args[0])
+	}
+	if r.dev == "" || len(r.dev) > 15 || strings.ContainsAny(r.dev, "/ \t") {
+		return o, fmt.Sprintf("--dev %q: want an interface name of 1..15 characters", r.dev)
+	}
+	if r.hca != "rocev2" {
+		return o, fmt.Sprintf("--hca %q: only rocev2 is available ('ipoib fabric' runs the soft fabric)", r.hca)
+	}
+	pfx, err := netip.ParsePrefix(r.addr)
+	if err != nil {
+		return o, fmt.Sprintf("--addr %q: want an IP prefix like 10.77.0.1/24", r.addr)
+	}
+	bind, err := netip.ParseAddr(r.bind)
+	if err != nil || bind.IsUnspecified() || bind.IsMulticast() {
+		return o, fmt.Sprintf("--bind %q: want this host's unicast IP address on the link to the peers", r.bind)
+	}
+	bind = bind.Unmap()
+	if r.port == 0 || r.port > 65535 {
+		return o, fmt.Sprintf("--port %d out of range 1..65535", r.port)
+	}
+	var peers []netip.Addr
+	for _, s := range strings.Split(r.peers, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := netip.ParseAddr(s)
+		if err != nil || p.Unmap().Is4() != bind.Is4() {
+			return o, fmt.Sprintf("--peers: %q is not an IP address of --bind's family", s)
+		}
+		peers = append(peers, p.Unmap())
+	}
+	if !validMode(r.mode) {
+		return o, fmt.Sprintf("--mode %q: want connected or datagram", r.mode)
+	}
+	if r.mtu != 0 && (r.mtu < 576 || r.mtu > 65520) {
+		return o, fmt.Sprintf("--mtu %d: want 0 or 576..65520", r.mtu)
+	}
+	switch r.ibMTU {
+	case 1024, 2048, 4096:
+	default:
+		return o, fmt.Sprintf("--ib-mtu %d: want 1024, 2048 or 4096", r.ibMTU)
+	}
+	return UpOptions{Dev: r.dev, Addr: pfx, HCA: r.hca, Bind: netip.AddrPortFrom(bind, uint16(r.port)), Peers: peers,
+		Mode: r.mode, MTU: r.mtu, IBMTU: r.ibMTU}, ""
+}
+
+// oneLine keeps an error message on one line (joined errors print one
+// per line).
+func oneLine(err error) string {
+	return strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; ")
+}

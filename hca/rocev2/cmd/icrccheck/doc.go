@@ -1,0 +1,9 @@
+// Command icrccheck verifies the RoCEv2 ICRC of every packet in classic
+// pcap captures, the check tshark displays but never makes:
+//
+//	icrccheck [-port 4791] FILE.pcap...
+//
+// It prints one line of counts per file and exits 1 if any RoCEv2 frame
+// fails (or a file has no RoCEv2 frame at all), 2 on bad usage or an
+// unreadable file. Capture with "tshark -F pcap" (pcapng is not read).
+package main

@@ -1,0 +1,152 @@
+package rocev2
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"time"
+)
+
+// Faults are seeded, reproducible UDP-layer faults applied to outgoing
+// datagrams. Probabilities are in [0, 1]; each datagram meets at most one
+// of drop, delay and duplicate, and may be reordered with its successor.
+type Faults struct {
+	Seed uint64
+	// Drop loses a datagram.
+	Drop float64
+	// Duplicate sends a datagram twice.
+	Duplicate float64
+	// Reorder swaps a datagram with the next one of the same write batch.
+	Reorder float64
+	// Delay holds a datagram for DelayTime, so datagrams written after it,
+	// in later batches too, overtake it.
+	Delay float64
+	// DelayTime is how long a delayed datagram is held; 0 means 1 ms.
+	DelayTime time.Duration
+}
+
+func (f Faults) active() bool { return f.Drop > 0 || f.Duplicate > 0 || f.Reorder > 0 || f.Delay > 0 }
+
+func (f *Faults) normalize() error {
+	for _, p := range []float64{f.Drop, f.Duplicate, f.Reorder, f.Delay} {
+		if !(p >= 0 && p <= 1) {
+			return fmt.Errorf("fault probability %v not in [0, 1]", p)
+		}
+	}
+	if f.DelayTime < 0 {
+		return fmt.Errorf("fault delay time %v is negative", f.DelayTime)
+	}
+	if f.DelayTime == 0 {
+		f.DelayTime = time.Millisecond
+	}
+	return nil
+}
+
+// faultAction is what the injector decided for one datagram.
+type faultAction uint8
+
+const (
+	faultNone faultAction = iota
+	faultDrop
+	faultDelay
+	faultDuplicate
+)
+
+func (a faultAction) String() string {
+	switch a {
+	case faultNone:
+		return "none"
+	case faultDrop:
+		return "drop"
+	case faultDelay:
+		return "delay"
+	case faultDuplicate:
+		return "duplicate"
+	}
+	return fmt.Sprintf("faultAction(%d)", uint8(a))
+}
+
+// heldDatagram is a delayed datagram waiting for its release time.
+type heldDatagram struct {
+	buf []byte
+	to  netip.Addr
+	due time.Time
+}
+
+// faultInjector decides the fate of each outgoing datagram and keeps the
+// delayed ones. It is guarded by Device.txMu.
+type faultInjector struct {
+	cfg  Faults
+	rng  *rand.Rand
+	held []heldDatagram
+	// spare buffers for held copies: a held datagram cannot keep the
+	// device's packet buffer, which is recycled right after the write.
+	spare [][]byte
+}
+
+func newFaultInjector(f Faults) *faultInjector {
+	return &faultInjector{cfg: f, rng: rand.New(rand.NewPCG(f.Seed, f.Seed^0x9E3779B97F4A7C15))}
+}
+
+// reorder reports whether a datagram swaps places with its successor.
+func (fi *faultInjector) reorder() bool {
+	return fi.cfg.Reorder > 0 && fi.rng.Float64() < fi.cfg.Reorder
+}
+
+// decide draws the fate of one datagram. One draw per datagram keeps the
+// sequence of decisions a function of the seed and the traffic alone.
+func (fi *faultInjector) decide() faultAction {
+	x := fi.rng.Float64()
+	switch f := fi.cfg; {
+	case x < f.Drop:
+		return faultDrop
+	case x < f.Drop+f.Delay:
+		return faultDelay
+	case x < f.Drop+f.Delay+f.Duplicate:
+		return faultDuplicate
+	}
+	return faultNone
+}
+
+// hold copies a datagram into the delay queue, due at now+DelayTime.
+func (fi *faultInjector) hold(buf []byte, to netip.Addr, now time.Time) {
+	var c []byte
+	if n := len(fi.spare); n > 0 {
+		c = fi.spare[n-1][:0]
+		fi.spare = fi.spare[:n-1]
+	}
+	fi.held = append(fi.held, heldDatagram{buf: append(c, buf...), to: to, due: now.Add(fi.cfg.DelayTime)})
+}
+
+// release stages the held datagrams due by now on s, as many as its
+// batch takes, and returns how many. Held datagrams keep their order and
+// all have the same delay, so the queue is sorted by due time.
+func (fi *faultInjector) release(now time.Time, s *sender) int {
+	i := 0
+	for ; i < len(fi.held) && !fi.held[i].due.After(now); i++ {
+		if !s.stage(fi.held[i].buf, fi.held[i].to) {
+			break
+		}
+	}
+	return i
+}
+
+// recycle returns the first n held datagrams' buffers after they were
+// written and removes them from the queue.
+func (fi *faultInjector) recycle(n int) {
+	for i := range n {
+		fi.spare = append(fi.spare, fi.held[i].buf)
+		fi.held[i] = heldDatagram{}
+	}
+	rest := copy(fi.held, fi.held[n:])
+	clear(fi.held[rest:])
+	fi.held = fi.held[:rest]
+}
+
+// nextDue is the earliest held datagram's release time, zero if none.
+func (fi *faultInjector) nextDue() time.Time {
+	if len(fi.held) == 0 {
+		return time.Time{}
+	}
+	return fi.held[0].due
+}
