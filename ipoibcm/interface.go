@@ -139,7 +139,7 @@ func New(cfg Config) (_ *Interface, err error) {
 		mcast:   make(map[hca.GID]*mcastGroup),
 		txConns: make(map[*txConn]struct{}),
 		rxConns: make(map[*rxConn]struct{}),
-		rng:     rand.New(rand.NewPCG(uint64(cfg.CM.Seed), 0x1b1b)),
+		rng:     newPSNSource(cfg.CM.Seed),
 		stop:    make(chan struct{}),
 	}
 	i.ctl.init()
@@ -415,4 +415,15 @@ func (i *Interface) SetMode(m Mode) error {
 	case <-i.stop:
 		return ErrClosed
 	}
+}
+
+// newPSNSource draws the passive side's starting PSNs. Seed 0 means random,
+// as the CM takes it: Linux uses get_random_u32, and two processes that
+// restart with the same PSNs would let a stale packet from a previous
+// incarnation land in sequence. A non-zero seed makes tests reproducible.
+func newPSNSource(seed int64) *rand.Rand {
+	if seed == 0 {
+		return rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	}
+	return rand.New(rand.NewPCG(uint64(seed), 0x1b1b))
 }
