@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 
@@ -11,18 +10,27 @@ import (
 )
 
 // runInProc is 'ipoib bench' without --iperf: TCP between two in-process
-// netstack hosts. TODO(engine): measure over ib0 too once the engine
-// provides its bench.LinkFactory; the direct link is the baseline.
+// netstack hosts joined directly and by ib0 in both modes, the median of
+// o.Runs runs per row, as a table with the issue 4 ratios or as JSON.
 func runInProc(ctx context.Context, o cli.InProcOptions, out io.Writer) error {
-	res, err := bench.InProcTCP(ctx, o.Bytes, o.MTU, bench.DirectLink)
+	rep, err := bench.RunInProcSuite(ctx, bench.InProcSuiteConfig{
+		Bytes:        o.Bytes,
+		Runs:         o.Runs,
+		ConnectedMTU: o.MTU,
+		DatagramMTU:  o.DatagramMTU,
+		Seed:         1,
+		Progress:     o.Progress,
+	})
 	if err != nil {
-		return fmt.Errorf("in-process tcp: %w", err)
+		return fmt.Errorf("in-process bench: %w", err)
 	}
 	if o.JSON {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(map[string]any{"link": "direct", "mtu": o.MTU, "result": res})
+		err = rep.WriteJSON(out)
+	} else {
+		err = rep.WriteTable(out)
 	}
-	_, err = fmt.Fprintf(out, "direct link, mtu %d: %s\n", o.MTU, res)
-	return err
+	if err != nil {
+		return fmt.Errorf("in-process bench: report: %w", err)
+	}
+	return nil
 }

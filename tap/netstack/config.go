@@ -2,6 +2,7 @@ package netstack
 
 import (
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -66,9 +67,16 @@ type Config struct {
 	// TrustRXChecksums skips checksum verification of received packets
 	// (CapabilityRXChecksumOffload). Only safe when the peer is trusted to
 	// send valid checksums and the link cannot corrupt, e.g. Link in
-	// benchmarks. Transmit checksums are always computed, since the engine
-	// and the kernel on the far side verify nothing for us.
+	// benchmarks.
 	TrustRXChecksums bool
+	// SkipTXChecksums leaves the TCP and UDP checksums of sent packets
+	// uncomputed (CapabilityTXChecksumOffload), as Linux does between two
+	// ends of a veth: only for two in-process hosts that both set
+	// TrustRXChecksums, since nothing on the way (the engine included)
+	// fills the checksum in, and a kernel or a capture would see it as
+	// wrong. New rejects it without TrustRXChecksums: the hosts of a pair
+	// are built from one template.
+	SkipTXChecksums bool
 	// TCP tunes the TCP protocol.
 	TCP TCPOptions
 }
@@ -126,6 +134,9 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.BatchSize < 0 {
 		return cfg, fmt.Errorf("BatchSize %d is negative", cfg.BatchSize)
+	}
+	if cfg.SkipTXChecksums && !cfg.TrustRXChecksums {
+		return cfg, errors.New("SkipTXChecksums without TrustRXChecksums: a peer built from this Config would drop every packet")
 	}
 	for _, p := range cfg.Addrs {
 		if !p.IsValid() {

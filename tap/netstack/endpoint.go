@@ -7,7 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
@@ -62,6 +61,9 @@ func newEndpoint(cfg Config, c *counters) *endpoint {
 	if cfg.TrustRXChecksums {
 		e.caps |= stack.CapabilityRXChecksumOffload
 	}
+	if cfg.SkipTXChecksums {
+		e.caps |= stack.CapabilityTXChecksumOffload
+	}
 	e.mtu.Store(uint32(cfg.MTU))
 	return e
 }
@@ -83,8 +85,9 @@ func (e *endpoint) LinkAddress() tcpip.LinkAddress { return e.mac }
 // engine learns it once from HostMAC.
 func (*endpoint) SetLinkAddress(tcpip.LinkAddress) {}
 
-// Capabilities implements stack.LinkEndpoint. TX checksum offload is never
-// claimed: frames leave with real checksums.
+// Capabilities implements stack.LinkEndpoint. TX checksum offload is
+// claimed only with Config.SkipTXChecksums; otherwise frames leave with
+// real checksums.
 func (e *endpoint) Capabilities() stack.LinkEndpointCapabilities { return e.caps }
 
 // Attach implements stack.LinkEndpoint.
@@ -269,8 +272,9 @@ func (e *endpoint) copyOut(pkts []*stack.PacketBuffer, bufs [][]byte, sizes []in
 	e.counters.txBytes.Add(bytes)
 }
 
-// writeFrames delivers frames to the stack. Each frame is copied into a
-// pooled packet buffer, so the caller's slices are free on return.
+// writeFrames delivers frames to the stack. Each frame is copied into
+// pooled gVisor chunks (rxBuffer), so the caller's slices are free on
+// return.
 func (e *endpoint) writeFrames(frames [][]byte) (int, error) {
 	e.mu.Lock()
 	state := e.state
@@ -293,7 +297,7 @@ func (e *endpoint) writeFrames(frames [][]byte) (int, error) {
 			e.counters.rxDroppedLinkDown.Add(1)
 			continue
 		}
-		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(frame)})
+		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: rxBuffer(frame, uint16(proto))})
 		if !e.ParseHeader(pkt) {
 			// classify checked the length; this cannot fail.
 			pkt.DecRef()

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/ipoibcm/ipoib/ipoibcm"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -150,6 +151,10 @@ func TestTCP64MiB(t *testing.T) {
 		{"ipv4-mtu1500", 1500, false, addrB4.Addr()},
 		{"ipv6-mtu9000-gso", 9000, true, addrB6.Addr()},
 		{"ipv4-mtu65520-gso", 65520, true, addrB4.Addr()},
+		// Without GSO, and over IPv6: every received segment is split
+		// into a header and a payload chunk (rxBuffer).
+		{"ipv4-mtu65520", 65520, false, addrB4.Addr()},
+		{"ipv6-mtu65520", 65520, false, addrB6.Addr()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPair(t, Config{MTU: tc.mtu, GSO: tc.gso})
@@ -336,16 +341,33 @@ func TestLinkDownDrops(t *testing.T) {
 		t.Fatal("LinkUp() after SetLinkUp(false)")
 	}
 	ctx, cancel := context.WithCancel(testContext(t))
+	defer cancel()
 	// The request is dropped synchronously inside Write, so by the time
-	// Ping waits the counter has moved; cancel from a watcher of it.
+	// Ping waits the counter has moved; cancel from a watcher of it. A
+	// counter has no event: the watcher polls it with a short sleep (so
+	// it does not hold a core) and ends with the context either way.
+	watcherDone := make(chan struct{})
 	go func() {
+		defer close(watcherDone)
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
 		for p.a.Counters().TxDroppedLinkDown == 0 {
-			runtime.Gosched()
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
 		}
 		cancel()
 	}()
-	if _, err := p.a.Ping(ctx, addrB4.Addr(), 8); err == nil {
+	_, err := p.a.Ping(ctx, addrB4.Addr(), 8)
+	cancel()
+	<-watcherDone
+	if err == nil {
 		t.Fatal("Ping succeeded with link down")
+	}
+	if c := p.a.Counters(); c.TxDroppedLinkDown == 0 {
+		t.Error("echo request not counted in TxDroppedLinkDown")
 	}
 	// Frames arriving while down are dropped too.
 	if _, err := p.a.WriteFrames([][]byte{make([]byte, 60)}); err != nil {
@@ -459,6 +481,7 @@ func TestConfigRejects(t *testing.T) {
 		"buffers":        {TCP: TCPOptions{BufferDefault: 8 << 20, BufferMax: 1 << 20}},
 		"negative RTO":   {TCP: TCPOptions{MinRTO: -1}},
 		"bad prefix":     {Addrs: []netip.Prefix{{}}},
+		"skip tx only":   {SkipTXChecksums: true},
 	} {
 		if h, err := New(cfg); err == nil {
 			h.Close()
