@@ -20,7 +20,10 @@
 //   - CQ.Notify(true) arms the CQ and reports whether completions may have
 //     been missed, so a poller that re-arms never loses a wake-up.
 //   - Posting never blocks and never calls back into the consumer
-//     synchronously.
+//     synchronously, with one opt-in exception: the completion event of a
+//     CQ created with CQConfig.InlineCompletion may run inside the verb
+//     call that produced the completion, after backend locks are released.
+//     Such a handler must not block or take a lock a poster may hold.
 //   - A UD receive buffer holds the payload from offset 0: unlike the
 //     verbs API there is no 40-byte GRH in front, the source GID is in the
 //     work completion instead (SrcGID), so buffers need no GRH headroom.

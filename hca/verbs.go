@@ -35,8 +35,21 @@ type CQConfig struct {
 	Size int
 	// OnCompletion runs when a completion arrives on an armed CQ (the
 	// completion event). It must not block; it runs outside backend locks
-	// and may run concurrently with Poll and Notify.
+	// and may run concurrently with Poll and Notify. Unless
+	// InlineCompletion is set it never runs inside the consumer's own verb
+	// call, so it may take locks the consumer holds while posting.
 	OnCompletion func()
+	// InlineCompletion lets the backend call OnCompletion synchronously
+	// from inside the verb call that produced the completion (PostSend,
+	// PostRecv, Modify, Destroy of any QP or SRQ of the fabric), on the
+	// caller's goroutine, after releasing every backend lock, instead of
+	// handing it to an event goroutine: as rxe calls comp_handler from
+	// the posting context. Set it only when OnCompletion neither blocks
+	// nor takes a lock that any goroutine may hold while calling a verb;
+	// napi.Context.Schedule qualifies. A backend may ignore it (hca/rocev2
+	// delivers from its receive goroutine anyway). Asynchronous events
+	// are never delivered inline.
+	InlineCompletion bool
 	// OnEvent receives EventCQErr.
 	OnEvent func(AsyncEvent)
 }

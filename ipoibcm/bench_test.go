@@ -128,13 +128,16 @@ func TestEngineDataPathAllocs(t *testing.T) {
 // wrote is accounted for as sent or as a named drop (the wire may lose
 // some: UD has no flow control, and RC with rnr_retry 0 tears a connection
 // down when the receiver's SRQ runs dry, Linux's behaviour too), and the
-// credits return to zero.
+// credits return to zero. The fabric delays completions: sends that
+// complete inside PostSend are reaped by the reader's busy poll and would
+// never fill the queue.
 func TestTXCreditsStopAndWake(t *testing.T) {
 	for _, mode := range []Mode{ModeConnected, ModeDatagram} {
 		t.Run(mode.String(), func(t *testing.T) {
 			const frames = 5000
 			p := newEnginePair(t, mode, 3000, func(c *Config) { c.SendQueueSize = 8 })
 			p.send(t, 1, 1)
+			p.fab.SetFaults(soft.Faults{CompletionDelay: soft.CompletionDelay{Probability: 0.5, Max: 200 * time.Microsecond}})
 			base := Counters{} // the warm-up frame is part of the count
 			for range frames {
 				p.pa.in <- p.frame
@@ -157,4 +160,40 @@ func TestTXCreditsStopAndWake(t *testing.T) {
 			t.Logf("stops %d wakes %d, delivered %d of %d, drops %v", st.Reaper.TXQueueStops, st.Reaper.TXQueueWakes, p.delivered.Load(), frames+1, st.Drops)
 		})
 	}
+}
+
+// TestReaderReapsTXCompletions: on the soft fabric an RC send completes
+// inside PostSend, so in steady state the host reader's busy poll reaps
+// every send completion and the TX poller's goroutine is not woken for
+// them, while the RX side still is (its events now run inline in the
+// sender's PostSend instead of on the fabric's dispatcher).
+func TestReaderReapsTXCompletions(t *testing.T) {
+	const frames = 2000
+	p := newEnginePair(t, ModeConnected, 8000)
+	p.send(t, 1, 1)
+	p.send(t, 64, 64)
+	before := p.a.Stats().NAPI.TX
+	p.send(t, frames, 1) // one frame at a time, like the kernel TAP
+	after := p.a.Stats().NAPI.TX
+	busy := after.BusyPolls - before.BusyPolls
+	wakes := after.Wakeups - before.Wakeups
+	reaped := after.Completions - before.Completions
+	if reaped < frames-64 {
+		// A few may still be in flight; all but a batch are reaped.
+		t.Fatalf("TX completions %d of %d sent", reaped, frames)
+	}
+	if busy < frames/2 || wakes > frames/20 {
+		t.Fatalf("busy polls %d, TX poller wake-ups %d for %d frames; want the reader to reap (busy >= %d, wakes <= %d)",
+			busy, wakes, frames, frames/2, frames/20)
+	}
+	fs := p.fab.Stats()
+	if fs.InlineEvents == 0 {
+		t.Fatalf("no completion event delivered inline: %+v", fs)
+	}
+	if c := p.a.Stats().Counters; c.TxPackets < frames {
+		t.Fatalf("tx_packets %d < %d", c.TxPackets, frames)
+	}
+	t.Logf("TX: busy polls %d (contended %d), wake-ups %d, left unarmed %d, busy-poll ends %d; fabric inline events %d dispatched %d",
+		busy, after.BusyPollsContended-before.BusyPollsContended, wakes, after.LeftUnarmed-before.LeftUnarmed,
+		after.BusyPollEnds-before.BusyPollEnds, fs.InlineEvents, fs.DispatchedEvents)
 }

@@ -35,8 +35,18 @@ func (i *Interface) waitCredits() bool {
 	if i.outstanding.Load() < int64(i.cfg.SendQueueSize-1) {
 		return true
 	}
+	// Reap what has completed before stopping the queue (the reader
+	// busy-polls the TX CQ).
+	i.txNAPI.BusyPoll()
+	if i.outstanding.Load() < int64(i.cfg.SendQueueSize-1) {
+		return true
+	}
 	i.rs.txStops.Add(1)
 	i.txStopped.Store(true)
+	// A stopped queue waits for completion events: hand re-arming back
+	// to the TX poller (after txStopped is set, so the poll that returns
+	// the credits sees it and wakes us).
+	i.txNAPI.EndBusyPoll()
 	// Completions may have drained the queue between the check and the
 	// store; re-check so the wake-up cannot be lost.
 	if i.outstanding.Load() <= int64(i.cfg.SendQueueSize/2) && i.txStopped.CompareAndSwap(true, false) {

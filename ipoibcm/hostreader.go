@@ -49,8 +49,16 @@ func (t *txScratch) replyBuf() []byte {
 // hostReader reads batches of Ethernet frames from the host, translates
 // them and posts the sends. It holds Interface.mu once per batch, not per
 // frame, and stops reading while TX credits are exhausted.
+//
+// It also reaps send completions itself after each batch (napi BusyPoll),
+// as mlx4/mlx5 reap TX completions in the transmit path: on the soft
+// fabric a send usually completes inside PostSend, so the TX poller's
+// goroutine is never woken for it. While it busy-polls the TX CQ stays
+// unarmed; the reader hands re-arming back (EndBusyPoll) whenever it may
+// block with sends outstanding, so a completion is never left unnoticed.
 func (i *Interface) hostReader() {
 	defer i.readerWG.Done()
+	defer i.txNAPI.EndBusyPoll() // the TX poller reaps whatever is left
 	t := &txScratch{}
 	t.init(max(1, i.host.BatchSize()))
 	for {
@@ -60,9 +68,13 @@ func (i *Interface) hostReader() {
 		want := min(len(t.idx), max(1, i.creditsFree()))
 		n := i.pool.take(t.idx[:want])
 		if n == 0 {
+			if i.txNAPI.BusyPoll() > 0 {
+				continue // completions gave buffers back
+			}
 			// Every buffer is in flight: wait for completions like for
-			// credits.
+			// credits, with the TX CQ armed.
 			i.txStopped.Store(true)
+			i.txNAPI.EndBusyPoll()
 			select {
 			case <-i.txWake:
 			case <-i.stop:
@@ -72,6 +84,11 @@ func (i *Interface) hostReader() {
 		}
 		for k := range n {
 			t.bufs[k] = i.pool.bufs[t.idx[k]]
+		}
+		if i.outstanding.Load() > 0 {
+			// The read may block: completions still to come need the
+			// completion event.
+			i.txNAPI.EndBusyPoll()
 		}
 		got, err := i.host.ReadFrames(t.bufs[:n], t.sizes[:n])
 		if err != nil {
@@ -102,6 +119,9 @@ func (i *Interface) hostReader() {
 		i.pool.put(t.free...)
 		if len(t.replies) > 0 {
 			i.writeHost(t.replies)
+		}
+		if got > 0 {
+			i.txNAPI.BusyPoll()
 		}
 	}
 }
@@ -241,7 +261,7 @@ func (i *Interface) txMulticastLocked(t *txScratch, bufIdx, size int, etherType 
 		i.ctr.drop(dropTxNoAH)
 		return false
 	}
-	return i.postUDLocked(&t.wr, ah, hca.QPNMulticast, bufIdx, size, etherType)
+	return i.sendUDLocked(&t.wr, ah, hca.QPNMulticast, bufIdx, size, etherType)
 }
 
 // txNeighLocked sends a unicast frame to neighbour n: over its RC
@@ -280,7 +300,7 @@ func (i *Interface) txNeighLocked(t *txScratch, n *neighbour, bufIdx, size int, 
 		}
 		n.ah = ah
 	}
-	return i.postUDLocked(&t.wr, n.ah, n.hw.QPN(), bufIdx, size, etherType)
+	return i.sendUDLocked(&t.wr, n.ah, n.hw.QPN(), bufIdx, size, etherType)
 }
 
 func (i *Interface) useCMLocked(n *neighbour, now time.Time) bool {
@@ -328,8 +348,20 @@ func (i *Interface) tooBigLocked(t *txScratch, n *neighbour, bufIdx, size, mtu i
 	}
 }
 
-// postUDLocked posts pool buffer bufIdx (a host frame) as a UD send.
+// postUDLocked posts pool buffer bufIdx as a UD send for any goroutine.
+// The host reader may be blocked with the TX CQ unarmed (it busy-polls
+// the CQ and had nothing outstanding), so the send hands TX re-arming back
+// to the TX poller, which then reaps its completion. EndBusyPoll never
+// blocks, so it is safe under Interface.mu.
 func (i *Interface) postUDLocked(wr *[1]hca.SendWR, ah hca.AH, qpn hca.QPN, bufIdx, size int, etherType uint16) bool {
+	ok := i.sendUDLocked(wr, ah, qpn, bufIdx, size, etherType)
+	i.txNAPI.EndBusyPoll()
+	return ok
+}
+
+// sendUDLocked posts pool buffer bufIdx (a host frame) as a UD send; the
+// host reader's path, which reaps the completion itself.
+func (i *Interface) sendUDLocked(wr *[1]hca.SendWR, ah hca.AH, qpn hca.QPN, bufIdx, size int, etherType uint16) bool {
 	b := i.pool.bufs[bufIdx]
 	frame.PutEncap(b[headroom:], etherType)
 	i.pool.lens[bufIdx] = size - headroom
@@ -347,7 +379,7 @@ func (i *Interface) postUDLocked(wr *[1]hca.SendWR, ah hca.AH, qpn hca.QPN, bufI
 // postRCLocked posts pool buffer bufIdx on an established connection.
 func (i *Interface) postRCLocked(t *txScratch, tc *txConn, bufIdx, size int, etherType uint16) bool {
 	i.outstanding.Add(1)
-	if !i.postConnLocked(&t.wr, tc, bufIdx, size, etherType) {
+	if !i.sendConnLocked(&t.wr, tc, bufIdx, size, etherType) {
 		i.outstanding.Add(-1)
 		return false
 	}
@@ -355,8 +387,18 @@ func (i *Interface) postRCLocked(t *txScratch, tc *txConn, bufIdx, size int, eth
 }
 
 // postConnLocked posts without touching the global credits (the caller
-// already holds one).
+// already holds one), for goroutines other than the host reader (the REP
+// handler posting parked frames): like postUDLocked it hands TX re-arming
+// back to the TX poller.
 func (i *Interface) postConnLocked(wr *[1]hca.SendWR, tc *txConn, bufIdx, size int, etherType uint16) bool {
+	ok := i.sendConnLocked(wr, tc, bufIdx, size, etherType)
+	i.txNAPI.EndBusyPoll()
+	return ok
+}
+
+// sendConnLocked posts on an established connection; the host reader's
+// path.
+func (i *Interface) sendConnLocked(wr *[1]hca.SendWR, tc *txConn, bufIdx, size int, etherType uint16) bool {
 	b := i.pool.bufs[bufIdx]
 	frame.PutEncap(b[headroom:], etherType)
 	i.pool.lens[bufIdx] = size - headroom

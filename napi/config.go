@@ -32,7 +32,8 @@ type Config struct {
 	// DefaultBatch).
 	Batch int
 	// Handle processes a batch of completions. It is called with the poll
-	// lock held, from the context's goroutine, with 1..Batch completions.
+	// lock held, from the context's goroutine (or a BusyPoll caller's),
+	// with 1..Batch completions.
 	// The slice is reused for the next batch: Handle must not retain it.
 	// Handle may call Sync (fn then runs directly, the lock is already
 	// held) and Stop (which then does not wait); it must not block on

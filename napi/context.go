@@ -30,6 +30,12 @@ type Context struct {
 	// pollGoroutine is the runtime id of the poll goroutine (0 until it
 	// runs), to recognise calls made from inside Handle.
 	pollGoroutine atomic.Uint64
+	// running is true between Start and Stop, for BusyPoll, which must not
+	// take lifeMu on the data path.
+	running atomic.Bool
+	// busy says a busy poller owns re-arming (see BusyPoll): the poll
+	// goroutine's polls then end without arming the CQ.
+	busy atomic.Bool
 
 	lifeMu sync.Mutex // serialises Start and Stop
 	state  State      // guarded by lifeMu
@@ -73,6 +79,7 @@ func (c *Context) Start() {
 		return
 	}
 	c.state = StateRunning
+	c.running.Store(true)
 	go c.run()
 	// Released before taking the poll lock: a Handle already running (from
 	// a Schedule that came before Start) may call Stop, which takes lifeMu.
@@ -127,6 +134,7 @@ func (c *Context) Stop() {
 		fallthrough
 	case StateRunning:
 		c.state = StateStopped
+		c.running.Store(false)
 		c.stopping.Store(true)
 		close(c.stop)
 	}
@@ -135,6 +143,10 @@ func (c *Context) Stop() {
 		return
 	}
 	<-c.exited
+	// A BusyPoll that took the lock before stopping was set may still be
+	// in Handle; wait for it. Later ones see stopping under the lock.
+	c.pollMu.Lock()
+	c.pollMu.Unlock()
 }
 
 // Stats returns a snapshot of the counters.
@@ -172,7 +184,7 @@ func (c *Context) pollUntilIdle() {
 			runtime.Gosched()
 		case pollMissed:
 			c.counters.missedEventRepolls.Add(1)
-		case pollArmed, pollStopped:
+		case pollArmed, pollStopped, pollLeftUnarmed:
 			return
 		}
 	}
@@ -191,6 +203,9 @@ const (
 	pollExhausted
 	// pollStopped: Stop was called during the poll.
 	pollStopped
+	// pollLeftUnarmed: under budget, but a busy poller owns re-arming:
+	// sleep without arming; the busy poller arms in EndBusyPoll.
+	pollLeftUnarmed
 )
 
 func (r pollResult) String() string {
@@ -203,6 +218,8 @@ func (r pollResult) String() string {
 		return "exhausted"
 	case pollStopped:
 		return "stopped"
+	case pollLeftUnarmed:
+		return "left-unarmed"
 	}
 	return "pollResult(?)"
 }
@@ -213,12 +230,33 @@ func (c *Context) poll() pollResult {
 	defer c.pollMu.Unlock()
 	// Counted first so that Handle can tell which poll it is part of.
 	c.counters.polls.Add(1)
+	done, stopped := c.drainLocked()
+	switch {
+	case stopped:
+		return pollStopped
+	case done == c.cfg.Budget:
+		return pollExhausted
+	case c.busy.Load():
+		// Read under the poll lock: EndBusyPoll clears busy before it
+		// takes the lock (or schedules a poll), so either this poll sees
+		// false and arms, or EndBusyPoll arms after it.
+		c.counters.leftUnarmed.Add(1)
+		return pollLeftUnarmed
+	}
+	c.counters.rearms.Add(1)
+	if c.cfg.CQ.Notify(true) {
+		return pollMissed
+	}
+	return pollArmed
+}
+
+// drainLocked hands up to Budget completions to Handle, in batches; under
+// the poll lock. It reports how many, and whether Stop interrupted it.
+func (c *Context) drainLocked() (done int, stopped bool) {
 	budget, batch := c.cfg.Budget, c.cfg.Batch
-	done := 0
-	result := pollArmed
 	for done < budget {
 		if c.stopping.Load() {
-			result = pollStopped
+			stopped = true
 			break
 		}
 		want := min(batch, budget-done)
@@ -237,15 +275,5 @@ func (c *Context) poll() pollResult {
 		}
 	}
 	c.counters.notePoll(done)
-	switch {
-	case result == pollStopped:
-		return pollStopped
-	case done == budget:
-		return pollExhausted
-	}
-	c.counters.rearms.Add(1)
-	if c.cfg.CQ.Notify(true) {
-		return pollMissed
-	}
-	return pollArmed
+	return done, stopped
 }

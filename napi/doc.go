@@ -29,5 +29,14 @@
 // destroying its QP): when fn runs, no poll that began before Sync is still
 // running and none can start until fn returns.
 //
+// BusyPoll lets a producer reap completions itself, on its own goroutine,
+// as Linux's busy polling and the TX reaping of mlx4/mlx5's transmit path
+// do: it polls under the same lock (TryLock: it never waits for a running
+// poll), and while a busy poller is active the goroutine's polls end
+// without re-arming, so completions the busy poller reaps raise no event.
+// The busy poller gives re-arming back with EndBusyPoll before it stops
+// polling with completions still to come; the no-lost-wake-up rule then
+// holds as before.
+//
 // napi does not know what a completion means; Handle does.
 package napi

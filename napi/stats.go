@@ -22,6 +22,16 @@ type Stats struct {
 	// MaxPerPoll is the most completions one poll handled; never above
 	// the budget.
 	MaxPerPoll int `json:"max_per_poll"`
+	// BusyPolls counts BusyPoll calls that polled (took the poll lock);
+	// BusyPollsContended those that found a poll running and returned.
+	// Their completions are in Completions; they are not in Polls.
+	BusyPolls          uint64 `json:"busy_polls"`
+	BusyPollsContended uint64 `json:"busy_polls_contended"`
+	// LeftUnarmed counts polls of the goroutine that ended without
+	// re-arming because a busy poller owned re-arming.
+	LeftUnarmed uint64 `json:"left_unarmed"`
+	// BusyPollEnds counts EndBusyPoll calls that handed re-arming back.
+	BusyPollEnds uint64 `json:"busy_poll_ends"`
 }
 
 // AvgPerPoll is the mean number of completions per poll, 0 before any poll.
@@ -43,6 +53,10 @@ type counters struct {
 	wakeups            atomic.Uint64
 	rearms             atomic.Uint64
 	maxPerPoll         atomic.Int64
+	busyPolls          atomic.Uint64
+	busyContended      atomic.Uint64
+	leftUnarmed        atomic.Uint64
+	busyEnds           atomic.Uint64
 }
 
 func (c *counters) snapshot() Stats {
@@ -54,11 +68,16 @@ func (c *counters) snapshot() Stats {
 		Wakeups:            c.wakeups.Load(),
 		Rearms:             c.rearms.Load(),
 		MaxPerPoll:         int(c.maxPerPoll.Load()),
+		BusyPolls:          c.busyPolls.Load(),
+		BusyPollsContended: c.busyContended.Load(),
+		LeftUnarmed:        c.leftUnarmed.Load(),
+		BusyPollEnds:       c.busyEnds.Load(),
 	}
 }
 
-// notePoll records a finished poll of n completions. Only the poll goroutine
-// calls it, so the max needs no compare-and-swap.
+// notePoll records a finished poll of n completions. It is called under the
+// poll lock (by the poll goroutine or a busy poller), so the max needs no
+// compare-and-swap.
 func (c *counters) notePoll(n int) {
 	c.completions.Add(uint64(n))
 	if int64(n) > c.maxPerPoll.Load() {

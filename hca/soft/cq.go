@@ -134,8 +134,20 @@ func (c *cq) push(e cqEntry) {
 	c.armed = false
 	c.mu.Unlock()
 	if fire {
-		c.f.disp.post(notification{cq: c})
+		c.f.completionEvent(c)
 	}
+}
+
+// completionEvent raises c's completion event: inline when the consumer
+// allowed it (delivered by the fabric lock's Unlock), else through the
+// dispatcher; under f.mu.
+func (f *Fabric) completionEvent(c *cq) {
+	if c.cfg.InlineCompletion && f.mu.deferFire(c) {
+		f.stats.inlineEvents.Add(1)
+		return
+	}
+	f.stats.dispatchedEvents.Add(1)
+	f.disp.post(notification{cq: c})
 }
 
 func (c *cq) fireCompletion() {

@@ -20,7 +20,11 @@
 // does not contend with posting. Completion events and asynchronous events
 // are delivered by one dispatcher goroutine per fabric, in order and outside
 // every lock, so handlers may call back into any verb; posting never calls
-// the consumer synchronously. Timed work (RNR and transport retries,
+// the consumer synchronously. The exception is a CQ created with
+// hca.CQConfig.InlineCompletion: its completion event is collected while the
+// fabric lock is held and delivered when the lock is released, by the
+// goroutine that caused it, which saves the dispatcher's wake-up on the data
+// path. Timed work (RNR and transport retries,
 // delayed completions, delayed LAST_WQE_REACHED) runs on one scheduler
 // goroutine. Close stops both.
 //

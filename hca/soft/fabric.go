@@ -19,8 +19,9 @@ type Fabric struct {
 
 	// mu is the fabric lock: it guards devices, QPs, SRQs, multicast
 	// groups, held completions, faults and rng. CQ rings have their own
-	// lock, always taken inside mu.
-	mu        sync.Mutex
+	// lock, always taken inside mu. Its Unlock delivers inline completion
+	// events.
+	mu        fabricLock
 	faults    Faults
 	rng       *rand.Rand
 	devices   map[hca.GID]*Device

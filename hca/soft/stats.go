@@ -47,6 +47,11 @@ type FabricStats struct {
 	SpuriousEvents     uint64 // completion events fired with nothing new
 	PurgedCompletions  uint64 // CQEs removed at QP destroy (purge policy)
 	LastWQEReached     uint64 // LAST_WQE_REACHED events raised
+	// InlineEvents counts completion events delivered inline, by the
+	// goroutine that caused them (CQConfig.InlineCompletion);
+	// DispatchedEvents those delivered by the dispatcher goroutine.
+	InlineEvents     uint64
+	DispatchedEvents uint64
 }
 
 // counters are the fabric's atomically updated statistics.
@@ -59,6 +64,7 @@ type counters struct {
 	cqOverflows, rnrNaks, retries   atomic.Uint64
 	delayed, spurious, purged       atomic.Uint64
 	lastWQE                         atomic.Uint64
+	inlineEvents, dispatchedEvents  atomic.Uint64
 }
 
 func (c *counters) fill(s *FabricStats) {
@@ -78,4 +84,6 @@ func (c *counters) fill(s *FabricStats) {
 	s.SpuriousEvents = c.spurious.Load()
 	s.PurgedCompletions = c.purged.Load()
 	s.LastWQEReached = c.lastWQE.Load()
+	s.InlineEvents = c.inlineEvents.Load()
+	s.DispatchedEvents = c.dispatchedEvents.Load()
 }
