@@ -183,29 +183,46 @@ func (i *Interface) applyREP(tc *txConn, pd []byte) bool {
 		i.log.Warn("REP private data", "peer", tc.peer, "mtu", mtu, "err", err)
 		return false
 	}
+	var replies [][]byte
 	i.mu.Lock()
-	defer i.mu.Unlock()
 	if tc.state != txConnecting {
+		i.mu.Unlock()
 		return false
 	}
 	tc.mtu = min(mtu, frame.CMBufSize)
 	tc.state = txUp
 	n := tc.neigh
 	if n.tx != tc {
+		i.mu.Unlock()
 		return true
 	}
 	var wr [1]hca.SendWR
+	pathMTU := min(tc.mtu-frame.EncapLen, i.MTU())
 	for k := range n.nParked {
 		p := n.parked[k]
 		b := i.pool.bufs[p.buf]
 		et := binary.BigEndian.Uint16(b[12:14])
-		if p.n-frame.EthHdrLen+frame.EncapLen > tc.mtu || !i.postConnLocked(&wr, tc, p.buf, p.n, et) {
-			i.pool.put1(p.buf)
-			i.returnCredits(1)
-			i.ctr.drop(dropTxPostFailed)
+		switch {
+		case p.n-frame.EthHdrLen > pathMTU:
+			// The peer's MTU turned out smaller than the packet: PMTU
+			// feedback as on the steady-state path, never a silent drop.
+			// Rare (only at connection set-up), so the reply buffer is
+			// allocated here rather than kept.
+			if reply := i.answerTooBig(make([]byte, replyBufSize), n, b[frame.EthHdrLen:p.n], pathMTU); reply != nil {
+				replies = append(replies, reply)
+			}
+		case i.postConnLocked(&wr, tc, p.buf, p.n, et):
+			continue // its parked credit is now the send's
 		}
+		// Dropped; postConnLocked counted a failed post itself.
+		i.pool.put1(p.buf)
+		i.returnCredits(1)
 	}
-	n.nParked = 0
+	i.unparkLocked(n)
+	i.mu.Unlock()
+	if len(replies) > 0 {
+		i.writeHost(replies)
+	}
 	return true
 }
 

@@ -309,16 +309,35 @@ func (i *Interface) useCMLocked(n *neighbour, now time.Time) bool {
 
 // parkLocked keeps a frame for a connection being set up (at most
 // maxParked per neighbour). A parked frame holds a TX credit so the REP
-// handler can post it without overrunning a send queue.
+// handler can post it without overrunning a send queue; all parked frames
+// together hold at most parkedCreditCap credits. Linux does not count
+// neigh->queue against tx_outstanding at all, but there a parked skb costs
+// no send slot; here it holds a pool buffer, so the cap keeps a crowd of
+// unresponsive 'C' peers (each parking 3 frames for a ~30 s CM timeout)
+// from stopping the reader for everyone else.
 func (i *Interface) parkLocked(n *neighbour, bufIdx, size int) bool {
-	if n.nParked == maxParked {
+	if n.nParked == maxParked || i.parkedCredits >= i.parkedCreditCap() {
 		i.ctr.drop(dropTxNeighQueueFull)
 		return false
 	}
 	n.parked[n.nParked] = parkedFrame{buf: bufIdx, n: size}
 	n.nParked++
+	i.parkedCredits++
 	i.outstanding.Add(1)
 	return true
+}
+
+// parkedCreditCap is a quarter of the send queue, but never less than
+// one neighbour's worth.
+func (i *Interface) parkedCreditCap() int {
+	return max(maxParked, i.cfg.SendQueueSize/4)
+}
+
+// unparkLocked forgets n's parked frames once they were posted or
+// dropped; their credits are returned by the caller or the completions.
+func (i *Interface) unparkLocked(n *neighbour) {
+	i.parkedCredits -= n.nParked
+	n.nParked = 0
 }
 
 // dropParkedLocked drops n's parked frames, counted under reason.
@@ -328,24 +347,34 @@ func (i *Interface) dropParkedLocked(n *neighbour, reason dropReason) {
 		i.ctr.drop(reason)
 	}
 	cnt := n.nParked
-	n.nParked = 0
+	i.unparkLocked(n)
 	i.returnCredits(cnt)
 }
 
 // tooBigLocked drops an IP packet larger than the path and answers the
 // host with ICMP frag-needed / ICMPv6 packet-too-big carrying mtu.
 func (i *Interface) tooBigLocked(t *txScratch, n *neighbour, bufIdx, size, mtu int) {
+	b := i.pool.bufs[bufIdx]
+	if reply := i.answerTooBig(t.replyBuf(), n, b[frame.EthHdrLen:size], mtu); reply != nil {
+		t.replies = append(t.replies, reply)
+	}
+}
+
+// answerTooBig counts an IP packet too big for the path to n and builds
+// the ICMP frag-needed / packet-too-big for the host into dst (nil: no
+// room, counted all the same). It returns the reply, or nil.
+func (i *Interface) answerTooBig(dst []byte, n *neighbour, pkt []byte, mtu int) []byte {
 	i.ctr.txErrors.Add(1)
 	i.ctr.drop(dropTxTooBig)
-	dst := t.replyBuf()
 	if dst == nil {
-		return
+		return nil
 	}
-	b := i.pool.bufs[bufIdx]
-	if m := frame.BuildTooBig(dst, i.hostMAC, n.mac, b[frame.EthHdrLen:size], mtu); m > 0 {
-		t.replies = append(t.replies, dst[:m])
-		i.rs.tooBigSent.Add(1)
+	m := frame.BuildTooBig(dst, i.hostMAC, n.mac, pkt, mtu)
+	if m == 0 {
+		return nil
 	}
+	i.rs.tooBigSent.Add(1)
+	return dst[:m]
 }
 
 // postUDLocked posts pool buffer bufIdx as a UD send for any goroutine.

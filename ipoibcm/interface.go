@@ -79,10 +79,14 @@ type Interface struct {
 
 	// TX credits: sends posted or parked, across UD and all connections.
 	outstanding atomic.Int64
-	txStopped   atomic.Bool
-	txWake      chan struct{}
-	pool        *txPool
-	txFree      []int // TX poller scratch
+	// parkedCredits counts the credits parked frames hold (under mu);
+	// capped by parkedCreditCap so peers that never answer a REQ cannot
+	// hold every credit for the CM timeout and stall healthy traffic.
+	parkedCredits int
+	txStopped     atomic.Bool
+	txWake        chan struct{}
+	pool          *txPool
+	txFree        []int // TX poller scratch
 
 	// mu guards the neighbour table, multicast groups, connection sets
 	// and connection states. Never held across napi Sync or CM calls that
