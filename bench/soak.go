@@ -62,11 +62,55 @@ func RunSoak(ctx context.Context, cfg SoakConfig) (*SoakReport, error) {
 			s.generate(h, rng, stop)
 		}()
 	}
-	s.monitor(ctx)
+	monCtx, endEarly := context.WithCancel(ctx)
+	var until sync.WaitGroup
+	if cfg.Until != nil {
+		until.Add(1)
+		go func() {
+			defer until.Done()
+			s.watchUntil(monCtx, endEarly)
+		}()
+	}
+	s.monitor(monCtx)
+	endEarly()
+	until.Wait()
 	close(stop)
 	gens.Wait()
 	rep := s.finish()
 	return rep, nil
+}
+
+// watchUntil asks cfg.Until every CheckEvery and calls end at its first
+// true; it returns then or when ctx ends.
+func (s *soakRun) watchUntil(ctx context.Context, end context.CancelFunc) {
+	tick := time.NewTicker(s.cfg.CheckEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if s.cfg.Until(s.progressNow()) {
+			end()
+			return
+		}
+	}
+}
+
+// progressNow is the SoakProgress of this moment.
+func (s *soakRun) progressNow() SoakProgress {
+	p := SoakProgress{Elapsed: time.Since(s.start), Violations: make(map[string]uint64)}
+	for _, ifc := range s.ifcs {
+		r := ifc.Stats().Reaper
+		addReaper(&p.Engine, &r)
+	}
+	for _, inv := range s.viol.results() {
+		if inv.Violations > 0 {
+			p.Violations[inv.Name] = inv.Violations
+		}
+	}
+	return p
 }
 
 // setUp creates the fabric and starts every interface.

@@ -8,15 +8,22 @@ import (
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca/soft"
+	"github.com/ipoibcm/ipoib/ipoibcm"
 )
 
 // SoakConfig configures RunSoak. Zero fields take the defaults of
 // DefaultSoakConfig; durations are small so reaping happens many times a
 // second.
 type SoakConfig struct {
-	Hosts    int
+	Hosts int
+	// Duration is how long the traffic runs; with Until, the longest.
 	Duration time.Duration
 	Seed     int64
+	// Until, if set, ends the traffic early: it is asked every CheckEvery
+	// and the soak stops at its first true. Tests use it to run until
+	// enough reaps (or violations) happened instead of for a wall-clock
+	// time that a loaded machine fills with less work.
+	Until func(SoakProgress) bool
 
 	// Faults is the soft fabric's fault injection (delayed completions,
 	// completions left after destroy, QPN reuse, RNR, UD loss, LAST_WQE
@@ -71,6 +78,15 @@ type SoakConfig struct {
 	ProgressEvery time.Duration
 
 	Logger *slog.Logger
+}
+
+// SoakProgress is what SoakConfig.Until sees: the engines' reaper
+// counters summed over every interface, and the violations so far by
+// invariant name (see SoakReport.Invariants).
+type SoakProgress struct {
+	Elapsed    time.Duration
+	Engine     ipoibcm.ReaperStats
+	Violations map[string]uint64
 }
 
 // DefaultSoakConfig is the configuration `ipoib soak` starts from.

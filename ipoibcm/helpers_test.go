@@ -22,6 +22,8 @@ type testNode struct {
 	ifc  *Interface
 	v4   netip.Addr
 	v6   netip.Addr
+	// startedAt is when Start was called: the moment the node is back.
+	startedAt time.Time
 
 	nextPort uint16
 }
@@ -103,10 +105,11 @@ func (tn *testNet) addNodeOn(k int, dev *soft.Device, tweak func(k int, c *Confi
 		host.Close()
 		t.Fatal(err)
 	}
+	startedAt := time.Now()
 	if err := ifc.Start(); err != nil {
 		t.Fatal(err)
 	}
-	nd := &testNode{dev: dev, host: host, ifc: ifc, v4: v4, v6: v6}
+	nd := &testNode{dev: dev, host: host, ifc: ifc, v4: v4, v6: v6, startedAt: startedAt}
 	if k < len(tn.nodes) {
 		tn.nodes[k] = nd
 	} else {
@@ -150,7 +153,6 @@ func checkGoroutines(t testing.TB, base int) {
 			t.Errorf("goroutines: %d > %d at start\n%s", runtime.NumGoroutine(), base, buf[:n])
 			return
 		}
-		runtime.Gosched()
 		time.Sleep(time.Millisecond) // polling goroutine exit; nothing to synchronise on
 	}
 }

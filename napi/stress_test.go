@@ -121,24 +121,32 @@ func TestStressEveryCompletionHandledOnce(t *testing.T) {
 	ctx.Start() // prefill exceeds the budget: Start's re-arm must report it
 
 	stopSpurious := make(chan struct{})
+	firstSpurious := make(chan struct{})
+	var spurious atomic.Uint64
 	var spuriousWG sync.WaitGroup
 	spuriousWG.Add(1)
 	go func() {
 		defer spuriousWG.Done()
 		r := rand.New(rand.NewPCG(1, 2))
-		for {
+		for n := 0; ; n++ {
 			select {
 			case <-stopSpurious:
 				return
 			default:
 			}
-			if r.IntN(4) == 0 {
+			if n == 0 || r.IntN(4) == 0 {
 				ctx.Schedule() // an event with nothing behind it
+				if spurious.Add(1) == 1 {
+					close(firstSpurious)
+				}
 			}
-			cq.mu.Lock() // pace against the ring rather than spin freely
-			cq.mu.Unlock()
+			// Pace, not synchronise: a random pause of a few microseconds
+			// lands the events at varied points of the poll loop without
+			// keeping a core of a loaded 2-core machine spinning.
+			time.Sleep(time.Duration(1+r.IntN(20)) * time.Microsecond)
 		}
 	}()
+	<-firstSpurious // the spurious path runs at least once, whatever the scheduling
 
 	var producerWG sync.WaitGroup
 	for p := range producers {
@@ -219,6 +227,6 @@ func TestStressEveryCompletionHandledOnce(t *testing.T) {
 	if nextInject == uint64(prefill+producers*perProducer) {
 		t.Errorf("no completion injected between poll and re-arm")
 	}
-	t.Logf("posted %d (injected %d), events %d, stats %+v, avg/poll %.2f",
-		want, nextInject-uint64(prefill+producers*perProducer), cq.events.Load(), st, st.AvgPerPoll())
+	t.Logf("posted %d (injected %d), events %d, spurious %d, stats %+v, avg/poll %.2f",
+		want, nextInject-uint64(prefill+producers*perProducer), cq.events.Load(), spurious.Load(), st, st.AvgPerPoll())
 }
