@@ -96,6 +96,8 @@ func runUp(ctx context.Context, o cli.UpOptions, log *slog.Logger) (err error) {
 			Delay: o.Delay, DelayTime: o.DelayTime},
 		MinRetryCount: o.RCRetry,
 		MinAckTimeout: o.AckTimeout,
+		DisableGSO:    !o.UDPOffload,
+		DisableGRO:    !o.UDPOffload,
 		Logger:        log,
 		Name:          "rocev2:" + o.Bind.String(),
 	})

@@ -39,8 +39,15 @@ type Config struct {
 	// and the RNR timer so tests can run the real code in milliseconds;
 	// 0 means 1.
 	TimeScale float64
-	// Faults injects UDP-layer faults on transmit.
+	// Faults injects UDP-layer faults on transmit. While any fault is
+	// on, datagrams leave one per message (no GSO).
 	Faults Faults
+	// DisableGSO sends one datagram per message instead of grouping a
+	// run of equal-sized datagrams to one peer into one UDP_SEGMENT
+	// message; DisableGRO keeps UDP_GRO off, so every receive buffer is
+	// one datagram. Both offloads are used only where the kernel has
+	// them; the switches exist to measure and test the plain paths.
+	DisableGSO, DisableGRO bool
 	// Logger receives debug logs; nil discards them.
 	Logger *slog.Logger
 	// Name names the device; empty means "rocev2:<bind>".

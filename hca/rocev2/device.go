@@ -49,9 +49,12 @@ type Device struct {
 	nextFn    int
 	timed     map[*qp]struct{}
 	ackQPs    []*qp
-	work      *work
-	freeWork  []*work
-	freeBufs  [][]byte
+	// rxShifts belongs to the receive path (mu held): the ICRC ID
+	// shifts of recently seen packet lengths.
+	rxShifts wire.IDShiftCache
+	work     *work
+	freeWork []*work
+	freeBufs [][]byte
 
 	// txMu serialises socket writes in the order work was queued under mu
 	// (it is taken before mu is released), so packets of one QP leave in
@@ -102,17 +105,19 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
-	sock, err := openSocket(cfg.Bind)
+	sock, err := openSocket(cfg.Bind, offloads{gso: !cfg.DisableGSO, gro: !cfg.DisableGRO})
 	if err != nil {
 		return nil, err
 	}
+	tx := newSender(sock, txBatch)
+	tx.gso = sock.gso && !cfg.Faults.active()
 	d := &Device{
 		cfg:       cfg,
 		hooks:     h,
 		gid:       hca.GIDFromAddr(cfg.Bind.Addr()),
 		local:     netip.AddrPortFrom(cfg.Bind.Addr(), sock.port),
 		sock:      sock,
-		tx:        newSender(sock, txBatch),
+		tx:        tx,
 		faults:    newFaultInjector(cfg.Faults),
 		maxPacket: wire.PacketLen(wire.OpUDSendOnly, int(cfg.MTU)),
 		qps:       make(map[hca.QPN]*qp),

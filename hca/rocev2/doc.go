@@ -25,14 +25,29 @@
 // header, iovec and sockaddr arrays allocated once. A 65520-byte IPoIB
 // packet is 16 datagrams and leaves in one sendmmsg.
 //
+// Where the kernel has them, the socket uses UDP segmentation offloads:
+// a run of equal-sized datagrams to one peer leaves as one UDP_SEGMENT
+// message (GSO: one trip down the stack, cut late or never), and UDP_GRO
+// hands back coalesced runs with their segment size, which the receive
+// loop splits. Over IPv4 the ICRC covers the IP ID, which Linux numbers
+// 0, 1, 2, ... across the segments of a GSO send, so the sender stamps
+// segment j's ICRC for ID j (CRC linearity: a precomputed XOR per ID
+// bit, wire.IDShift), and a receiver, which cannot see the ID through a
+// UDP socket, accepts a packet whose ICRC is right for exactly one ID in
+// [0, wire.MaxGSOSegments). IPv6 has no ID. GSO is off while faults are
+// injected (a duplicate is one buffer staged twice). A capture taken
+// before segmentation (veth, lo) shows a GSO send as one super-frame;
+// icrccheck splits and verifies those, tshark does not.
+//
 // Faults (drop, duplicate, reorder, delay; seeded) are injected on
 // transmit. IPoIB-CM asks for RC retry count 0, which suits a lossless IB
 // link but turns one lost UDP datagram into a failed connection;
 // Config.MinRetryCount lets the device raise that floor.
 //
 // The sending socket is unconnected and has IP_MTU_DISCOVER set to
-// IP_PMTUDISC_DO, so Linux sends IPv4 ID 0 with DF set, the IP header a
-// receiver reconstructs to check the ICRC (wire-formats.md §4.6). All
+// IP_PMTUDISC_DO, so Linux sends IPv4 ID 0 with DF set (0..n-1 across a
+// GSO send), the IP header a receiver reconstructs to check the ICRC
+// (wire-formats.md §4.6). All
 // devices of one fabric bind the same UDP port (4791 by default): the
 // peer's endpoint is its GID's address and that port, with no table.
 package rocev2

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
@@ -130,9 +131,12 @@ func TestCloseStopsGoroutines(t *testing.T) {
 	if err := d.Close(); err == nil {
 		t.Fatal("second Close succeeded")
 	}
-	// Close waited for both loops; their exit is all that may remain.
-	for i := 0; runtime.NumGoroutine() > base && i < 1000; i++ {
-		runtime.Gosched()
+	// Close waited for both loops; their exit after wg.Done is all that
+	// may remain. A goroutine's exit has no event to wait on, so the count
+	// is polled, with a short sleep so a loaded machine's other work (and
+	// the exiting goroutines) get the CPU, until a deadline.
+	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > base && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
 	}
 	if n := runtime.NumGoroutine(); n > base {
 		buf := make([]byte, 1<<16)

@@ -23,12 +23,24 @@ type udpSocket struct {
 	raw  syscall.RawConn
 	v6   bool
 	port uint16
+	// gso: the kernel takes UDP_SEGMENT, so equal-sized datagrams to one
+	// destination leave as one message (one trip down the stack).
+	gso bool
+	// gro: UDP_GRO is on, so the kernel may hand back several datagrams
+	// of one flow as one buffer, with their size in a control message.
+	gro bool
+}
+
+// offloads selects the UDP segmentation offloads openSocket asks for.
+type offloads struct {
+	gso, gro bool
 }
 
 // openSocket binds an unconnected UDP socket with IP_PMTUDISC_DO, so the
 // kernel sends IPv4 ID 0 with DF set and the ICRC computed before sendmmsg
-// matches the wire.
-func openSocket(bind netip.AddrPort) (*udpSocket, error) {
+// matches the wire. GSO and GRO are turned on where asked for and the
+// kernel has them; their absence is not an error.
+func openSocket(bind netip.AddrPort, want offloads) (*udpSocket, error) {
 	network := "udp4"
 	if !bind.Addr().Is4() {
 		network = "udp6"
@@ -43,6 +55,7 @@ func openSocket(bind netip.AddrPort) (*udpSocket, error) {
 		return nil, fmt.Errorf("rocev2: raw conn: %w", err)
 	}
 	var sockErr error
+	var have offloads
 	err = raw.Control(func(fd uintptr) {
 		if network == "udp4" {
 			sockErr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
@@ -59,6 +72,10 @@ func openSocket(bind netip.AddrPort) (*udpSocket, error) {
 				_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[1], socketBufferBytes)
 			}
 		}
+		// A zero segment size probes for UDP_SEGMENT without setting a
+		// socket-wide default; each message carries its own size.
+		have.gso = want.gso && unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_SEGMENT, 0) == nil
+		have.gro = want.gro && unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_GRO, 1) == nil
 	})
 	if err == nil {
 		err = sockErr
@@ -68,17 +85,20 @@ func openSocket(bind netip.AddrPort) (*udpSocket, error) {
 		return nil, fmt.Errorf("rocev2: set PMTU discovery on %v: %w", bind, err)
 	}
 	port := conn.LocalAddr().(*net.UDPAddr).AddrPort().Port()
-	return &udpSocket{conn: conn, raw: raw, v6: network == "udp6", port: port}, nil
+	return &udpSocket{conn: conn, raw: raw, v6: network == "udp6", port: port, gso: have.gso, gro: have.gro}, nil
 }
 
 func (s *udpSocket) Close() error { return s.conn.Close() }
 
-// mmsgBatch is a reusable recvmmsg/sendmmsg vector: one header, one iovec
-// and one socket address per datagram, all allocated once.
+// mmsgBatch is a reusable recvmmsg/sendmmsg vector: per message one
+// header, one socket address and room for one control message; per
+// datagram one iovec. All allocated once. Without GSO message i carries
+// datagram i; with GSO a message carries a run of datagrams.
 type mmsgBatch struct {
 	hdrs  []unix.Mmsghdr
 	iovs  []unix.Iovec
 	names []unix.RawSockaddrInet6 // large enough for either family
+	ctrl  []byte                  // cmsgSpace bytes per message, 8-aligned
 	bufs  [][]byte
 	// n and err are the last call's result; the callbacks given to the
 	// RawConn write them so the callbacks themselves are built once.
@@ -86,11 +106,18 @@ type mmsgBatch struct {
 	err error
 }
 
+// cmsgSpace is the control room per message: one UDP_SEGMENT (uint16) or
+// UDP_GRO (int) control message.
+var cmsgSpace = unix.CmsgSpace(4)
+
 func newMmsgBatch(size int) *mmsgBatch {
+	// uint64 backing keeps every control message aligned for Cmsghdr.
+	ctrl := make([]uint64, size*cmsgSpace/8)
 	b := &mmsgBatch{
 		hdrs:  make([]unix.Mmsghdr, size),
 		iovs:  make([]unix.Iovec, size),
 		names: make([]unix.RawSockaddrInet6, size),
+		ctrl:  unsafe.Slice((*byte)(unsafe.Pointer(&ctrl[0])), size*cmsgSpace),
 		bufs:  make([][]byte, size),
 	}
 	for i := range b.hdrs {
@@ -100,6 +127,9 @@ func newMmsgBatch(size int) *mmsgBatch {
 	}
 	return b
 }
+
+// control returns message i's control buffer.
+func (b *mmsgBatch) control(i int) []byte { return b.ctrl[i*cmsgSpace : (i+1)*cmsgSpace] }
 
 // setBuf points datagram i at buf.
 func (b *mmsgBatch) setBuf(i int, buf []byte) {
@@ -151,141 +181,4 @@ func putPort(p *uint16, port uint16) {
 func getPort(p *uint16) uint16 {
 	b := (*[2]byte)(unsafe.Pointer(p))
 	return uint16(b[0])<<8 | uint16(b[1])
-}
-
-// receiver reads batches with recvmmsg. It belongs to the receive
-// goroutine.
-type receiver struct {
-	sock  *udpSocket
-	batch *mmsgBatch
-	// want is how many headers the next call offers.
-	want   int
-	readFn func(fd uintptr) bool
-}
-
-func newReceiver(s *udpSocket, size, bufSize int) *receiver {
-	r := &receiver{sock: s, batch: newMmsgBatch(size), want: size}
-	for i := range size {
-		r.batch.setBuf(i, make([]byte, bufSize))
-	}
-	r.readFn = r.recvmmsg
-	return r
-}
-
-// recvmmsg is the RawConn read callback: false asks the runtime to wait
-// for readability.
-func (r *receiver) recvmmsg(fd uintptr) bool {
-	b := r.batch
-	for i := range r.want {
-		b.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
-		b.hdrs[i].Hdr.Flags = 0
-		b.hdrs[i].Len = 0
-	}
-	n, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.hdrs[0])), uintptr(r.want), unix.MSG_DONTWAIT, 0, 0)
-	if errno == unix.EAGAIN || errno == unix.EINTR {
-		return false
-	}
-	b.n, b.err = int(n), nil
-	if errno != 0 {
-		b.n, b.err = 0, errno
-	}
-	return true
-}
-
-// read blocks until at least one datagram arrived and returns how many.
-// Datagram i is r.datagram(i).
-func (r *receiver) read() (int, error) {
-	if err := r.sock.raw.Read(r.readFn); err != nil {
-		return 0, fmt.Errorf("rocev2: recvmmsg: %w", err)
-	}
-	if r.batch.err != nil {
-		return 0, fmt.Errorf("rocev2: recvmmsg: %w", r.batch.err)
-	}
-	return r.batch.n, nil
-}
-
-// datagram returns datagram i of the last read: its bytes, sender and
-// whether the kernel cut it to the buffer.
-func (r *receiver) datagram(i int) (b []byte, from netip.AddrPort, ok, truncated bool) {
-	m := &r.batch.hdrs[i]
-	from, ok = r.batch.addr(i)
-	n := min(int(m.Len), len(r.batch.bufs[i]))
-	return r.batch.bufs[i][:n], from, ok, m.Hdr.Flags&unix.MSG_TRUNC != 0
-}
-
-// sender writes batches with sendmmsg; it is guarded by Device.txMu.
-type sender struct {
-	sock    *udpSocket
-	batch   *mmsgBatch
-	pending int // datagrams staged
-	off     int // first datagram the next sendmmsg offers
-	writeFn func(fd uintptr) bool
-}
-
-func newSender(s *udpSocket, size int) *sender {
-	w := &sender{sock: s, batch: newMmsgBatch(size)}
-	w.writeFn = w.sendmmsg
-	return w
-}
-
-// stage adds one datagram to the batch; it reports false when full.
-func (w *sender) stage(buf []byte, to netip.Addr) bool {
-	if w.pending == len(w.batch.hdrs) {
-		return false
-	}
-	w.batch.setBuf(w.pending, buf)
-	w.batch.setAddr(w.pending, to, w.sock.port, w.sock.v6)
-	w.pending++
-	return true
-}
-
-func (w *sender) sendmmsg(fd uintptr) bool {
-	b := w.batch
-	n, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&b.hdrs[w.off])), uintptr(w.pending-w.off), unix.MSG_DONTWAIT, 0, 0)
-	if errno == unix.EAGAIN || errno == unix.EINTR {
-		return false
-	}
-	b.n, b.err = int(n), nil
-	if errno != 0 {
-		b.n, b.err = 0, errno
-	}
-	return true
-}
-
-// flush sends every staged datagram, waiting for socket space as needed,
-// and counts them in ctr. A datagram the kernel refuses (EMSGSIZE, a
-// route error) is skipped and counted as a transmit error; the first such
-// error is returned for logging. The error wraps net.ErrClosed when the
-// socket went away, and the rest of the batch is then discarded.
-func (w *sender) flush(ctr *counters) error {
-	defer w.reset()
-	var first error
-	for w.off < w.pending {
-		if err := w.sock.raw.Write(w.writeFn); err != nil {
-			return fmt.Errorf("rocev2: sendmmsg: %w", err)
-		}
-		ctr.txBatches.Add(1)
-		for i := w.off; i < w.off+w.batch.n; i++ {
-			ctr.txPackets.Add(1)
-			ctr.txBytes.Add(uint64(len(w.batch.bufs[i])))
-		}
-		w.off += w.batch.n
-		if w.batch.err != nil {
-			ctr.txErrors.Add(1)
-			if first == nil {
-				first = fmt.Errorf("rocev2: sendmmsg: %w", w.batch.err)
-			}
-			w.off++
-		}
-	}
-	return first
-}
-
-// reset forgets the staged buffers so the batch pins no packet memory.
-func (w *sender) reset() {
-	for i := range w.pending {
-		w.batch.bufs[i] = nil
-		w.batch.iovs[i].Base = nil
-	}
-	w.pending, w.off = 0, 0
 }

@@ -21,6 +21,11 @@ type Stats struct {
 	// moved datagrams: the data path's syscalls.
 	TxBatches uint64 `json:"tx_batches"`
 	RxBatches uint64 `json:"rx_batches"`
+	// TxGSOMessages counts messages that carried several datagrams
+	// (UDP_SEGMENT); RxGROMessages counts received buffers the kernel
+	// coalesced from several datagrams (UDP_GRO).
+	TxGSOMessages uint64 `json:"tx_gso_messages"`
+	RxGROMessages uint64 `json:"rx_gro_messages"`
 	// Drops counts received datagrams dropped, per reason; JSON gives it
 	// as an object keyed by reason name, zero counts included so a
 	// script can rely on every key.
@@ -80,6 +85,7 @@ func (s Stats) TotalDropped() uint64 {
 type counters struct {
 	rxPackets, rxBytes, txPackets, txBytes, txErrors atomic.Uint64
 	txBatches, rxBatches                             atomic.Uint64
+	txGSOMessages, rxGROMessages                     atomic.Uint64
 	drops                                            [wire.NumDropReasons]atomic.Uint64
 	retransmits, timeouts, acksSent                  atomic.Uint64
 	seqNAKsSent, seqNAKsReceived                     atomic.Uint64
@@ -96,6 +102,7 @@ func (c *counters) snapshot() Stats {
 		RxPackets: c.rxPackets.Load(), RxBytes: c.rxBytes.Load(),
 		TxPackets: c.txPackets.Load(), TxBytes: c.txBytes.Load(), TxErrors: c.txErrors.Load(),
 		TxBatches: c.txBatches.Load(), RxBatches: c.rxBatches.Load(),
+		TxGSOMessages: c.txGSOMessages.Load(), RxGROMessages: c.rxGROMessages.Load(),
 		Retransmits: c.retransmits.Load(), Timeouts: c.timeouts.Load(), AcksSent: c.acksSent.Load(),
 		SeqNAKsSent: c.seqNAKsSent.Load(), SeqNAKsReceived: c.seqNAKsReceived.Load(),
 		RNRNAKsSent: c.rnrNAKsSent.Load(), RNRNAKsReceived: c.rnrNAKsReceived.Load(),

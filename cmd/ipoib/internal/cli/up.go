@@ -35,6 +35,9 @@ type UpOptions struct {
 	// AckTimeout floors the RC transport timeout.
 	RCRetry    uint8
 	AckTimeout time.Duration
+	// UDPOffload lets the RoCEv2 socket use UDP GSO and GRO where the
+	// kernel has them.
+	UDPOffload bool
 	// Host names the interface on the control socket.
 	Host       string
 	ControlDir string
@@ -60,10 +63,12 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	seed := fs.Uint64("seed", 1, "fault injection random seed")
 	rcRetry := fs.Uint("rc-retry", 6, "RC transport retries at least (0..7, 7 = forever): IPoIB-CM asks for 0, which one lost UDP datagram would turn into a dropped connection")
 	ackTimeout := fs.Duration("ack-timeout", 50*time.Millisecond, "RC transport (ACK) timeout at least: the go-back-N retransmit delay when a datagram is lost")
+	udpOffload := fs.Bool("udp-offload", true, "use UDP GSO/GRO on the RoCEv2 socket where the kernel has them (false: one datagram per send and receive)")
 	host := fs.String("host", "", "name on the control socket (ipoib show/mode --host); default <dev>@<bind>")
 	lvl := &levelFlag{level: slog.LevelInfo}
 	fs.Var(lvl, "log-level", "log level: debug, info, warn, error")
 	dir := controlDirFlag(fs, env)
+	prof := addProfileFlags(fs)
 	return func(ctx context.Context, args []string) int {
 		if env.Up == nil {
 			return fail(env, "up", errors.New("not built into this binary (hook: Env.Up in cmd/ipoib/main.go)"))
@@ -89,7 +94,7 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 		if *ackTimeout < time.Millisecond {
 			return usageError(env, "up", fmt.Sprintf("--ack-timeout %v: want at least 1ms", *ackTimeout))
 		}
-		o.RCRetry, o.AckTimeout = uint8(*rcRetry), *ackTimeout
+		o.RCRetry, o.AckTimeout, o.UDPOffload = uint8(*rcRetry), *ackTimeout, *udpOffload
 		o.Loss, o.Dup, o.Reorder, o.Delay, o.DelayTime, o.Seed = *loss, *dup, *reorder, *delay, *delayTime, *seed
 		o.Host, o.ControlDir = *host, *dir
 		if o.Host == "" {
@@ -100,7 +105,11 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 			return ExitUsage
 		}
 		o.Ready = env.upReady
-		err := env.Up(ctx, o, newLogger(env.Stderr, lvl.level))
+		stopProfile, err := prof.start()
+		if err != nil {
+			return fail(env, "up", err)
+		}
+		err = errors.Join(env.Up(ctx, o, newLogger(env.Stderr, lvl.level)), stopProfile())
 		switch {
 		case err == nil:
 			return ExitOK

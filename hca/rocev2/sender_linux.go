@@ -1,0 +1,191 @@
+package rocev2
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
+)
+
+// maxGSOPayload is the most UDP payload one GSO message may carry: the
+// super-packet must still fit an IPv4 total length (65535 - 20 - 8).
+const maxGSOPayload = 65535 - wire.IPv4HeaderLen - wire.UDPHeaderLen
+
+// sender writes batches with sendmmsg; it is guarded by Device.txMu.
+//
+// With gso set, flush turns each run of datagrams to one destination of
+// one size (the last may be shorter) into one message with a UDP_SEGMENT
+// control message: the kernel builds one super-packet and cuts it (late,
+// or not at all when the receiver takes GRO) instead of walking the stack
+// once per datagram. Over IPv4 the kernel numbers the segments' IP IDs
+// 0, 1, 2, ..., and the ICRC covers the ID, so flush rewrites segment j's
+// ICRC for ID j (computed for ID 0 when queued).
+type sender struct {
+	sock  *udpSocket
+	batch *mmsgBatch
+	dsts  []netip.Addr // per staged datagram
+	// msgFirst[m] is message m's first datagram; msgFirst[msgs] is the
+	// number staged.
+	msgFirst []int
+	pending  int // datagrams staged
+	msgs     int // messages built from them
+	off      int // first message the next sendmmsg offers
+	// gso groups datagrams into GSO messages. It is off while faults are
+	// injected: a duplicated datagram is one buffer staged twice and
+	// could not carry two IDs' ICRCs.
+	gso     bool
+	shifts  wire.IDShiftCache
+	writeFn func(fd uintptr) bool
+}
+
+func newSender(s *udpSocket, size int) *sender {
+	w := &sender{sock: s, batch: newMmsgBatch(size), dsts: make([]netip.Addr, size), msgFirst: make([]int, size+1)}
+	w.writeFn = w.sendmmsg
+	return w
+}
+
+// stage adds one datagram to the batch; it reports false when full.
+func (w *sender) stage(buf []byte, to netip.Addr) bool {
+	if w.pending == len(w.batch.hdrs) {
+		return false
+	}
+	w.batch.setBuf(w.pending, buf)
+	w.dsts[w.pending] = to
+	w.pending++
+	return true
+}
+
+// runLen is how many datagrams from i can leave as one GSO message: same
+// destination, same size, except that a shorter one ends the run.
+func (w *sender) runLen(i int) int {
+	b := w.batch
+	seg := len(b.bufs[i])
+	total := seg
+	j := i + 1
+	for ; j < w.pending && j-i < wire.MaxGSOSegments; j++ {
+		n := len(b.bufs[j])
+		if w.dsts[j] != w.dsts[i] || n > seg || n == 0 || total+n > maxGSOPayload {
+			break
+		}
+		total += n
+		if n < seg {
+			j++
+			break
+		}
+	}
+	return j - i
+}
+
+// build turns the staged datagrams into messages.
+func (w *sender) build() {
+	b := w.batch
+	m := 0
+	for i := 0; i < w.pending; m++ {
+		n := 1
+		if w.gso {
+			n = w.runLen(i)
+		}
+		w.msgFirst[m] = i
+		h := &b.hdrs[m].Hdr
+		h.Iov = &b.iovs[i]
+		h.SetIovlen(n)
+		b.setAddr(m, w.dsts[i], w.sock.port, w.sock.v6)
+		if n == 1 {
+			h.Control = nil
+			h.SetControllen(0)
+			i++
+			continue
+		}
+		c := b.control(m)
+		ch := (*unix.Cmsghdr)(unsafe.Pointer(&c[0]))
+		ch.Level, ch.Type = unix.SOL_UDP, unix.UDP_SEGMENT
+		ch.SetLen(unix.CmsgLen(2))
+		*(*uint16)(unsafe.Pointer(&c[unix.CmsgLen(0)])) = uint16(len(b.bufs[i]))
+		h.Control = &c[0]
+		h.SetControllen(unix.CmsgSpace(2))
+		if !w.sock.v6 {
+			for j := 1; j < n; j++ {
+				wire.SetICRCID(b.bufs[i+j], wire.IPv4HeaderLen, uint16(j), &w.shifts)
+			}
+		}
+		i += n
+	}
+	w.msgFirst[m] = w.pending
+	w.msgs = m
+}
+
+func (w *sender) sendmmsg(fd uintptr) bool {
+	b := w.batch
+	n, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&b.hdrs[w.off])), uintptr(w.msgs-w.off), unix.MSG_DONTWAIT, 0, 0)
+	if errno == unix.EAGAIN || errno == unix.EINTR {
+		return false
+	}
+	b.n, b.err = int(n), nil
+	if errno != 0 {
+		b.n, b.err = 0, errno
+	}
+	return true
+}
+
+// flush sends every staged datagram, waiting for socket space as needed,
+// and counts them in ctr. A message the kernel refuses (EMSGSIZE, a route
+// error) is skipped and its datagrams counted as transmit errors; the
+// first such error is returned for logging. A GSO message refused with
+// EIO (no checksum offload on the route) turns GSO off for good. The
+// error wraps net.ErrClosed when the socket went away, and the rest of
+// the batch is then discarded.
+func (w *sender) flush(ctr *counters) error {
+	defer w.reset()
+	w.build()
+	var first error
+	for w.off < w.msgs {
+		if err := w.sock.raw.Write(w.writeFn); err != nil {
+			return fmt.Errorf("rocev2: sendmmsg: %w", err)
+		}
+		ctr.txBatches.Add(1)
+		for m := w.off; m < w.off+w.batch.n; m++ {
+			w.count(m, ctr)
+		}
+		w.off += w.batch.n
+		if err := w.batch.err; err != nil {
+			ctr.txErrors.Add(uint64(w.msgFirst[w.off+1] - w.msgFirst[w.off]))
+			gso := w.msgFirst[w.off+1]-w.msgFirst[w.off] > 1
+			if gso && errors.Is(err, unix.EIO) {
+				w.gso = false
+			}
+			if first == nil {
+				first = fmt.Errorf("rocev2: sendmmsg (GSO %v): %w", gso, err)
+			}
+			w.off++
+		}
+	}
+	return first
+}
+
+// count adds message m's datagrams to the transmit counters.
+func (w *sender) count(m int, ctr *counters) {
+	lo, hi := w.msgFirst[m], w.msgFirst[m+1]
+	if hi-lo > 1 {
+		ctr.txGSOMessages.Add(1)
+	}
+	var bytes uint64
+	for i := lo; i < hi; i++ {
+		bytes += uint64(len(w.batch.bufs[i]))
+	}
+	ctr.txPackets.Add(uint64(hi - lo))
+	ctr.txBytes.Add(bytes)
+}
+
+// reset forgets the staged buffers so the batch pins no packet memory.
+func (w *sender) reset() {
+	for i := range w.pending {
+		w.batch.bufs[i] = nil
+		w.batch.iovs[i].Base = nil
+		w.dsts[i] = netip.Addr{}
+	}
+	w.pending, w.msgs, w.off = 0, 0, 0
+}
