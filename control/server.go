@@ -46,15 +46,32 @@ type Server struct {
 	wg     sync.WaitGroup
 }
 
+// Permissions of the control directory and sockets: the socket accepts
+// "mode", which reconfigures the interface, so only the owner (root, for
+// /run/ipoib) may reach it, whatever the umask.
+const (
+	dirMode    fs.FileMode = 0o700
+	socketMode fs.FileMode = 0o600
+)
+
 // Listen creates dir if needed and serves endpoints on dir/<pid>.sock
 // until Close. A socket left at that path by a dead process with the same
 // pid is replaced.
+//
+// dir belongs to ipoib (DefaultDir, /run/ipoib): it is made 0700 even if it
+// already existed, before the socket is created, so no other user can
+// connect in the moment before the socket itself is made 0600. Do not
+// point it at a shared directory.
 func Listen(dir string, endpoints []Endpoint, logger *slog.Logger) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, dirMode); err != nil {
 		return nil, fmt.Errorf("control: %w", err)
+	}
+	// MkdirAll honours the umask and leaves an existing directory alone.
+	if err := os.Chmod(dir, dirMode); err != nil {
+		return nil, fmt.Errorf("control: restrict %s: %w", dir, err)
 	}
 	path := SocketPath(dir, os.Getpid())
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -63,6 +80,10 @@ func Listen(dir string, endpoints []Endpoint, logger *slog.Logger) (*Server, err
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("control: listen: %w", err)
+	}
+	if err := os.Chmod(path, socketMode); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("control: restrict socket: %w", err)
 	}
 	// Close removes the file itself, after the accept loop has stopped.
 	ln.SetUnlinkOnClose(false)

@@ -83,6 +83,7 @@ func (i *Interface) learnLocked(hw frame.HWAddr, ip netip.Addr, now time.Time) *
 		return nil
 	}
 	n.addIP(ip)
+	n.lastSeen = now
 	if n.hw != hw {
 		old := n.hw
 		n.hw = hw

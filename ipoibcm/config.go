@@ -81,6 +81,11 @@ const (
 	// lower bound of when Linux frees an unused IPoIB neighbour.
 	DefaultNeighbourTimeout = 60 * time.Second
 
+	// neighbourEvictFactor: a neighbour silent for this many
+	// NeighbourTimeouts (10 min by default) is forgotten; see
+	// Config.NeighbourEvictAfter.
+	neighbourEvictFactor = 10
+
 	// DefaultDrainTimeout is ipoib_cm_dev_stop's 5 s bound.
 	DefaultDrainTimeout = 5 * time.Second
 
@@ -131,6 +136,13 @@ type Config struct {
 	// NeighbourTimeout ages neighbours unused for sending; their TX
 	// connection is disconnected.
 	NeighbourTimeout time.Duration
+	// NeighbourEvictAfter forgets a neighbour nothing was sent to or heard
+	// from for this long, with no connection either way and no parked
+	// frame, so the table stays bounded by the recently active peers.
+	// Default 10 * NeighbourTimeout: well past the host's ARP/ND cache
+	// staleness (Linux: 30-60 s), so the host no longer trusts the MAC it
+	// knew the neighbour by. Must not be below NeighbourTimeout.
+	NeighbourEvictAfter time.Duration
 	// DrainTimeout bounds the wait for the drain protocol at Close.
 	DrainTimeout time.Duration
 
@@ -190,6 +202,11 @@ func (c Config) withDefaults() (Config, error) {
 	setDefault(&c.StaleAfter, DefaultStaleAfter)
 	setDefault(&c.StaleScan, DefaultStaleScan)
 	setDefault(&c.NeighbourTimeout, DefaultNeighbourTimeout)
+	setDefault(&c.NeighbourEvictAfter, neighbourEvictFactor*c.NeighbourTimeout)
+	if c.NeighbourEvictAfter < c.NeighbourTimeout {
+		return c, fmt.Errorf("ipoibcm config: NeighbourEvictAfter %v below NeighbourTimeout %v: %w",
+			c.NeighbourEvictAfter, c.NeighbourTimeout, hca.ErrInvalidArgument)
+	}
 	setDefault(&c.DrainTimeout, DefaultDrainTimeout)
 	if c.SendQueueSize < 4 || c.RecvQueueSize < 4 || c.UDRecvQueueSize < 4 {
 		return c, fmt.Errorf("ipoibcm config: queue sizes %d/%d/%d below 4: %w",

@@ -42,14 +42,55 @@ func (i *Interface) waitCredits() bool {
 		return true
 	}
 	i.rs.txStops.Add(1)
+	return i.stopQueue(stopForCredits)
+}
+
+// stopReason is what the stopped reader waits for.
+type stopReason int
+
+const (
+	stopForCredits stopReason = iota // outstanding sends at the limit
+	stopForBuffers                   // every TX pool buffer in flight
+)
+
+func (r stopReason) String() string {
+	switch r {
+	case stopForCredits:
+		return "credits"
+	case stopForBuffers:
+		return "buffers"
+	}
+	return "stopReason(?)"
+}
+
+// resumable reports whether what the reader stopped for came back: the
+// credits fell to half (the level returnCredits wakes at) or a buffer is
+// free.
+func (i *Interface) resumable(why stopReason) bool {
+	if why == stopForBuffers {
+		return i.pool.available() > 0
+	}
+	return i.outstanding.Load() <= int64(i.cfg.SendQueueSize/2)
+}
+
+// stopQueue stops the reader until returnCredits wakes it. It returns
+// false when the interface is stopping.
+//
+// The order is what makes the wake-up impossible to lose: completions that
+// land before txStopped is set do not wake (nobody is stopped yet), so the
+// condition is checked again after the store; completions after it find
+// txStopped and wake. Whoever flips txStopped back to false (the re-check
+// here or returnCredits) owns the resumption.
+func (i *Interface) stopQueue(why stopReason) bool {
+	if h := i.hooks.beforeTXStop; h != nil {
+		h(why)
+	}
 	i.txStopped.Store(true)
 	// A stopped queue waits for completion events: hand re-arming back
 	// to the TX poller (after txStopped is set, so the poll that returns
 	// the credits sees it and wakes us).
 	i.txNAPI.EndBusyPoll()
-	// Completions may have drained the queue between the check and the
-	// store; re-check so the wake-up cannot be lost.
-	if i.outstanding.Load() <= int64(i.cfg.SendQueueSize/2) && i.txStopped.CompareAndSwap(true, false) {
+	if i.resumable(why) && i.txStopped.CompareAndSwap(true, false) {
 		return true
 	}
 	for {

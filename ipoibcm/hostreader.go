@@ -73,11 +73,7 @@ func (i *Interface) hostReader() {
 			}
 			// Every buffer is in flight: wait for completions like for
 			// credits, with the TX CQ armed.
-			i.txStopped.Store(true)
-			i.txNAPI.EndBusyPoll()
-			select {
-			case <-i.txWake:
-			case <-i.stop:
+			if !i.stopQueue(stopForBuffers) {
 				return
 			}
 			continue

@@ -103,8 +103,12 @@ type Interface struct {
 	mcastScratch [16]netip.Addr
 
 	ctl    control
-	reaper reaper    // owned by the control loop
-	rx     rxScratch // owned by the RX poller
+	reaper reaper // owned by the control loop
+	// hostMTUStale: the last mode switch could not set the host's MTU
+	// (control loop), so SetMode to the same mode tries again.
+	hostMTUStale bool
+
+	rx rxScratch // owned by the RX poller
 
 	hostWriteMu sync.Mutex
 
@@ -113,6 +117,10 @@ type Interface struct {
 	hooks struct {
 		rxReaped    func(rxConn *rxConn)
 		txDestroyed func(tc *txConn)
+		// beforeTXStop runs on the host reader just before it stops the
+		// queue: a test returns completions there, in the window a real
+		// TX poller may hit.
+		beforeTXStop func(why stopReason)
 	}
 
 	ctr counters
@@ -406,6 +414,12 @@ func (i *Interface) Name() string { return i.cfg.Name }
 
 // SetMode switches mode at run time: every TX connection is flushed, the
 // MTU follows the mode and the host is told. Traffic continues.
+//
+// If the host port refuses the new MTU the switch stands (mode and MTU are
+// the new ones; packets above the new MTU are answered with ICMP
+// frag-needed / packet-too-big, so the host's PMTU discovery copes) and
+// SetMode returns an error wrapping both ErrHostMTUNotUpdated and the host
+// port's error. Calling SetMode again with the same mode retries the MTU.
 func (i *Interface) SetMode(m Mode) error {
 	if m != ModeDatagram && m != ModeConnected {
 		return fmt.Errorf("%s: set mode %d: %w", i.cfg.Name, int(m), ErrInvalidMode)

@@ -36,7 +36,16 @@ type neighbour struct {
 
 	created        time.Time
 	lastUse        time.Time // last host packet sent to it (TX aging)
+	lastSeen       time.Time // last time it was learnt from the wire (ARP, ND, UD, REQ)
 	cmBackoffUntil time.Time // CM refused: UD until then
+}
+
+// idleSince is when the neighbour was last used in either direction.
+func (n *neighbour) idleSince() time.Time {
+	if n.lastSeen.After(n.lastUse) {
+		return n.lastSeen
+	}
+	return n.lastUse
 }
 
 // parkedFrame is a host frame in a TX pool buffer (Ethernet header
@@ -62,21 +71,42 @@ func newNeighbourTable() neighbourTable {
 
 // lookupOrCreate returns the neighbour of hw's port, creating it (with a
 // fresh MAC) if needed. It does not update an existing neighbour's hw.
+//
+// MAC indices are handed out cyclically, skipping those in use. An evicted
+// neighbour's MAC is therefore free again but comes back only after the
+// other 2^32-1 indices: never in practice. Eviction itself waits
+// NeighbourEvictAfter (10 min by default) of silence, far past the point
+// where the host's ARP / ND cache has let the entry go stale (Linux:
+// base_reachable_time 30 s, gc_stale_time 60 s) and must re-resolve, so
+// even a reused MAC could not be taken for the old neighbour.
 func (t *neighbourTable) lookupOrCreate(hw frame.HWAddr, now time.Time) (*neighbour, error) {
 	gid := hw.GID()
 	if n := t.byGID[gid]; n != nil {
 		return n, nil
 	}
-	idx := t.nextMAC
-	mac := frame.LocalMAC(idx)
-	if other := t.byMAC[mac]; other != nil {
-		return nil, fmt.Errorf("neighbour %s: MAC %s already maps %s: %w", hw, mac, other.hw, errMACCollision)
+	if uint64(len(t.byMAC)) >= 1<<32 {
+		return nil, fmt.Errorf("neighbour %s: every MAC index in use: %w", hw, errMACsExhausted)
 	}
-	t.nextMAC++
-	n := &neighbour{gid: gid, mac: mac, macIndex: idx, hw: hw, created: now, lastUse: now}
+	idx := t.nextMAC
+	for t.byMAC[frame.LocalMAC(idx)] != nil {
+		idx++
+	}
+	t.nextMAC = idx + 1
+	mac := frame.LocalMAC(idx)
+	n := &neighbour{gid: gid, mac: mac, macIndex: idx, hw: hw, created: now, lastUse: now, lastSeen: now}
 	t.byGID[gid] = n
 	t.byMAC[mac] = n
 	return n, nil
+}
+
+// remove forgets n; its MAC index becomes free.
+func (t *neighbourTable) remove(n *neighbour) {
+	if t.byGID[n.gid] == n {
+		delete(t.byGID, n.gid)
+	}
+	if t.byMAC[n.mac] == n {
+		delete(t.byMAC, n.mac)
+	}
 }
 
 func (t *neighbourTable) lookupMAC(mac frame.MAC) *neighbour { return t.byMAC[mac] }

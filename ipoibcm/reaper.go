@@ -1,6 +1,7 @@
 package ipoibcm
 
 import (
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -38,6 +39,7 @@ type reaperCounters struct {
 	txConnectFailures, txTeardowns, txDestroyed      atomic.Uint64
 	rxAccepted, rxRejectedNoQP, neighRestarts        atomic.Uint64
 	neighAged, modeSwitches, lateLastWQE, reresolves atomic.Uint64
+	neighEvicted                                     atomic.Uint64
 }
 
 // teardownRX starts the teardown of a passive connection (control loop).
@@ -195,9 +197,10 @@ func (i *Interface) staleScan(now time.Time) {
 }
 
 // ageNeighbours disconnects the TX connection of neighbours unused for
-// sending for NeighbourTimeout and releases their address handle. The
-// MAC mapping stays: the host's ARP cache still names it, and the next
-// frame rebuilds the connection.
+// sending for NeighbourTimeout. The MAC mapping stays: the host's ARP
+// cache still names it, and the next frame rebuilds the connection.
+// Neighbours silent in both directions for NeighbourEvictAfter, with
+// nothing left that refers to them, are forgotten (evictNeighboursLocked).
 func (i *Interface) ageNeighbours(now time.Time) {
 	var idle []*txConn
 	i.mu.Lock()
@@ -211,16 +214,61 @@ func (i *Interface) ageNeighbours(now time.Time) {
 			i.rs.neighAged.Add(1)
 		}
 	}
+	i.evictNeighboursLocked(now)
 	i.mu.Unlock()
 	for _, tc := range idle {
 		i.teardownTX(tc)
 	}
 }
 
+// evictNeighboursLocked removes neighbours idle for NeighbourEvictAfter
+// that nothing refers to: no TX connection (not even one still closing,
+// whose teardown writes to its neighbour), no parked frame, no passive
+// connection from the port (its packets reach the host under the
+// neighbour's MAC). Their address handle is destroyed and their MAC index
+// freed. Without this the table would grow with every peer ever seen.
+func (i *Interface) evictNeighboursLocked(now time.Time) {
+	var busy map[*neighbour]bool
+	var rxPeers map[hca.GID]bool
+	for _, n := range i.neigh.byGID {
+		if now.Sub(n.idleSince()) < i.cfg.NeighbourEvictAfter || n.tx != nil || n.nParked > 0 {
+			continue
+		}
+		if busy == nil {
+			// Built once per pass, and only when some neighbour is
+			// idle long enough: most passes allocate nothing.
+			busy = make(map[*neighbour]bool, len(i.txConns))
+			for tc := range i.txConns {
+				busy[tc.neigh] = true
+			}
+			rxPeers = make(map[hca.GID]bool, len(i.rxConns))
+			for rc := range i.rxConns {
+				rxPeers[rc.peer.GID()] = true
+			}
+		}
+		if busy[n] || rxPeers[n.gid] {
+			continue
+		}
+		if n.ah != nil {
+			if err := n.ah.Destroy(); err != nil {
+				i.log.Warn("destroy neighbour AH", "peer", n.hw, "err", err)
+			}
+			n.ah = nil
+		}
+		i.neigh.remove(n)
+		i.rs.neighEvicted.Add(1)
+		i.log.Debug("neighbour evicted", "peer", n.hw, "mac", n.mac, "idle", now.Sub(n.idleSince()))
+	}
+}
+
 // switchMode (control loop): flush every TX connection, switch, tell the
-// host the new MTU (Linux ipoib_set_mode + ipoib_flush_paths).
+// host the new MTU (Linux ipoib_set_mode + ipoib_flush_paths). Switching
+// to the current mode only retries telling the host, if that failed.
 func (i *Interface) switchMode(m Mode) error {
 	if Mode(i.mode.Load()) == m {
+		if i.hostMTUStale {
+			return i.tellHostMTU(m)
+		}
 		return nil
 	}
 	i.rs.modeSwitches.Add(1)
@@ -235,10 +283,23 @@ func (i *Interface) switchMode(m Mode) error {
 	for _, tc := range conns {
 		i.teardownTX(tc)
 	}
-	if err := i.host.SetMTU(i.MTU()); err != nil {
-		return err
+	return i.tellHostMTU(m)
+}
+
+// tellHostMTU gives the host the MTU of mode m (control loop). A failure
+// does not undo the switch: connections are already flushed, and a host
+// still at the old MTU only costs ICMP frag-needed / packet-too-big for its
+// oversize packets (txNeighLocked answers them), whereas switching back
+// could fail the same way and leave mode and MTU inconsistent.
+func (i *Interface) tellHostMTU(m Mode) error {
+	mtu := i.MTU()
+	if err := i.host.SetMTU(mtu); err != nil {
+		i.hostMTUStale = true
+		i.log.Warn("mode switched, host MTU not updated", "mode", m, "mtu", mtu, "err", err)
+		return fmt.Errorf("%s: %w (mode %s, MTU %d): %w", i.cfg.Name, ErrHostMTUNotUpdated, m, mtu, err)
 	}
-	i.log.Info("mode", "mode", m, "mtu", i.MTU())
+	i.hostMTUStale = false
+	i.log.Info("mode", "mode", m, "mtu", mtu)
 	return nil
 }
 

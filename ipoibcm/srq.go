@@ -15,12 +15,21 @@ type srqRing struct {
 	bufs [][]byte
 }
 
-func newSRQRing(i *Interface) (*srqRing, error) {
+// newSRQRing creates the SRQ and posts its buffers; on error it destroys
+// the SRQ again, so New's clean-up finds nothing of it left.
+func newSRQRing(i *Interface) (_ *srqRing, err error) {
 	s := &srqRing{i: i}
 	srq, err := i.dev.CreateSRQ(hca.SRQConfig{MaxWR: i.cfg.RecvQueueSize})
 	if err != nil {
 		return nil, fmt.Errorf("create SRQ: %w", err)
 	}
+	defer func() {
+		if err != nil {
+			if derr := srq.Destroy(); derr != nil {
+				i.log.Warn("destroy SRQ after failed set-up", "err", derr)
+			}
+		}
+	}()
 	s.srq = srq
 	s.bufs = make([][]byte, i.cfg.RecvQueueSize)
 	wrs := make([]hca.RecvWR, len(s.bufs))

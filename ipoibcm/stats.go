@@ -75,6 +75,7 @@ type ReaperStats struct {
 	TXQueueWakes      uint64 `json:"tx_queue_wakes"`
 	NeighRestarts     uint64 `json:"neigh_restarts"`
 	NeighAged         uint64 `json:"neigh_aged"`
+	NeighEvicted      uint64 `json:"neigh_evicted"`
 	Reresolves        uint64 `json:"reresolves"`
 	ModeSwitches      uint64 `json:"mode_switches"`
 	McastJoins        uint64 `json:"mcast_joins"`
@@ -192,7 +193,7 @@ func (i *Interface) reaperStats() ReaperStats {
 		TXConnects: r.txConnects.Load(), TXEstablished: r.txEstablished.Load(),
 		TXConnectFailures: r.txConnectFailures.Load(), TXTeardowns: r.txTeardowns.Load(), TXDestroyed: r.txDestroyed.Load(),
 		TXQueueStops: r.txStops.Load(), TXQueueWakes: r.txWakes.Load(),
-		NeighRestarts: r.neighRestarts.Load(), NeighAged: r.neighAged.Load(), Reresolves: r.reresolves.Load(), ModeSwitches: r.modeSwitches.Load(),
+		NeighRestarts: r.neighRestarts.Load(), NeighAged: r.neighAged.Load(), NeighEvicted: r.neighEvicted.Load(), Reresolves: r.reresolves.Load(), ModeSwitches: r.modeSwitches.Load(),
 		McastJoins: r.mcastJoins.Load(), TooBigSent: r.tooBigSent.Load(),
 	}
 }

@@ -18,7 +18,11 @@ type udPath struct {
 	bufs [][]byte // UDRecvQueueSize buffers: headroom + IB MTU
 }
 
-func newUDPath(i *Interface) (*udPath, error) {
+// newUDPath creates the UD QP, posts its ring and brings it to RTS. On
+// error the QP it created is destroyed again: a live QP would keep both CQs
+// busy (the backend refuses to destroy a CQ a QP still uses), so New's
+// clean-up could not release them either.
+func newUDPath(i *Interface) (_ *udPath, err error) {
 	u := &udPath{i: i}
 	qp, err := i.dev.CreateQP(hca.QPConfig{
 		Type:      hca.QPTypeUD,
@@ -32,6 +36,13 @@ func newUDPath(i *Interface) (*udPath, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create UD QP: %w", err)
 	}
+	defer func() {
+		if err != nil {
+			if derr := qp.Destroy(); derr != nil {
+				i.log.Warn("destroy UD QP after failed set-up", "err", derr)
+			}
+		}
+	}()
 	u.qp = qp
 	if err := qp.Modify(hca.QPAttr{State: hca.QPStateInit, PKeyIndex: 0, QKey: frame.QKeyIPoIB}); err != nil {
 		return nil, fmt.Errorf("UD QP to Init: %w", err)

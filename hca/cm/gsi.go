@@ -59,10 +59,7 @@ func (m *Manager) setupGSI() error {
 
 func (m *Manager) teardownGSI() error {
 	var errs []error
-	for g, ah := range m.ahs {
-		errs = append(errs, ah.Destroy())
-		delete(m.ahs, g)
-	}
+	errs = append(errs, m.ahs.destroyAll())
 	if m.qp != nil {
 		errs = append(errs, m.qp.Destroy())
 		m.qp = nil
@@ -126,6 +123,7 @@ func (m *Manager) handleWC(wc *hca.WC) {
 	case hca.WCSend:
 		m.mu.Lock()
 		m.freeSlots = append(m.freeSlots, uint32(wc.ID))
+		m.ahs.sendDone()
 		if wc.Status != hca.StatusSuccess {
 			m.stats.sendErrors++
 		}
@@ -222,15 +220,19 @@ func (m *Manager) sendRaw(mad []byte, t MsgType, dgid hca.GID) error {
 		m.stats.sendErrors++
 		return fmt.Errorf("cm: send %s: %w", t, hca.ErrQueueFull)
 	}
-	ah, err := m.addressHandle(dgid)
-	if err != nil {
-		m.stats.sendErrors++
-		return err
+	ahe := m.ahs.lookup(dgid)
+	if ahe == nil {
+		ah, err := m.createAH(dgid)
+		if err != nil {
+			m.stats.sendErrors++
+			return err
+		}
+		ahe = m.ahs.insert(dgid, ah)
 	}
 	slot := m.freeSlots[len(m.freeSlots)-1]
 	buf := m.sendBuf[int(slot)*MADSize : (int(slot)+1)*MADSize]
 	copy(buf, mad)
-	m.sendWR[0] = hca.SendWR{ID: uint64(slot), Data: buf, AH: ah, RemoteQPN: hca.QPNGSI, RemoteQKey: hca.QKeyGSI}
+	m.sendWR[0] = hca.SendWR{ID: uint64(slot), Data: buf, AH: ahe.ah, RemoteQPN: hca.QPNGSI, RemoteQKey: hca.QKeyGSI}
 	n, err := m.qp.PostSend(m.sendWR[:])
 	m.sendWR[0] = hca.SendWR{}
 	if err != nil || n != 1 {
@@ -241,6 +243,7 @@ func (m *Manager) sendRaw(mad []byte, t MsgType, dgid hca.GID) error {
 		return fmt.Errorf("cm: send %s to %s: %w", t, dgid, err)
 	}
 	m.freeSlots = m.freeSlots[:len(m.freeSlots)-1]
+	m.ahs.sent(ahe)
 	m.stats.sent[msgIndex(t)]++
 	if t == MsgREJ {
 		// The reason sits at MAD offset 24+10.
@@ -249,16 +252,12 @@ func (m *Manager) sendRaw(mad []byte, t MsgType, dgid hca.GID) error {
 	return nil
 }
 
-// addressHandle returns a cached AH for dgid. m.mu must be held.
-// TODO(cm): the cache grows with the number of peers; evict when idle.
-func (m *Manager) addressHandle(dgid hca.GID) (hca.AH, error) {
-	if ah, ok := m.ahs[dgid]; ok {
-		return ah, nil
-	}
+// createAH makes the address handle the cache (m.ahs, bounded by
+// maxCachedAHs) keeps for dgid. m.mu must be held.
+func (m *Manager) createAH(dgid hca.GID) (hca.AH, error) {
 	ah, err := m.dev.CreateAH(dgid)
 	if err != nil {
 		return nil, fmt.Errorf("cm: address handle for %s: %w", dgid, err)
 	}
-	m.ahs[dgid] = ah
 	return ah, nil
 }

@@ -79,7 +79,7 @@ type Manager struct {
 	byRemote    map[remoteKey]*Conn
 	byRemoteQPN map[qpnKey]*Conn // established passive connections
 	listeners   map[uint64]*Listener
-	ahs         map[hca.GID]hca.AH
+	ahs         ahCache
 	freeSlots   []uint32
 	deadlines   deadlines
 	timer       *time.Timer
@@ -124,7 +124,7 @@ func NewManager(dev hca.Device, opts Options) (*Manager, error) {
 		byRemote:    make(map[remoteKey]*Conn),
 		byRemoteQPN: make(map[qpnKey]*Conn),
 		listeners:   make(map[uint64]*Listener),
-		ahs:         make(map[hca.GID]hca.AH),
+		ahs:         newAHCache(maxCachedAHs),
 	}
 	if len(port.PKeys) > 0 {
 		m.pkey = port.PKeys[0]
