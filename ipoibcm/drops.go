@@ -80,9 +80,14 @@ type counters struct {
 // drop counts one dropped packet under r and under the Linux counter.
 func (c *counters) drop(r dropReason) {
 	c.drops[r].Add(1)
-	if r.isTX() {
+	switch {
+	case r.isTX():
 		c.txDropped.Add(1)
-	} else {
+	case r == dropRxOwnEcho:
+		// Our own multicast replicated back by the fabric is not a loss:
+		// Linux's ipoib_ib_handle_rx_wc discards it without touching
+		// rx_dropped, and ip -s link users compare against that.
+	default:
 		c.rxDropped.Add(1)
 	}
 }

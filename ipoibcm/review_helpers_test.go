@@ -132,3 +132,16 @@ func rvFakeGID(k int) hca.GID {
 func rvIsIPv4(f []byte) bool {
 	return len(f) > frame.EthHdrLen && binary.BigEndian.Uint16(f[12:14]) == frame.EtherTypeIPv4
 }
+
+func TestOwnEchoIsNotAnRXDrop(t *testing.T) {
+	var c counters
+	c.drop(dropRxOwnEcho)
+	c.drop(dropRxBadIP)
+	c.drop(dropTxVLAN)
+	if got := c.drops[dropRxOwnEcho].Load(); got != 1 {
+		t.Fatalf("rx_own_echo = %d, want 1", got)
+	}
+	if rx, tx := c.rxDropped.Load(), c.txDropped.Load(); rx != 1 || tx != 1 {
+		t.Fatalf("rx_dropped %d tx_dropped %d, want 1 and 1 (own echo is not a loss)", rx, tx)
+	}
+}
