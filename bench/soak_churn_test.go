@@ -63,6 +63,41 @@ func waitReaped(tb testing.TB, r *churnRig, want uint64, timeout time.Duration) 
 	}
 }
 
+// churnAccount is what the rig's counters say about its packets: sent by
+// the peer, received intact by the passive side, and lost under a named
+// reason (recycled as dead, dropped by the passive side, or a send the
+// peer saw fail).
+func churnAccount(r *churnRig) (sent, received, lost uint64) {
+	sent, received = r.flows.totals()
+	st := r.ifc.Stats()
+	lost = st.Counters.RxDeadDropped + st.Counters.RxDropped + r.peer.sendErrors.Load()
+	return sent, received, lost
+}
+
+// waitAccounted waits until every packet sent is received or lost, and
+// returns the counts it last read. The peer's send completions are polled
+// by its own goroutine, which has no event to wait on, so the counters are
+// read again on each tick; the timeout only turns a hang into a failure,
+// and the caller judges the counts.
+func waitAccounted(tb testing.TB, r *churnRig, timeout time.Duration) (sent, received, lost uint64) {
+	tb.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		sent, received, lost = churnAccount(r)
+		if received+lost >= sent {
+			return sent, received, lost
+		}
+		select {
+		case <-deadline.C:
+			return churnAccount(r)
+		case <-tick.C:
+		}
+	}
+}
+
 // BenchmarkReap10k: 10,000 idle passive connections, torn down through the
 // full protocol (dead flag, Error, LAST_WQE, drain, destroy) by the
 // Interface's Close; the metric is the wall time of that teardown.
@@ -204,18 +239,9 @@ func BenchmarkChurn(b *testing.B) {
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "cycles/s")
 	// A packet still in the passive CQ when the DREQ arrives is recycled
 	// as dead, as Linux does; every packet is delivered or counted so.
-	sent, received := r.flows.totals()
-	st := r.ifc.Stats()
-	// The peer's send completions are polled asynchronously: wait for them.
-	lost := func() uint64 { return st.Counters.RxDeadDropped + st.Counters.RxDropped + r.peer.sendErrors.Load() }
-	for range 1000 {
-		if received+lost() >= sent {
-			break
-		}
-		runtime.Gosched()
-	}
-	if sent != uint64(b.N) || received+lost() != sent || r.viol.total() != 0 {
-		b.Fatalf("%d cycles: sent %d, received %d, dead, dropped or failed %d, %d violations", b.N, sent, received, lost(), r.viol.total())
+	sent, received, lost := waitAccounted(b, r, 10*time.Second)
+	if sent != uint64(b.N) || received+lost != sent || r.viol.total() != 0 {
+		b.Fatalf("%d cycles: sent %d, received %d, dead, dropped or failed %d, %d violations", b.N, sent, received, lost, r.viol.total())
 	}
 	b.ReportMetric(float64(received)/float64(sent), "delivered/sent")
 }

@@ -3,7 +3,6 @@ package ipoibcm
 import (
 	"encoding/binary"
 	"fmt"
-	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,9 +22,24 @@ type enginePair struct {
 	frame     []byte
 }
 
+// batchLimitedPort is a memPort whose reads fill at most batch frames:
+// batch 1 is the kernel TAP, one frame per read.
+type batchLimitedPort struct {
+	*memPort
+	batch int
+}
+
+func (p batchLimitedPort) BatchSize() int { return p.batch }
+
 func newEnginePair(tb testing.TB, mode Mode, payload int, tweak ...func(*Config)) *enginePair {
+	return newEnginePairBatch(tb, mode, payload, 0, tweak...)
+}
+
+// newEnginePairBatch is newEnginePair with a's host port reading at most
+// batch frames at a time (0: the memPort's own batch).
+func newEnginePairBatch(tb testing.TB, mode Mode, payload, batch int, tweak ...func(*Config)) *enginePair {
 	p := &enginePair{fab: soft.NewFabric(soft.Config{Seed: 12}), arrived: make(chan struct{}, 1)}
-	mk := func(name string, port *memPort) *Interface {
+	mk := func(name string, port HostPort) *Interface {
 		dev, err := p.fab.NewDevice(name)
 		if err != nil {
 			tb.Fatal(err)
@@ -51,7 +65,11 @@ func newEnginePair(tb testing.TB, mode Mode, payload int, tweak ...func(*Config)
 		default:
 		}
 	})
-	p.a, p.b = mk("a", p.pa), mk("b", p.pb)
+	var hostA HostPort = p.pa
+	if batch > 0 {
+		hostA = batchLimitedPort{memPort: p.pa, batch: batch}
+	}
+	p.a, p.b = mk("a", hostA), mk("b", p.pb)
 	p.a.mu.Lock()
 	n := p.a.learnLocked(p.b.HWAddr(), netipZero, time.Now())
 	p.a.mu.Unlock()
@@ -69,6 +87,40 @@ func newEnginePair(tb testing.TB, mode Mode, payload int, tweak ...func(*Config)
 		p.fab.Close()
 	})
 	return p
+}
+
+// await waits until cond holds, for state the engine raises no event for
+// (its counters); it reads them again every millisecond. The deadline only
+// turns a hang into a failure that says what was awaited.
+func (p *enginePair) await(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.NewTimer(20 * time.Second)
+	defer deadline.Stop()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-deadline.C:
+			st := p.a.Stats()
+			tb.Fatalf("timed out waiting for %s; a: outstanding %d, %+v, %+v, drops %v",
+				what, p.a.outstanding.Load(), st.Counters, st.Reaper, st.Drops)
+		case <-tick.C:
+		}
+	}
+}
+
+// awaitDelivered waits until b's host got n frames in all.
+func (p *enginePair) awaitDelivered(tb testing.TB, n int64) {
+	tb.Helper()
+	deadline := time.NewTimer(20 * time.Second)
+	defer deadline.Stop()
+	for p.delivered.Load() < n {
+		select {
+		case <-p.arrived:
+		case <-deadline.C:
+			tb.Fatalf("delivered %d of %d; a: %+v %v", p.delivered.Load(), n, p.a.Stats().Counters, p.a.Stats().Drops)
+		}
+	}
 }
 
 // send pushes n frames in windows of w and waits until all arrived.
@@ -123,40 +175,146 @@ func TestEngineDataPathAllocs(t *testing.T) {
 	}
 }
 
-// With 8 send credits the reader must stop and be woken by completions
-// many times and never wedge (no lost wake-up): every frame the host
-// wrote is accounted for as sent or as a named drop (the wire may lose
-// some: UD has no flow control, and RC with rnr_retry 0 tears a connection
-// down when the receiver's SRQ runs dry, Linux's behaviour too), and the
-// credits return to zero. The fabric delays completions: sends that
-// complete inside PostSend are reaped by the reader's busy poll and would
-// never fill the queue.
+// TestTXCreditsStopAndWake drives the global TX credits to their limit
+// and back without depending on timing: the fabric holds every send
+// completion of a's TX CQ and lets them through only when the test says,
+// so sends stay outstanding however fast the reader busy-polls. The host
+// port hands the reader one frame per read, as the kernel TAP does. Each
+// cycle checks, in a state that cannot move while it is checked:
+//   - the reader stops at exactly SendQueueSize-1 outstanding and leaves
+//     the rest of the host's frames unread (none lost);
+//   - completions that leave more than half outstanding do not wake it;
+//   - the one that brings the count to half does (a wake, not a lost
+//     wake-up), and the reader fills the credits and stops again;
+//   - once every completion is let through, every frame is sent and
+//     delivered and the credits are back to zero.
 func TestTXCreditsStopAndWake(t *testing.T) {
 	for _, mode := range []Mode{ModeConnected, ModeDatagram} {
 		t.Run(mode.String(), func(t *testing.T) {
-			const frames = 5000
+			const (
+				sendQueue = 8
+				limit     = sendQueue - 1 // outstanding at which the reader stops
+				half      = sendQueue / 2 // outstanding at which it resumes
+				frames    = 40            // per cycle: several times what the credits allow
+				cycles    = 3
+			)
+			p := newEnginePairBatch(t, mode, 3000, 1, func(c *Config) { c.SendQueueSize = sendQueue })
+			p.send(t, 1, 1) // connection up (one parked frame)
+			p.await(t, "the warm-up send's credit back", func() bool {
+				return p.a.outstanding.Load() == 0 && p.a.Stats().Counters.TxPackets == 1
+			})
+			sent := uint64(1) // frames whose completion was reaped
+			// check asserts the stopped state: nothing moves while the
+			// completions are held and the reader is stopped.
+			check := func(cycle int, what string, outstanding, unread int, stops, wakes, txPackets uint64) {
+				t.Helper()
+				st := p.a.Stats()
+				if !p.a.txStopped.Load() {
+					t.Fatalf("cycle %d, %s: reader not stopped", cycle, what)
+				}
+				if got := p.a.outstanding.Load(); got != int64(outstanding) {
+					t.Fatalf("cycle %d, %s: %d outstanding, want %d", cycle, what, got, outstanding)
+				}
+				if got := len(p.pa.in); got != unread {
+					t.Fatalf("cycle %d, %s: %d frames left unread, want %d", cycle, what, got, unread)
+				}
+				if st.Reaper.TXQueueStops != stops || st.Reaper.TXQueueWakes != wakes {
+					t.Fatalf("cycle %d, %s: stops %d wakes %d, want %d and %d", cycle, what, st.Reaper.TXQueueStops, st.Reaper.TXQueueWakes, stops, wakes)
+				}
+				if st.Counters.TxPackets != txPackets || st.Counters.TxDropped != 0 {
+					t.Fatalf("cycle %d, %s: tx_packets %d tx_dropped %d, want %d and 0", cycle, what, st.Counters.TxPackets, st.Counters.TxDropped, txPackets)
+				}
+			}
+			for cycle := range cycles {
+				base := p.a.Stats().Reaper
+				hold, err := p.fab.HoldCompletions(p.a.txCQ)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(hold.Release) // before Close, if the cycle fails
+				for range frames {
+					p.pa.in <- p.frame
+				}
+				p.await(t, "the reader to stop the queue", func() bool {
+					return p.a.Stats().Reaper.TXQueueStops > base.TXQueueStops && p.a.txStopped.Load()
+				})
+				check(cycle, "at the limit", limit, frames-limit, base.TXQueueStops+1, base.TXQueueWakes, sent)
+				if fs := p.fab.Stats(); fs.PendingCompletion != limit {
+					t.Fatalf("cycle %d: fabric holds %d completions, want %d", cycle, fs.PendingCompletion, limit)
+				}
+				p.awaitDelivered(t, int64(sent)+limit) // the sends themselves went out
+
+				// Down to one above half: still stopped. Once the count
+				// shows the credits returned, Sync waits out the poll that
+				// returned them, wake decision included.
+				if got := hold.Pass(limit - half - 1); got != limit-half-1 {
+					t.Fatalf("cycle %d: passed %d completions, want %d", cycle, got, limit-half-1)
+				}
+				p.await(t, "the passed completions' credits back", func() bool {
+					// A wake ends the wait too: check then says what went wrong.
+					return p.a.outstanding.Load() == half+1 || p.a.Stats().Reaper.TXQueueWakes != base.TXQueueWakes
+				})
+				p.a.txNAPI.Sync(func() {})
+				check(cycle, "above half", half+1, frames-limit, base.TXQueueStops+1, base.TXQueueWakes, sent+limit-half-1)
+
+				// Down to half: woken. The completions are still held, so
+				// the reader fills the credits again and stops.
+				if got := hold.Pass(1); got != 1 {
+					t.Fatalf("cycle %d: passed %d completions, want 1", cycle, got)
+				}
+				p.await(t, "the reader to be woken and stop again", func() bool {
+					r := p.a.Stats().Reaper
+					return r.TXQueueWakes > base.TXQueueWakes && r.TXQueueStops > base.TXQueueStops+1 && p.a.txStopped.Load()
+				})
+				refill := limit - half
+				check(cycle, "stopped again", limit, frames-limit-refill, base.TXQueueStops+2, base.TXQueueWakes+1, sent+limit-half)
+				p.awaitDelivered(t, int64(sent)+limit+int64(refill))
+
+				hold.Release()
+				sent += frames
+				p.await(t, "every frame sent and every credit back", func() bool {
+					c := p.a.Stats().Counters
+					return c.TxPackets+c.TxDropped == sent && p.a.outstanding.Load() == 0 && len(p.pa.in) == 0
+				})
+				p.awaitDelivered(t, int64(sent))
+				if st := p.a.Stats(); st.Counters.TxDropped != 0 || len(st.Drops) != 0 {
+					t.Fatalf("cycle %d: tx_dropped %d, drops %v; want none on a fault-free fabric", cycle, st.Counters.TxDropped, st.Drops)
+				}
+			}
+			st := p.a.Stats()
+			if st.Reaper.TXQueueStops < 2*cycles || st.Reaper.TXQueueWakes < 2*cycles || st.Reaper.TXQueueWakes > st.Reaper.TXQueueStops {
+				t.Fatalf("stops %d wakes %d after %d cycles of two stops each", st.Reaper.TXQueueStops, st.Reaper.TXQueueWakes, cycles)
+			}
+			if got := p.delivered.Load(); got != int64(sent) {
+				t.Fatalf("b's host got %d frames, a sent %d", got, sent)
+			}
+		})
+	}
+}
+
+// TestTXCreditsUnderCompletionDelay is the randomized flavour: completions
+// lag the sender by chance, frames come in batches, and whether the queue
+// stops at all is left to the scheduler, so only what must hold however
+// it went is asserted: the reader never wedges (every frame the host wrote
+// is accounted for as sent or under a named drop, and the credits return
+// to zero). The wire may lose frames: UD has no flow control, and RC with
+// rnr_retry 0 tears a connection down when the receiver's SRQ runs dry,
+// Linux's behaviour too.
+func TestTXCreditsUnderCompletionDelay(t *testing.T) {
+	for _, mode := range []Mode{ModeConnected, ModeDatagram} {
+		t.Run(mode.String(), func(t *testing.T) {
+			const frames = 2000
 			p := newEnginePair(t, mode, 3000, func(c *Config) { c.SendQueueSize = 8 })
 			p.send(t, 1, 1)
 			p.fab.SetFaults(soft.Faults{CompletionDelay: soft.CompletionDelay{Probability: 0.5, Max: 200 * time.Microsecond}})
-			base := Counters{} // the warm-up frame is part of the count
 			for range frames {
 				p.pa.in <- p.frame
 			}
-			deadline := time.Now().Add(20 * time.Second)
-			for {
+			p.await(t, "every frame accounted for and every credit back", func() bool {
 				c := p.a.Stats().Counters
-				if c.TxPackets-base.TxPackets+c.TxDropped-base.TxDropped == frames+1 && p.a.outstanding.Load() == 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("accounted %d of %d frames, outstanding %d; %v", c.TxPackets-base.TxPackets+c.TxDropped-base.TxDropped, frames+1, p.a.outstanding.Load(), p.a.Stats().Drops)
-				}
-				p.a.txNAPI.Sync(runtime.Gosched)
-			}
+				return c.TxPackets+c.TxDropped == frames+1 && p.a.outstanding.Load() == 0
+			})
 			st := p.a.Stats()
-			if st.Reaper.TXQueueStops == 0 || st.Reaper.TXQueueWakes == 0 {
-				t.Fatalf("queue never stopped/woke: %+v", st.Reaper)
-			}
 			t.Logf("stops %d wakes %d, delivered %d of %d, drops %v", st.Reaper.TXQueueStops, st.Reaper.TXQueueWakes, p.delivered.Load(), frames+1, st.Drops)
 		})
 	}

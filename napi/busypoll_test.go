@@ -1,11 +1,11 @@
 package napi
 
 import (
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
 )
@@ -149,46 +149,95 @@ func TestEndBusyPollWhilePollRunning(t *testing.T) {
 }
 
 // TestBusyPollOnlyWhileRunning: before Start and after Stop BusyPoll never
-// calls Handle, and Stop waits for a Handle that is running (a BusyPoll's
-// or the goroutine's). Not in a synctest bubble: a goroutine waiting on
-// the poll lock (a mutex) is not durably blocked.
+// calls Handle, and Stop waits for a Handle that is running, a BusyPoll's
+// (Stop must wait for the poll lock) or the goroutine's (Stop waits for the
+// goroutine). Each subtest arranges which poller is in Handle instead of
+// racing them. Not in a synctest bubble: a goroutine waiting on the poll
+// lock (a mutex) is not durably blocked.
 func TestBusyPollOnlyWhileRunning(t *testing.T) {
-	cq := newFakeCQ(8)
-	inHandle := make(chan struct{})
-	release := make(chan struct{})
-	var calls atomic.Int32
-	var handleReturned atomic.Bool
-	ctx, err := New(Config{Name: "life", CQ: cq, Handle: func([]hca.WC) {
-		if calls.Add(1) == 1 {
-			close(inHandle)
-			<-release
-			handleReturned.Store(true)
+	for _, byBusyPoll := range []bool{true, false} {
+		name := "goroutine in Handle"
+		if byBusyPoll {
+			name = "BusyPoll in Handle"
 		}
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cq.onCompletion = ctx.Schedule
-	must(t, cq.add(recvWC(1)))
-	if n := ctx.BusyPoll(); n != 0 || calls.Load() != 0 {
-		t.Fatalf("BusyPoll before Start handled %d", n)
-	}
-	ctx.Start()
-	go ctx.BusyPoll() // races the goroutine's first poll; either blocks in Handle
-	waitFor(t, inHandle, "Handle to start")
-	stopped := make(chan bool)
-	go func() { ctx.Stop(); stopped <- handleReturned.Load() }()
-	// Stop sets the state before it waits; from then on it must wait.
-	for ctx.State() != StateStopped {
-		runtime.Gosched()
-	}
-	close(release)
-	if !<-stopped {
-		t.Fatal("Stop returned while Handle was running")
-	}
-	must(t, cq.add(recvWC(2)))
-	if n := ctx.BusyPoll(); n != 0 || calls.Load() != 1 {
-		t.Fatalf("BusyPoll after Stop handled %d (Handle calls %d)", n, calls.Load())
+		t.Run(name, func(t *testing.T) {
+			cq := newFakeCQ(8)
+			inHandle := make(chan struct{})
+			release := make(chan struct{})
+			var calls atomic.Int32
+			var handleReturned atomic.Bool
+			ctx, err := New(Config{Name: "life", CQ: cq, Handle: func([]hca.WC) {
+				if calls.Add(1) == 1 {
+					close(inHandle)
+					<-release
+					handleReturned.Store(true)
+				}
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cq.onCompletion = ctx.Schedule
+			if byBusyPoll {
+				// No completion event: nothing wakes the goroutine, so
+				// only the BusyPoll below can poll.
+				cq.onCompletion = func() {}
+			}
+			must(t, cq.add(recvWC(1)))
+			if n := ctx.BusyPoll(); n != 0 || calls.Load() != 0 {
+				t.Fatalf("BusyPoll before Start handled %d", n)
+			}
+			busyDone := make(chan struct{})
+			if byBusyPoll {
+				// Start would find the queued completion and schedule the
+				// goroutine: take it out, start, and queue it again.
+				if n := cq.Poll(make([]hca.WC, 8)); n != 1 {
+					t.Fatalf("fake CQ held %d completions, want 1", n)
+				}
+				ctx.Start()
+				must(t, cq.add(recvWC(2)))
+				go func() { defer close(busyDone); ctx.BusyPoll() }()
+			} else {
+				close(busyDone)
+				ctx.Start() // schedules the goroutine for the queued completion
+			}
+			waitFor(t, inHandle, "Handle to start")
+			if st := ctx.Stats(); byBusyPoll && (st.BusyPolls != 1 || st.Wakeups != 0) ||
+				!byBusyPoll && (st.BusyPolls != 0 || st.Wakeups != 1) {
+				t.Fatalf("busy polls %d, wake-ups %d: the wrong poller is in Handle", st.BusyPolls, st.Wakeups)
+			}
+			stopped := make(chan bool)
+			go func() { ctx.Stop(); stopped <- handleReturned.Load() }()
+			// Stop sets the state and closes ctx.stop, under the life
+			// lock, before it waits; from then on it must wait. The
+			// closed channel is the event.
+			waitFor(t, ctx.stop, "Stop to mark the context stopped")
+			if s := ctx.State(); s != StateStopped {
+				t.Fatalf("state %v after Stop closed its stop channel, want %v", s, StateStopped)
+			}
+			if byBusyPoll {
+				// The goroutine is not in Handle, so it exits; from then
+				// on only the poll lock keeps Stop from returning.
+				waitFor(t, ctx.exited, "the poll goroutine to exit")
+			}
+			// Stop must still be waiting. That it is cannot be observed,
+			// only that it returned: give a wrong Stop a bounded window to
+			// return early. A correct Stop never does, so the window can
+			// only miss the bug (on a slow machine), never flag a good one.
+			select {
+			case <-stopped:
+				t.Fatal("Stop returned while Handle was running")
+			case <-time.After(20 * time.Millisecond):
+			}
+			close(release)
+			if !<-stopped {
+				t.Fatal("Stop returned while Handle was running")
+			}
+			waitFor(t, busyDone, "BusyPoll to return")
+			must(t, cq.add(recvWC(3)))
+			if n := ctx.BusyPoll(); n != 0 || calls.Load() != 1 {
+				t.Fatalf("BusyPoll after Stop handled %d (Handle calls %d)", n, calls.Load())
+			}
+		})
 	}
 }
 

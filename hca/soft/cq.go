@@ -18,7 +18,8 @@ type cqEntry struct {
 	qp *qp
 }
 
-// heldEntry is a completion held back by Faults.CompletionDelay.
+// heldEntry is a completion held back by Faults.CompletionDelay or a
+// CompletionHold.
 type heldEntry struct {
 	e   cqEntry
 	due time.Time
@@ -43,6 +44,7 @@ type cq struct {
 	users   int // QPs using this CQ
 	held    []heldEntry
 	lastDue time.Time
+	holding bool // a CompletionHold is on: every completion waits in held
 }
 
 var _ hca.CQ = (*cq)(nil)
@@ -77,6 +79,10 @@ func (f *Fabric) complete(c *cq, q *qp, wc hca.WC) {
 		return
 	}
 	e := cqEntry{wc: wc, qp: q}
+	if c.holding {
+		c.holdLocked(e)
+		return
+	}
 	delay := f.faults.CompletionDelay
 	if len(c.held) == 0 && !f.chance(delay.Probability) {
 		c.push(e)
@@ -93,25 +99,36 @@ func (f *Fabric) complete(c *cq, q *qp, wc hca.WC) {
 	f.sched.after(time.Until(due), func() { f.releaseHeld(c) })
 }
 
-// releaseHeld moves c's due completions into its ring, oldest first.
+// releaseHeld moves c's due completions into its ring, oldest first;
+// nothing while a CompletionHold is on.
 func (f *Fabric) releaseHeld(c *cq) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	now := time.Now()
+	if c.holding {
+		return
+	}
+	c.moveDueLocked(time.Now(), len(c.held))
+}
+
+// moveDueLocked moves up to limit of c's held completions that are due at
+// now into its ring, oldest first, stopping at the first one not due; under
+// f.mu. It returns how many it moved.
+func (c *cq) moveDueLocked(now time.Time, limit int) int {
 	k := 0
-	for k < len(c.held) && !c.held[k].due.After(now) {
+	for k < limit && k < len(c.held) && !c.held[k].due.After(now) {
 		if !c.destroyed.Load() {
 			c.push(c.held[k].e)
 		}
 		k++
 	}
 	if k == 0 {
-		return
+		return 0
 	}
 	n := copy(c.held, c.held[k:])
 	clear(c.held[n:])
 	c.held = c.held[:n]
-	f.live.held -= k
+	c.f.live.held -= k
+	return k
 }
 
 // push appends e to the ring, raising CQ_ERR on overflow and the

@@ -32,5 +32,7 @@
 // completion of a CQ is held back, every later completion of that CQ queues
 // behind it until released, so the order of every QP's completion stream,
 // and the "flush behind every earlier completion" rule IPoIB's drain work
-// request depends on, both still hold.
+// request depends on, both still hold. Fabric.HoldCompletions, for tests,
+// holds a CQ's completions the same way until the test passes or releases
+// them.
 package soft

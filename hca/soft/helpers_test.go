@@ -25,6 +25,9 @@ type rigOpts struct {
 	timeout  uint8
 	minRNR   uint8
 	cqSize   int
+	// inline makes both CQs' completion events inline: raised before the
+	// verb that caused them returns, so a test can assert on them at once.
+	inline bool
 }
 
 func newRig(t *testing.T, cfg Config, o rigOpts) *rig {
@@ -48,8 +51,8 @@ func newRig(t *testing.T, cfg Config, o rigOpts) *rig {
 		default:
 		}
 	}
-	acq, _ := r.da.CreateCQ(hca.CQConfig{Size: size, OnCompletion: signal})
-	bcq, _ := r.db.CreateCQ(hca.CQConfig{Size: size, OnCompletion: signal})
+	acq, _ := r.da.CreateCQ(hca.CQConfig{Size: size, OnCompletion: signal, InlineCompletion: o.inline})
+	bcq, _ := r.db.CreateCQ(hca.CQConfig{Size: size, OnCompletion: signal, InlineCompletion: o.inline})
 	r.acq, r.bcq = acq.(*cq), bcq.(*cq)
 	var s hca.SRQ
 	if o.srq {

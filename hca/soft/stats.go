@@ -26,7 +26,7 @@ type FabricStats struct {
 	GSIQPs                       int // QP 1s, one per device that runs a CM
 	McastAttachments             int // (QP, group) pairs
 	Goroutines                   int // fabric goroutines still running; 0 after Close
-	PendingCompletion            int // completions held back by CompletionDelay
+	PendingCompletion            int // completions held back by CompletionDelay or HoldCompletions
 
 	RCMessages uint64 // RC messages delivered into a receive buffer
 	UDMessages uint64 // UD copies delivered into a receive buffer
