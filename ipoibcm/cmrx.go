@@ -141,10 +141,19 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		i.releaseNonSRQ()
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
+	if h := i.hooks.rxAccepting; h != nil {
+		h(rc)
+	}
 	// On the live list before the REP leaves: a LAST_WQE that arrives
 	// before the CM returns finds the connection (Linux checks state in
-	// the REQ handler for the same race).
+	// the REQ handler for the same race). One that arrived earlier may
+	// already have taken the connection through drain and destroy: it
+	// must not join the set then, where nothing would ever remove it.
 	i.mu.Lock()
+	if rc.state == rxDestroyed {
+		i.mu.Unlock()
+		return cm.Decision{Reject: cm.RejectNoQP}
+	}
 	i.rxConns[rc] = struct{}{}
 	i.mu.Unlock()
 	i.rs.rxAccepted.Add(1)

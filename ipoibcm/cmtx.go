@@ -149,6 +149,9 @@ func (i *Interface) connectTX(tc *txConn) {
 func (i *Interface) onTXEvent(tc *txConn, ev cm.Event) {
 	switch ev.Type {
 	case cm.EventREPReceived:
+		if h := i.hooks.repReceived; h != nil {
+			h(tc)
+		}
 		if !i.applyREP(tc, ev.PrivateData) {
 			ev.Conn.Reject(cm.RejectConsumerDefined)
 			i.ctl.post(func() { i.failTX(tc, true) })
@@ -195,6 +198,9 @@ func (i *Interface) applyREP(tc *txConn, pd []byte) bool {
 	if n.tx != tc {
 		i.mu.Unlock()
 		return true
+	}
+	if h := i.hooks.repApplying; h != nil {
+		h(tc)
 	}
 	var wr [1]hca.SendWR
 	pathMTU := min(tc.mtu-frame.EncapLen, i.MTU())

@@ -121,6 +121,18 @@ type Interface struct {
 		// queue: a test returns completions there, in the window a real
 		// TX poller may hit.
 		beforeTXStop func(why stopReason)
+		// rxAccepting runs on the CM goroutine in acceptREQ once the new
+		// passive QP is in Init, before the connection joins rxConns: a
+		// test errors the QP there (kernel race 3, LAST_WQE before the
+		// connection is live).
+		rxAccepting func(rc *rxConn)
+		// repReceived runs on the CM goroutine when a REP arrives, before
+		// it is applied: a test holds the REP there while frames park.
+		repReceived func(tc *txConn)
+		// repApplying runs in applyREP under mu, after the connection is
+		// marked up and before its parked frames are posted: the window
+		// of the 2018 start_xmit/REP race.
+		repApplying func(tc *txConn)
 	}
 
 	ctr counters
