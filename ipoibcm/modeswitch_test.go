@@ -6,11 +6,18 @@ import (
 	"github.com/ipoibcm/ipoib/hca/soft"
 )
 
+// TestModeSwitchDuringTCP switches both ends mid-transfer and back. The
+// switch must cost the transfer no more than a retransmission timeout or
+// two: before the host learnt the smaller MTU first (switchMode) and cut
+// what it had queued (tap/netstack), the frames read in between were
+// dropped with ICMP and gVisor's TCP took 100-200 timeouts, 20-45 s, to
+// recover the lost tail at the new MSS.
 func TestModeSwitchDuringTCP(t *testing.T) {
 	tn := newTestNet(t, 2, soft.Config{Seed: 7}, nil)
 	a, b := tn.nodes[0], tn.nodes[1]
 	switched := make(chan error, 2)
-	tcpTransfer(t, a, b, b.v4, 32<<20, func() {
+	timeouts := a.host.Stack().Stats().TCP.Timeouts
+	took := tcpTransfer(t, a, b, b.v4, 32<<20, func() {
 		switched <- a.ifc.SetMode(ModeDatagram)
 		switched <- b.ifc.SetMode(ModeDatagram)
 	})
@@ -19,10 +26,16 @@ func TestModeSwitchDuringTCP(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	st, hc := a.ifc.Stats(), a.host.Counters()
+	t.Logf("32 MiB across the switch in %v: %d RTOs, tx_too_big %d, host cut %d queued segments, dropped %d stale PMTU messages",
+		took, timeouts.Value(), st.Drops["tx_too_big"], hc.TxResegmented, hc.RxDroppedStalePMTU)
+	if n := timeouts.Value(); n > 3 {
+		t.Fatalf("the switch cost %d retransmission timeouts", n)
+	}
 	if a.ifc.Mode() != ModeDatagram || a.ifc.MTU() != 4092 || a.host.MTU() != 4092 {
 		t.Fatalf("after switch: mode %v MTU %d host MTU %d", a.ifc.Mode(), a.ifc.MTU(), a.host.MTU())
 	}
-	st := a.ifc.Stats()
+	st = a.ifc.Stats()
 	if st.Reaper.ModeSwitches != 1 || len(st.TXConns) != 0 {
 		t.Fatalf("mode switch left TX connections: %+v", st.TXConns)
 	}
@@ -33,7 +46,7 @@ func TestModeSwitchDuringTCP(t *testing.T) {
 	if a.ifc.MTU() != 65520 || a.host.MTU() != 65520 {
 		t.Fatalf("MTU after switching back: %d / host %d", a.ifc.MTU(), a.host.MTU())
 	}
-	tcpTransfer(t, a, b, b.v4, 8<<20, nil)
+	t.Logf("8 MiB after switching back in %v", tcpTransfer(t, a, b, b.v4, 8<<20, nil))
 	if err := a.ifc.SetMode(Mode(7)); err == nil {
 		t.Fatal("SetMode accepted an invalid mode")
 	}

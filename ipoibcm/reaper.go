@@ -264,18 +264,33 @@ func (i *Interface) evictNeighboursLocked(now time.Time) {
 // switchMode (control loop): flush every TX connection, switch, tell the
 // host the new MTU (Linux ipoib_set_mode + ipoib_flush_paths). Switching
 // to the current mode only retries telling the host, if that failed.
+//
+// A smaller MTU reaches the host before the engine switches: frames the
+// host builds from then on fit the new path, and those it had queued at
+// the old MTU are the host's to cut (tap/netstack does) or to have
+// answered with ICMP. Switching first would drop, with ICMP, every frame
+// read in between: the tail of each running TCP flight, which gVisor's TCP
+// then recovers at two segments per retransmission timeout (20 s and more
+// in TestModeSwitchDuringTCP). A larger MTU goes the other way round, so
+// the host never sends what the engine would still refuse.
 func (i *Interface) switchMode(m Mode) error {
 	if Mode(i.mode.Load()) == m {
 		if i.hostMTUStale {
-			return i.tellHostMTU(m)
+			return i.tellHostMTU(m, i.MTU())
 		}
 		return nil
 	}
 	i.rs.modeSwitches.Add(1)
+	newMTU := i.modeMTU(m)
+	lowerFirst := newMTU < i.MTU()
+	var hostErr error
+	if lowerFirst {
+		hostErr = i.tellHostMTU(m, newMTU)
+	}
 	var conns []*txConn
 	i.mu.Lock()
 	i.mode.Store(int32(m))
-	i.mtu.Store(int64(i.modeMTU(m)))
+	i.mtu.Store(int64(newMTU))
 	for tc := range i.txConns {
 		conns = append(conns, tc)
 	}
@@ -283,16 +298,18 @@ func (i *Interface) switchMode(m Mode) error {
 	for _, tc := range conns {
 		i.teardownTX(tc)
 	}
-	return i.tellHostMTU(m)
+	if !lowerFirst {
+		hostErr = i.tellHostMTU(m, newMTU)
+	}
+	return hostErr
 }
 
-// tellHostMTU gives the host the MTU of mode m (control loop). A failure
+// tellHostMTU gives the host mtu, the MTU of mode m (control loop). A failure
 // does not undo the switch: connections are already flushed, and a host
 // still at the old MTU only costs ICMP frag-needed / packet-too-big for its
 // oversize packets (txNeighLocked answers them), whereas switching back
 // could fail the same way and leave mode and MTU inconsistent.
-func (i *Interface) tellHostMTU(m Mode) error {
-	mtu := i.MTU()
+func (i *Interface) tellHostMTU(m Mode, mtu int) error {
 	if err := i.host.SetMTU(mtu); err != nil {
 		i.hostMTUStale = true
 		i.log.Warn("mode switched, host MTU not updated", "mode", m, "mtu", mtu, "err", err)

@@ -12,7 +12,7 @@ import (
 // Defaults applied by New to zero fields of Config.
 const (
 	DefaultMTU       = 1500
-	DefaultQueueLen  = 512
+	DefaultQueueLen  = 4096
 	DefaultBatchSize = 64
 
 	// DefaultCongestionControl is CUBIC: on a lossless in-memory link it and
@@ -51,11 +51,16 @@ type Config struct {
 	Addrs []netip.Prefix
 	// MTU is the IP MTU of the link (default 1500, at most 65535).
 	MTU int
-	// QueueLen bounds the frames waiting for ReadFrames (default 512). A
+	// QueueLen bounds the frames waiting for ReadFrames (default 4096). A
 	// full queue drops and counts (tx_dropped_queue_full) rather than
 	// blocking the stack: WritePackets may run on the goroutine that is
 	// delivering a frame from the peer, so blocking could deadlock two
-	// hosts joined back to back.
+	// hosts joined back to back. The default holds one full 8 MiB TCP
+	// window at a 2 KiB MTU: after the MTU drops under a running transfer
+	// (an IPoIB mode switch) the stack sends that window as IP fragments,
+	// and with 512 slots a burst of them overflowed the queue often enough
+	// to cost the connection seconds of retransmission timeouts. A slot is
+	// one pointer; the packets it holds are already in the TCP send buffer.
 	QueueLen int
 	// BatchSize is the largest batch ReadFrames fills (default 64).
 	BatchSize int

@@ -16,15 +16,22 @@ type Counters struct {
 	RxDroppedEtherType uint64 // neither IPv4, IPv6 nor ARP
 	RxDroppedLinkDown  uint64 // arrived while carrier was down
 	RxDroppedClosed    uint64 // arrived after Close
+	// RxDroppedStalePMTU counts ICMP frag-needed / packet-too-big
+	// messages about packets sent before the link MTU went down (they
+	// report an MTU no smaller than the link's); see isStalePMTU.
+	RxDroppedStalePMTU uint64
 	TxDroppedQueueFull uint64 // the frame queue toward the engine was full
 	TxDroppedLinkDown  uint64 // sent while carrier was down
 	TxDroppedClosed    uint64 // sent after Close
 	TxTruncated        uint64 // longer than the caller's ReadFrames buffer
+	// TxResegmented counts TCP segments queued while the MTU was larger
+	// and cut to the current MTU on their way out (each cut is a TxPacket).
+	TxResegmented uint64
 }
 
 // RxDropped sums the receive drop reasons.
 func (c Counters) RxDropped() uint64 {
-	return c.RxDroppedOtherHost + c.RxDroppedRunt + c.RxDroppedEtherType + c.RxDroppedLinkDown + c.RxDroppedClosed
+	return c.RxDroppedOtherHost + c.RxDroppedRunt + c.RxDroppedEtherType + c.RxDroppedLinkDown + c.RxDroppedClosed + c.RxDroppedStalePMTU
 }
 
 // TxDropped sums the transmit drop reasons.
@@ -37,9 +44,9 @@ type counters struct {
 	rxPackets, rxBytes, txPackets, txBytes atomic.Uint64
 
 	rxDroppedOtherHost, rxDroppedRunt, rxDroppedEtherType  atomic.Uint64
-	rxDroppedLinkDown, rxDroppedClosed                     atomic.Uint64
+	rxDroppedLinkDown, rxDroppedClosed, rxDroppedStalePMTU atomic.Uint64
 	txDroppedQueueFull, txDroppedLinkDown, txDroppedClosed atomic.Uint64
-	txTruncated                                            atomic.Uint64
+	txTruncated, txResegmented                             atomic.Uint64
 }
 
 func (c *counters) snapshot() Counters {
@@ -53,9 +60,11 @@ func (c *counters) snapshot() Counters {
 		RxDroppedEtherType: c.rxDroppedEtherType.Load(),
 		RxDroppedLinkDown:  c.rxDroppedLinkDown.Load(),
 		RxDroppedClosed:    c.rxDroppedClosed.Load(),
+		RxDroppedStalePMTU: c.rxDroppedStalePMTU.Load(),
 		TxDroppedQueueFull: c.txDroppedQueueFull.Load(),
 		TxDroppedLinkDown:  c.txDroppedLinkDown.Load(),
 		TxDroppedClosed:    c.txDroppedClosed.Load(),
 		TxTruncated:        c.txTruncated.Load(),
+		TxResegmented:      c.txResegmented.Load(),
 	}
 }

@@ -9,6 +9,14 @@
 // gVisor, exactly as the kernel would run them behind a TAP device, so the
 // engine answers them the same way for both hosts.
 //
+// The link MTU can drop under running TCP connections (an IPoIB switch from
+// connected to datagram mode, 65520 -> 4092), and gVisor's TCP recovers
+// badly from the loss that would cause, so the link makes the change
+// lossless: segments queued at the old MTU are cut to the new one
+// (tcpCutter), the IPv4 fragments gVisor then makes of its don't-fragment
+// packets get unique IDs (fragRenumberer), and PMTU messages about packets
+// sent before the change are not given to TCP (isStalePMTU).
+//
 // Host also carries the helpers tests and benchmarks need: TCP and UDP
 // dialers and listeners (gonet), ICMP echo, and multicast membership (which
 // makes the stack emit IGMP and MLD reports). Link joins two hosts back to

@@ -38,6 +38,8 @@ type endpoint struct {
 	// up by a 64 KiB memcpy.
 	readMu  sync.Mutex
 	scratch []*stack.PacketBuffer // guarded by readMu
+	cutter  tcpCutter             // guarded by readMu
+	fragIDs fragRenumberer        // guarded by readMu
 }
 
 var (
@@ -222,7 +224,8 @@ func (e *endpoint) dropped(state linkState, n int) tcpip.Error {
 // readFrames implements ReadFrames; a nil ctx waits until a frame arrives or
 // the endpoint closes.
 func (e *endpoint) readFrames(ctx context.Context, bufs [][]byte, sizes []int) (int, error) {
-	if len(bufs) == 0 {
+	limit := min(len(bufs), len(sizes))
+	if limit == 0 {
 		return 0, nil
 	}
 	var done <-chan struct{}
@@ -231,20 +234,29 @@ func (e *endpoint) readFrames(ctx context.Context, bufs [][]byte, sizes []int) (
 	}
 	e.readMu.Lock()
 	defer e.readMu.Unlock()
-	if len(e.scratch) < len(bufs) {
-		e.scratch = make([]*stack.PacketBuffer, len(bufs))
+	if len(e.scratch) < limit {
+		e.scratch = make([]*stack.PacketBuffer, limit)
 	}
 	for {
+		// Cuts left over from a segment the last call could not finish go
+		// first, so the byte stream stays in order.
+		out := e.emitCuts(bufs[:limit], sizes[:limit])
 		e.mu.Lock()
 		if e.state == linkClosed {
 			e.mu.Unlock()
 			return 0, fmt.Errorf("netstack read frames: %w", net.ErrClosed)
 		}
-		n := e.queue.popInto(e.scratch[:min(len(bufs), len(sizes))])
+		mtu := int(e.mtu.Load())
+		n := 0
+		if !e.cutter.pending() {
+			n = e.popFitting(e.scratch[:limit-out], mtu)
+		}
 		e.mu.Unlock()
 		if n > 0 {
-			e.copyOut(e.scratch[:n], bufs, sizes)
-			return n, nil
+			out += e.copyOut(e.scratch[:n], bufs[out:limit], sizes[out:limit], mtu)
+		}
+		if out > 0 {
+			return out, nil
 		}
 		select {
 		case <-e.ready:
@@ -255,21 +267,89 @@ func (e *endpoint) readFrames(ctx context.Context, bufs [][]byte, sizes []int) (
 	}
 }
 
-// copyOut serialises pkts into bufs and drops the queue's references.
-func (e *endpoint) copyOut(pkts []*stack.PacketBuffer, bufs [][]byte, sizes []int) {
+// popFitting pops up to len(dst) packets, stopping after the first one
+// larger than the link MTU: that one may be cut into several frames and
+// takes the rest of the batch. The caller holds mu.
+func (e *endpoint) popFitting(dst []*stack.PacketBuffer, ipMTU int) int {
+	n := 0
+	for n < len(dst) {
+		if e.queue.popInto(dst[n:n+1]) == 0 {
+			break
+		}
+		n++
+		if dst[n-1].Size()-ethernetHeaderLen > ipMTU {
+			break
+		}
+	}
+	return n
+}
+
+// copyOut serialises pkts into bufs and drops the queue's references. A
+// TCP segment queued before the MTU shrank (it can only be the last, see
+// popFitting) is cut to the MTU; whatever of it does not fit this batch is
+// left in the cutter for the next call. It returns the frames written.
+func (e *endpoint) copyOut(pkts []*stack.PacketBuffer, bufs [][]byte, sizes []int, ipMTU int) int {
 	var bytes uint64
+	out, whole := 0, 0
 	for i, pkt := range pkts {
-		copied, full := copyPacket(bufs[i], pkt)
+		if pkt.Size()-ethernetHeaderLen > ipMTU && e.loadCut(pkt, ipMTU) {
+			pkt.DecRef()
+			pkts[i] = nil
+			out += e.emitCuts(bufs[out:], sizes[out:])
+			continue
+		}
+		copied, full := copyPacket(bufs[out], pkt)
 		if copied < full {
 			e.counters.txTruncated.Add(1)
 		}
-		sizes[i] = copied
+		e.fragIDs.renumber(bufs[out][:copied])
+		sizes[out] = copied
 		bytes += uint64(copied)
+		out++
+		whole++
 		pkt.DecRef()
 		pkts[i] = nil
 	}
-	e.counters.txPackets.Add(uint64(len(pkts)))
+	e.counters.txPackets.Add(uint64(whole))
 	e.counters.txBytes.Add(bytes)
+	return out
+}
+
+// loadCut serialises an oversized packet into the cutter and reports
+// whether it is a TCP segment the cutter will cut. The caller holds readMu.
+func (e *endpoint) loadCut(pkt *stack.PacketBuffer, ipMTU int) bool {
+	if e.cutter.frame == nil {
+		e.cutter = newTCPCutter(e.caps&stack.CapabilityTXChecksumOffload == 0)
+	}
+	copied, full := copyPacket(e.cutter.frame, pkt)
+	if copied < full || !e.cutter.load(copied, ipMTU) {
+		return false
+	}
+	e.counters.txResegmented.Add(1)
+	return true
+}
+
+// emitCuts writes the cutter's pending segments into bufs and returns how
+// many. The caller holds readMu.
+func (e *endpoint) emitCuts(bufs [][]byte, sizes []int) int {
+	out := 0
+	var bytes uint64
+	for out < len(bufs) && e.cutter.pending() {
+		n := e.cutter.cut(bufs[out])
+		if n == 0 {
+			// The reader's buffers are smaller than the MTU it set:
+			// drop the rest of the segment, as a truncating read would.
+			e.cutter.size = 0
+			e.counters.txTruncated.Add(1)
+			break
+		}
+		sizes[out] = n
+		bytes += uint64(n)
+		out++
+	}
+	e.counters.txPackets.Add(uint64(out))
+	e.counters.txBytes.Add(bytes)
+	return out
 }
 
 // writeFrames delivers frames to the stack. Each frame is copied into
@@ -295,6 +375,10 @@ func (e *endpoint) writeFrames(frames [][]byte) (int, error) {
 		}
 		if dp == nil {
 			e.counters.rxDroppedLinkDown.Add(1)
+			continue
+		}
+		if isStalePMTU(frame, int(e.mtu.Load())) {
+			e.counters.rxDroppedStalePMTU.Add(1)
 			continue
 		}
 		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: rxBuffer(frame, uint16(proto))})

@@ -5,6 +5,8 @@ import (
 	"net"
 	"net/netip"
 	"testing"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 func FuzzParseEthernet(f *testing.F) {
@@ -58,5 +60,49 @@ func FuzzWriteFrames(f *testing.F) {
 			t.Fatalf("frame %x: delivered %d dropped %d", b, delivered, dropped)
 		}
 		drain(t, h) // keep the reply queue from filling
+	})
+}
+
+// FuzzIsStalePMTU feeds arbitrary frames to the stale PMTU filter.
+func FuzzIsStalePMTU(f *testing.F) {
+	f.Add(fragNeededFrame([]byte("\x02\x00\x00\x00\x00\x01"), 1500), 1500)
+	f.Add(packetTooBigFrame(1280), 1400)
+	f.Fuzz(func(t *testing.T, frame []byte, mtu int) {
+		isStalePMTU(frame, mtu)
+	})
+}
+
+// FuzzTCPCutter cuts arbitrary frames: it must never panic, and every cut
+// must fit the MTU and carry part of the payload.
+func FuzzTCPCutter(f *testing.F) {
+	f.Add(tcpFrame(false, 1, header.TCPFlagAck|header.TCPFlagFin, make([]byte, 5000)), 1500)
+	f.Add(tcpFrame(true, 1, header.TCPFlagAck, make([]byte, 3000)), 1280)
+	f.Fuzz(func(t *testing.T, frame []byte, mtu int) {
+		if len(frame) > maxFrameSize {
+			return
+		}
+		c := newTCPCutter(true)
+		copy(c.frame, frame)
+		if !c.load(len(frame), mtu) {
+			return
+		}
+		dst := make([]byte, maxFrameSize)
+		for cuts := 0; c.pending(); cuts++ {
+			n := c.cut(dst)
+			if n == 0 || n-ethernetHeaderLen > mtu || cuts > len(frame) {
+				t.Fatalf("cut %d: %d bytes at MTU %d", cuts, n, mtu)
+			}
+		}
+	})
+}
+
+// FuzzFragRenumberer rewrites arbitrary frames: it must never panic.
+func FuzzFragRenumberer(f *testing.F) {
+	f.Add(ipv4Fragment(0, 0, true))
+	f.Add(ipv4Fragment(0, 185, false))
+	f.Fuzz(func(t *testing.T, frame []byte) {
+		var r fragRenumberer
+		r.renumber(frame)
+		r.renumber(frame)
 	})
 }

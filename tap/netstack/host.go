@@ -162,11 +162,19 @@ func (h *Host) BatchSize() int { return h.cfg.BatchSize }
 func (h *Host) HostMAC() net.HardwareAddr { return append(net.HardwareAddr(nil), h.cfg.MAC...) }
 
 // SetMTU implements ipoibcm.HostPort. Connections opened afterwards use an
-// MSS derived from the new MTU. Established connections keep their MSS:
-// without GSO gVisor fragments their now-oversized IPv4 packets, with GSO it
-// does not, and frames queued before the change are not re-cut either; the
-// engine drops what exceeds the path and answers with ICMP frag-needed /
-// packet-too-big, which lowers the connection's MSS.
+// MSS derived from the new MTU. When the MTU goes down, nothing already
+// sent or queued is lost to the change:
+//   - TCP segments the stack queued at the old MTU but the reader has not
+//     taken yet are cut to the new MTU on their way out (tcpCutter);
+//   - established TCP connections keep their MSS: gVisor fragments their
+//     segments to the new MTU (the link gives the fragments unique IP
+//     IDs, see fragRenumberer; with GSO the link cuts the segments);
+//   - a packet-too-big answer reporting an MTU no smaller than the new
+//     link MTU (the engine's answer to a frame it read before the change)
+//     is dropped, not given to TCP (see isStalePMTU for why).
+//
+// Anything else queued too big goes out whole, for the engine to answer
+// with ICMP frag-needed / packet-too-big.
 func (h *Host) SetMTU(mtu int) error {
 	if err := checkMTU(mtu); err != nil {
 		return fmt.Errorf("netstack set MTU: %w", err)
