@@ -22,8 +22,15 @@ func BenchmarkEstablish(b *testing.B) {
 	p := newNode(b, f, "b", opts)
 	var established sync.WaitGroup
 	acc := newAcceptor(p)
+	// The passive QPs are destroyed after each batch like the active ones;
+	// kept, they would exhaust the device's QPs once b.N grows.
+	var passiveMu sync.Mutex
+	var passive []hca.QP
 	acc.decide = func(r *Request) Decision {
 		qp := p.rcQP()
+		passiveMu.Lock()
+		passive = append(passive, qp)
+		passiveMu.Unlock()
 		return Decision{QP: qp, StartingPSN: 1, PrivateData: ipoibPrivate(0x49), Handler: func(Event) {}}
 	}
 	if _, err := p.m.Listen([]uint64{ietfSID}, acc.accept); err != nil {
@@ -58,6 +65,12 @@ func BenchmarkEstablish(b *testing.B) {
 		for _, qp := range qps {
 			qp.Destroy()
 		}
+		passiveMu.Lock()
+		for _, qp := range passive {
+			qp.Destroy()
+		}
+		passive = passive[:0]
+		passiveMu.Unlock()
 		b.StartTimer()
 		done += n
 	}
