@@ -134,9 +134,15 @@ func (s *soakRun) setUp() error {
 			CMBackoff:   cfg.CMBackoff,
 			StaleUpdate: cfg.StaleUpdate, StaleAfter: cfg.StaleAfter, StaleScan: cfg.StaleScan,
 			NeighbourTimeout: cfg.NeighbourTimeout, DrainTimeout: cfg.DrainTimeout,
-			Logger:             cfg.Logger.With("host", k),
-			UnsafeSkipDeadFlag: cfg.UnsafeSkipDeadFlag,
-			UnsafeSkipDrain:    cfg.UnsafeSkipDrain,
+			// The soak's hosts keep ARP entries forever, where Linux lets
+			// them go stale and re-probes; with neighbours evicted at the
+			// default 10 x NeighbourTimeout (1.5 s here) they would keep
+			// sending to a forgotten MAC. Eviction has its own test
+			// (TestReviewIdleNeighboursEvicted); the soak is about reaping.
+			NeighbourEvictAfter: time.Hour,
+			Logger:              cfg.Logger.With("host", k),
+			UnsafeSkipDeadFlag:  cfg.UnsafeSkipDeadFlag,
+			UnsafeSkipDrain:     cfg.UnsafeSkipDrain,
 		})
 		if err != nil {
 			h.Close()
