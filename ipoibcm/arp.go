@@ -2,10 +2,9 @@ package ipoibcm
 
 import (
 	"net/netip"
-
-	"github.com/ipoibcm/ipoib/hca"
 	"time"
 
+	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 )
 
@@ -43,15 +42,12 @@ func (i *Interface) txARPLocked(t *txScratch, bufIdx int, h frame.EthHeader, pay
 		return false
 	}
 	n.lastUse = now
-	if n.ah == nil {
-		ah, err := i.dev.CreateAH(n.hw.GID())
-		if err != nil {
-			i.ctr.drop(dropTxNoAH)
-			return false
-		}
-		n.ah = ah
+	ah, err := i.neighAHLocked(n)
+	if err != nil {
+		i.ctr.drop(dropTxNoAH)
+		return false
 	}
-	return i.postUDLocked(&t.wr, n.ah, n.hw.QPN(), bufIdx, size, frame.EtherTypeARP)
+	return i.postUDLocked(&t.wr, ah, n.hw.QPN(), bufIdx, size, frame.EtherTypeARP)
 }
 
 // noteHostIPLocked remembers an address the host uses.

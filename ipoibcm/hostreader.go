@@ -288,15 +288,12 @@ func (i *Interface) txNeighLocked(t *txScratch, n *neighbour, bufIdx, size int, 
 		i.tooBigLocked(t, n, bufIdx, size, pathMTU)
 		return false
 	}
-	if n.ah == nil {
-		ah, err := i.dev.CreateAH(n.hw.GID())
-		if err != nil {
-			i.ctr.drop(dropTxNoAH)
-			return false
-		}
-		n.ah = ah
+	ah, err := i.neighAHLocked(n)
+	if err != nil {
+		i.ctr.drop(dropTxNoAH)
+		return false
 	}
-	return i.sendUDLocked(&t.wr, n.ah, n.hw.QPN(), bufIdx, size, etherType)
+	return i.sendUDLocked(&t.wr, ah, n.hw.QPN(), bufIdx, size, etherType)
 }
 
 func (i *Interface) useCMLocked(n *neighbour, now time.Time) bool {

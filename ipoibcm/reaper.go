@@ -327,22 +327,30 @@ func (i *Interface) beginShutdown(done chan struct{}) {
 	r.shuttingDown = true
 	r.shutdownDone = done
 	r.shutdownTimer = time.NewTimer(i.cfg.DrainTimeout)
-	var rx []*rxConn
-	var tx []*txConn
-	i.mu.Lock()
-	for rc := range i.rxConns {
-		rx = append(rx, rc)
-	}
-	for tc := range i.txConns {
-		tx = append(tx, tc)
-	}
-	i.mu.Unlock()
+	rx, tx := i.snapshotConns()
 	for _, rc := range rx {
 		i.teardownRX(rc, "stop")
 	}
 	for _, tc := range tx {
 		i.teardownTX(tc)
 	}
+}
+
+// snapshotConns copies the RX and TX connection sets under mu, so the
+// shutdown paths can tear connections down (which takes mu itself and
+// removes them from the sets) while walking the copies.
+func (i *Interface) snapshotConns() ([]*rxConn, []*txConn) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	rx := make([]*rxConn, 0, len(i.rxConns))
+	for rc := range i.rxConns {
+		rx = append(rx, rc)
+	}
+	tx := make([]*txConn, 0, len(i.txConns))
+	for tc := range i.txConns {
+		tx = append(tx, tc)
+	}
+	return rx, tx
 }
 
 // checkShutdown finishes Close once nothing is left.
@@ -362,16 +370,7 @@ func (i *Interface) checkShutdown() {
 // forceShutdown: the drain did not finish within DrainTimeout (a wedged
 // backend, Linux's "RX drain timing out"): destroy what is left.
 func (i *Interface) forceShutdown() {
-	var rx []*rxConn
-	var tx []*txConn
-	i.mu.Lock()
-	for rc := range i.rxConns {
-		rx = append(rx, rc)
-	}
-	for tc := range i.txConns {
-		tx = append(tx, tc)
-	}
-	i.mu.Unlock()
+	rx, tx := i.snapshotConns()
 	i.log.Warn("drain timed out; forcing", "rx", len(rx), "tx", len(tx))
 	for _, rc := range rx {
 		i.rxNAPI.Sync(func() { rc.dead.Store(true) })

@@ -147,6 +147,19 @@ func (i *Interface) groupAHLocked(mgid hca.GID) (hca.AH, error) {
 	return g.ah, nil
 }
 
+// neighAHLocked is the address handle for UD sends to neighbour n,
+// created on first use and kept until the neighbour is reaped.
+func (i *Interface) neighAHLocked(n *neighbour) (hca.AH, error) {
+	if n.ah == nil {
+		ah, err := i.dev.CreateAH(n.hw.GID())
+		if err != nil {
+			return nil, fmt.Errorf("address handle for neighbour %s: %w", n.hw, err)
+		}
+		n.ah = ah
+	}
+	return n.ah, nil
+}
+
 // joinIP attaches the multicast group of IP group address a (seen in a
 // host IGMP/MLD report or as a host IPv6 address's solicited-node group).
 func (i *Interface) joinIPLocked(a netip.Addr) {

@@ -72,30 +72,11 @@ type softHost struct {
 	addrs []netip.Prefix
 }
 
-func (h *softHost) Info() control.InterfaceInfo {
-	info := control.InterfaceInfo{
-		Host:   h.host,
-		Name:   h.ifc.Name(),
-		Mode:   h.ifc.Mode().String(),
-		MTU:    h.ifc.MTU(),
-		HWAddr: h.ifc.HWAddr().String(),
-		LinkUp: h.ifc.LinkUp(),
-	}
-	for _, a := range h.addrs {
-		info.Addrs = append(info.Addrs, a.String())
-	}
-	return info
-}
+func (h *softHost) Info() control.InterfaceInfo { return interfaceInfo(h.host, h.ifc, h.addrs) }
 
 func (h *softHost) Stats() any { return h.ifc.Stats() }
 
-func (h *softHost) SetMode(mode string) error {
-	m, err := ipoibcm.ParseMode(mode)
-	if err != nil {
-		return err
-	}
-	return h.ifc.SetMode(m)
-}
+func (h *softHost) SetMode(mode string) error { return setInterfaceMode(h.ifc, mode) }
 
 // Close stops the interface (which closes its TAP) and then its device.
 func (h *softHost) Close() error {

@@ -30,20 +30,7 @@ type upHost struct {
 
 var _ control.Endpoint = (*upHost)(nil)
 
-func (h *upHost) Info() control.InterfaceInfo {
-	info := control.InterfaceInfo{
-		Host:   h.name,
-		Name:   h.ifc.Name(),
-		Mode:   h.ifc.Mode().String(),
-		MTU:    h.ifc.MTU(),
-		HWAddr: h.ifc.HWAddr().String(),
-		LinkUp: h.ifc.LinkUp(),
-	}
-	for _, a := range h.addrs {
-		info.Addrs = append(info.Addrs, a.String())
-	}
-	return info
-}
+func (h *upHost) Info() control.InterfaceInfo { return interfaceInfo(h.name, h.ifc, h.addrs) }
 
 // Stats is the engine's snapshot with the RoCEv2 device's counters (per
 // drop reason, retransmits, injected faults) added as "rocev2", so 'ipoib
@@ -65,13 +52,7 @@ func (h *upHost) Stats() any {
 	return m
 }
 
-func (h *upHost) SetMode(mode string) error {
-	m, err := ipoibcm.ParseMode(mode)
-	if err != nil {
-		return err
-	}
-	return h.ifc.SetMode(m)
-}
+func (h *upHost) SetMode(mode string) error { return setInterfaceMode(h.ifc, mode) }
 
 // runUp brings the interface up, serves the control socket until ctx ends
 // and removes everything. Failures before the interface runs wrap

@@ -99,16 +99,30 @@ func (f *Fabric) Faults() Faults {
 func (f *Fabric) NewDevice(name string) (*Device, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	var gid hca.GID
+	gid[0], gid[1] = 0xfe, 0x80
+	binary.BigEndian.PutUint32(gid[12:], f.nextIndex+1)
+	d, err := f.newDeviceLocked(name, gid)
+	if err != nil {
+		return nil, err
+	}
+	// Only a device that came up takes an index, so GIDs stay dense.
+	f.nextIndex++
+	return d, nil
+}
+
+// newDeviceLocked checks that the fabric is open and that name and gid are
+// free, then adds the device; both NewDevice and NewDeviceWithGID end here.
+func (f *Fabric) newDeviceLocked(name string, gid hca.GID) (*Device, error) {
 	if f.closed {
 		return nil, fmt.Errorf("soft: new device %q: fabric: %w", name, hca.ErrDestroyed)
 	}
 	if _, dup := f.byName[name]; dup || name == "" {
 		return nil, fmt.Errorf("soft: new device %q: name empty or taken: %w", name, hca.ErrInvalidArgument)
 	}
-	f.nextIndex++
-	var gid hca.GID
-	gid[0], gid[1] = 0xfe, 0x80
-	binary.BigEndian.PutUint32(gid[12:], f.nextIndex)
+	if _, dup := f.devices[gid]; dup || gid.IsMulticast() {
+		return nil, fmt.Errorf("soft: new device %q: GID %s in use or multicast: %w", name, gid, hca.ErrInvalidArgument)
+	}
 	d := newDevice(f, name, gid)
 	f.devices[gid] = d
 	f.byName[name] = d

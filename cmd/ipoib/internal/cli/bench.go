@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 	"strings"
@@ -102,19 +103,35 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 		if err != nil {
 			return fail(env, "bench", err)
 		}
-		if *asJSON {
-			err = rep.WriteJSON(env.Stdout)
-		} else {
-			err = rep.WriteTable(env.Stdout)
-		}
-		if err != nil {
-			return fail(env, "bench", err)
-		}
-		if rep.Failed() {
-			return ExitFail
-		}
-		return ExitOK
+		return writeReport(env, rep, *asJSON)
 	}
+}
+
+// benchReport is what every iperf suite's report can do: print itself
+// and say whether a run missed its bar.
+type benchReport interface {
+	WriteJSON(w io.Writer) error
+	WriteTable(w io.Writer) error
+	Failed() bool
+}
+
+// writeReport prints rep to stdout as JSON or a table and turns it into
+// the exit code: a write error fails the command, a failed run is
+// ExitFail.
+func writeReport(env *Env, rep benchReport, asJSON bool) int {
+	var err error
+	if asJSON {
+		err = rep.WriteJSON(env.Stdout)
+	} else {
+		err = rep.WriteTable(env.Stdout)
+	}
+	if err != nil {
+		return fail(env, "bench", err)
+	}
+	if rep.Failed() {
+		return ExitFail
+	}
+	return ExitOK
 }
 
 // ibLinkFactory joins namespaces a and b with ib0: a TAP in each, two

@@ -24,16 +24,8 @@ func benchRoCEv2(ctx context.Context, env *Env, cfg bench.RoCEv2SuiteConfig, asJ
 	if err != nil {
 		return fail(env, "bench", err)
 	}
-	if asJSON {
-		err = rep.WriteJSON(env.Stdout)
-	} else {
-		err = rep.WriteTable(env.Stdout)
-	}
-	if err != nil {
-		return fail(env, "bench", err)
-	}
-	if rep.Failed() {
-		return ExitFail
+	if code := writeReport(env, rep, asJSON); code != ExitOK {
+		return code
 	}
 	for _, c := range rep.VsUDPPipe {
 		if c.Mode == "connected" && c.Ratio < minRoCEv2Ratio {
