@@ -2,6 +2,7 @@ package cm
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -577,12 +578,12 @@ func TestREPWithBrokenQP(t *testing.T) {
 			t.Fatal(err)
 		}
 		rec := newRecorder()
-		qp := a.rcQP()
+		// The QP breaks when the CM moves it to RTR on the REP. (Erroring
+		// it after Connect raced the whole handshake: the REP could be
+		// applied before the test got to the QP.)
+		qp := brokenRTRQP{a.rcQP()}
 		c, err := a.m.Connect(ConnectParams{DestGID: b.dev.GID(), ServiceID: ietfSID, QP: qp, PathMTU: hca.MTU1024}, rec.handle)
 		if err != nil {
-			t.Fatal(err)
-		}
-		if err := qp.Modify(hca.QPAttr{State: hca.QPStateError}); err != nil {
 			t.Fatal(err)
 		}
 		synctest.Wait()
@@ -598,4 +599,15 @@ func TestREPWithBrokenQP(t *testing.T) {
 			t.Fatalf("RTU sent or state %s", c.State())
 		}
 	})
+}
+
+// brokenRTRQP is an RC QP whose move to RTR fails as an illegal
+// transition, as a QP errored behind the CM's back would.
+type brokenRTRQP struct{ hca.QP }
+
+func (q brokenRTRQP) Modify(attr hca.QPAttr) error {
+	if attr.State == hca.QPStateRTR {
+		return fmt.Errorf("test QP to RTR: %w", hca.ErrIllegalTransition)
+	}
+	return q.QP.Modify(attr)
 }
