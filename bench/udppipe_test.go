@@ -120,9 +120,7 @@ func TestUDPPipeCarriesFramesBothWays(t *testing.T) {
 	if a.Frames[0].Load() != 5 || b.Frames[1].Load() != 5 || b.Errors[1].Load() != 1 {
 		t.Fatalf("counters a->udp %d, udp->b %d, b errors %d", a.Frames[0].Load(), b.Frames[1].Load(), b.Errors[1].Load())
 	}
-	if n := runtime.NumGoroutine(); n > base {
-		t.Fatalf("%d goroutines after Close, %d before", n, base)
-	}
+	waitGoroutines(t, base)
 	if _, err := NewUDPPipe(pa, ca, a.peer, MaxUDPPipeFrame+1); err == nil {
 		t.Fatal("oversized frame limit accepted")
 	}

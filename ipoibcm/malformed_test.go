@@ -118,14 +118,14 @@ func TestMalformedInputCountedAndDropped(t *testing.T) {
 				missing = reason
 			}
 		}
-		if missing == "" {
-			if st.Counters.TxDropped < uint64(len(host)) || st.Counters.RxDropped < uint64(len(wire)) {
-				t.Fatalf("Linux counters not fed: %+v", st.Counters)
-			}
+		// The Linux counter of a drop is bumped just after its reason, and
+		// Stats is not one atomic snapshot: wait for both.
+		fed := st.Counters.TxDropped >= uint64(len(host)) && st.Counters.RxDropped >= uint64(len(wire))
+		if missing == "" && fed {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("drop %q not counted once: %v", missing, st.Drops)
+			t.Fatalf("drop %q not counted once (%v), or Linux counters not fed: %+v", missing, st.Drops, st.Counters)
 		}
 		ifc.rxNAPI.Sync(func() {}) // let the pollers catch up, then look again
 		ifc.txNAPI.Sync(func() {})
