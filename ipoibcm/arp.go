@@ -28,18 +28,26 @@ func (i *Interface) txARPLocked(t *txScratch, bufIdx int, h frame.EthHeader, pay
 	ib := a.ToIPoIB(i.hw, target)
 	b := i.pool.bufs[bufIdx]
 	size := frame.EthHdrLen + ib.Marshal(b[frame.EthHdrLen:])
-	if h.Dst.IsMulticast() {
+	var n *neighbour
+	if !h.Dst.IsMulticast() {
+		n = i.neigh.lookupMAC(h.Dst)
+	}
+	if n == nil {
+		// A unicast request to a MAC we no longer map is the host
+		// re-probing a stale ARP entry of an evicted neighbour: asking the
+		// broadcast group instead lets the peer answer at once, with the
+		// MAC it maps to now, rather than after the host gives up on
+		// unicast probes. Anything else to an unknown MAC has no target.
+		if !h.Dst.IsMulticast() && a.Op != frame.ARPRequest {
+			i.ctr.drop(dropTxUnknownNeighbour)
+			return false
+		}
 		ah, err := i.groupAHLocked(i.bcast)
 		if err != nil {
 			i.ctr.drop(dropTxNoAH)
 			return false
 		}
 		return i.postUDLocked(&t.wr, ah, 0xFFFFFF, bufIdx, size, frame.EtherTypeARP)
-	}
-	n := i.neigh.lookupMAC(h.Dst)
-	if n == nil {
-		i.ctr.drop(dropTxUnknownNeighbour)
-		return false
 	}
 	n.lastUse = now
 	ah, err := i.neighAHLocked(n)
