@@ -66,27 +66,16 @@ func (m *DREP) TID() uint64 { return m.TransactionID }
 
 // Marshal implements Message.
 func (m *DREP) Marshal(b []byte) error {
-	d, err := startMAD(b, MsgDREP, m.TransactionID)
-	if err != nil {
-		return err
-	}
-	binary.BigEndian.PutUint32(d[0:], m.LocalCommID)
-	binary.BigEndian.PutUint32(d[4:], m.RemoteCommID)
-	copy(d[8:], m.PrivateData[:])
-	return nil
+	return marshalCommIDs(b, MsgDREP, m.TransactionID, m.LocalCommID, m.RemoteCommID, m.PrivateData[:])
 }
 
 // Unmarshal implements Message.
 func (m *DREP) Unmarshal(b []byte) error {
-	h, d, err := beginUnmarshal(b, MsgDREP)
+	var pd [DREPPrivateDataSize]byte
+	tid, local, remote, err := unmarshalCommIDs(b, MsgDREP, pd[:])
 	if err != nil {
 		return err
 	}
-	*m = DREP{
-		TransactionID: h.TransactionID,
-		LocalCommID:   binary.BigEndian.Uint32(d[0:]),
-		RemoteCommID:  binary.BigEndian.Uint32(d[4:]),
-	}
-	copy(m.PrivateData[:], d[8:])
+	*m = DREP{TransactionID: tid, LocalCommID: local, RemoteCommID: remote, PrivateData: pd}
 	return nil
 }

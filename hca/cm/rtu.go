@@ -18,27 +18,39 @@ func (m *RTU) TID() uint64 { return m.TransactionID }
 
 // Marshal implements Message.
 func (m *RTU) Marshal(b []byte) error {
-	d, err := startMAD(b, MsgRTU, m.TransactionID)
-	if err != nil {
-		return err
-	}
-	binary.BigEndian.PutUint32(d[0:], m.LocalCommID)
-	binary.BigEndian.PutUint32(d[4:], m.RemoteCommID)
-	copy(d[8:], m.PrivateData[:])
-	return nil
+	return marshalCommIDs(b, MsgRTU, m.TransactionID, m.LocalCommID, m.RemoteCommID, m.PrivateData[:])
 }
 
 // Unmarshal implements Message.
 func (m *RTU) Unmarshal(b []byte) error {
-	h, d, err := beginUnmarshal(b, MsgRTU)
+	var pd [RTUPrivateDataSize]byte
+	tid, local, remote, err := unmarshalCommIDs(b, MsgRTU, pd[:])
 	if err != nil {
 		return err
 	}
-	*m = RTU{
-		TransactionID: h.TransactionID,
-		LocalCommID:   binary.BigEndian.Uint32(d[0:]),
-		RemoteCommID:  binary.BigEndian.Uint32(d[4:]),
-	}
-	copy(m.PrivateData[:], d[8:])
+	*m = RTU{TransactionID: tid, LocalCommID: local, RemoteCommID: remote, PrivateData: pd}
 	return nil
+}
+
+// RTU and DREP share one layout (IBTA tables 111 and 113): the two
+// communication IDs, then 224 bytes of private data.
+
+func marshalCommIDs(b []byte, t MsgType, tid uint64, local, remote uint32, pd []byte) error {
+	d, err := startMAD(b, t, tid)
+	if err != nil {
+		return err
+	}
+	binary.BigEndian.PutUint32(d[0:], local)
+	binary.BigEndian.PutUint32(d[4:], remote)
+	copy(d[8:], pd)
+	return nil
+}
+
+func unmarshalCommIDs(b []byte, t MsgType, pd []byte) (tid uint64, local, remote uint32, err error) {
+	h, d, err := beginUnmarshal(b, t)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	copy(pd, d[8:])
+	return h.TransactionID, binary.BigEndian.Uint32(d[0:]), binary.BigEndian.Uint32(d[4:]), nil
 }
