@@ -52,6 +52,9 @@ type rxConn struct {
 	peer    frame.HWAddr
 	mac     frame.MAC // the neighbour's MAC, fixed for the neighbour's life
 	created time.Time
+	// deadAt is when the dead flag was set (control loop), the start of
+	// the passive teardown time EventReaped reports.
+	deadAt time.Time
 
 	// dead is set under the RX poll lock before the QP leaves Live: from
 	// then on the poller recycles this connection's completions.
@@ -72,6 +75,19 @@ type rxConn struct {
 
 func (rc *rxConn) recvWR(idx int) hca.RecvWR {
 	return hca.RecvWR{ID: wrID(wrKindConnRecv, idx), Buf: rc.ring[idx][headroom:]}
+}
+
+// decideREQ is acceptREQ, with the outcome told to the EventObserver.
+func (i *Interface) decideREQ(req *cm.Request) cm.Decision {
+	d := i.acceptREQ(req)
+	if i.cfg.Events != nil {
+		if d.Reject != 0 {
+			i.emit(EventRXRejected, 0, 0, req.RemoteGID, 0, "REJ "+d.Reject.String())
+		} else {
+			i.emit(EventRXAccepted, d.QP.QPN(), 0, req.RemoteGID, 0, "")
+		}
+	}
+	return d
 }
 
 // acceptREQ is the listener's decision (CM goroutine, must not block):

@@ -76,6 +76,7 @@ type txConn struct {
 	destroyClaim  atomic.Bool  // whoever wins destroys the QP
 	packets, byts atomic.Uint64
 	lastSend      atomic.Int64
+	reqAt         atomic.Int64 // unix nanos the REQ was sent, for EventTXEstablished
 }
 
 // startTXLocked creates the TX connection of n and hands the REQ to the
@@ -121,6 +122,7 @@ func (i *Interface) connectTX(tc *txConn) {
 	i.mu.Lock()
 	tc.qp = qp
 	i.mu.Unlock()
+	tc.reqAt.Store(time.Now().UnixNano())
 	conn, err := i.cmm.Connect(cm.ConnectParams{
 		DestGID:     tc.peer.GID(),
 		ServiceID:   serviceIDIETF | uint64(tc.peer.QPN()),
@@ -141,6 +143,7 @@ func (i *Interface) connectTX(tc *txConn) {
 	tc.cmConn = conn
 	i.mu.Unlock()
 	i.rs.txConnects.Add(1)
+	i.emitTX(EventTXConnect, tc, 0, "")
 }
 
 // onTXEvent runs on the CM goroutine. Only the REP is handled here (it
@@ -158,12 +161,18 @@ func (i *Interface) onTXEvent(tc *txConn, ev cm.Event) {
 		}
 	case cm.EventEstablished:
 		i.rs.txEstablished.Add(1)
+		i.emitTX(EventTXEstablished, tc, time.Duration(time.Now().UnixNano()-tc.reqAt.Load()), "")
 	case cm.EventRejected, cm.EventTimedOut:
 		// A stale-connection REJ is the peer cleaning up after a restart
 		// and an unknown service ID means its UD QPN changed (it
 		// restarted): neither is a refusal worth backing off for. An
 		// unknown service or no answer at all also means our idea of the
 		// peer's address may be stale: ask ARP again.
+		if ev.Type == cm.EventRejected {
+			i.emitTX(EventTXConnectFailed, tc, 0, "REJ "+ev.RejectReason.String())
+		} else {
+			i.emitTX(EventTXConnectFailed, tc, 0, "no answer")
+		}
 		stale := ev.Type == cm.EventRejected && ev.RejectReason == cm.RejectStaleConn
 		gone := ev.Type == cm.EventRejected && ev.RejectReason == cm.RejectInvalidServiceID
 		i.ctl.post(func() {
@@ -276,6 +285,7 @@ func (i *Interface) teardownTX(tc *txConn) {
 	i.detachTXLocked(tc, dropTxNeighFlushed)
 	i.mu.Unlock()
 	i.rs.txTeardowns.Add(1)
+	i.emitTX(EventTXTeardown, tc, 0, "")
 	if tc.cmConn != nil {
 		tc.cmConn.Destroy()
 	}
@@ -304,6 +314,7 @@ func (i *Interface) destroyTX(tc *txConn) {
 	delete(i.txConns, tc)
 	i.mu.Unlock()
 	i.rs.txDestroyed.Add(1)
+	i.emitTX(EventTXDestroyed, tc, 0, "")
 	if h := i.hooks.txDestroyed; h != nil {
 		h(tc)
 	}

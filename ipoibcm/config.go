@@ -148,6 +148,10 @@ type Config struct {
 
 	Logger *slog.Logger
 
+	// Events, if set, is told of every connection lifecycle event (see
+	// EventObserver): ipoib capture and the metrics use it.
+	Events EventObserver
+
 	// UnsafeSkipDeadFlag skips marking a torn-down passive connection
 	// dead, so its late completions are delivered. Soak mutation test only.
 	UnsafeSkipDeadFlag bool

@@ -301,7 +301,7 @@ func (i *Interface) Start() error {
 	go i.controlLoop()
 	if i.cmm != nil {
 		qpn := uint64(i.ud.qp.QPN())
-		l, err := i.cmm.Listen([]uint64{serviceIDIETF | qpn, serviceIDRFC | qpn}, i.acceptREQ)
+		l, err := i.cmm.Listen([]uint64{serviceIDIETF | qpn, serviceIDRFC | qpn}, i.decideREQ)
 		if err != nil {
 			i.Close()
 			return fmt.Errorf("%s: cm listen: %w", i.cfg.Name, err)

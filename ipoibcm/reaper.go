@@ -56,6 +56,8 @@ func (i *Interface) teardownRX(rc *rxConn, why string) {
 		// and every later one sees the flag.
 		i.rxNAPI.Sync(func() { rc.dead.Store(true) })
 	}
+	rc.deadAt = time.Now()
+	i.emitRX(EventDeadSet, rc, 0, why)
 	i.mu.Lock()
 	rc.state = rxError
 	i.mu.Unlock()
@@ -64,6 +66,7 @@ func (i *Interface) teardownRX(rc *rxConn, why string) {
 	if err := rc.qp.Modify(hca.QPAttr{State: hca.QPStateError}); err != nil {
 		i.log.Warn("RX QP to Error", "peer", rc.peer, "err", err)
 	}
+	i.emitRX(EventQPError, rc, 0, "")
 	if i.cfg.UnsafeSkipDrain {
 		i.reapRX(rc)
 		return
@@ -86,10 +89,13 @@ func (i *Interface) onLastWQE(rc *rxConn) {
 		if !i.cfg.UnsafeSkipDeadFlag {
 			i.rxNAPI.Sync(func() { rc.dead.Store(true) })
 		}
+		rc.deadAt = time.Now()
+		i.emitRX(EventDeadSet, rc, 0, "LAST_WQE on a live connection")
 	case rxError:
 	default:
 		return // duplicate, or already reaped by UnsafeSkipDrain
 	}
+	i.emitRX(EventLastWQE, rc, 0, "")
 	if i.cfg.UnsafeSkipDrain {
 		i.reapRX(rc)
 		return
@@ -118,6 +124,12 @@ func (i *Interface) startDrain() {
 				d.state = rxDrain
 			}
 			i.mu.Unlock()
+			if i.cfg.Events != nil {
+				on := fmt.Sprintf("drain WR on qpn 0x%06x, covering %d", uint32(rc.qp.QPN()), len(r.drain))
+				for _, d := range r.drain {
+					i.emitRX(EventDrainPosted, d, 0, on)
+				}
+			}
 			return
 		}
 		i.rs.drainPostFailures.Add(1)
@@ -133,6 +145,7 @@ func (i *Interface) onDrainDone() {
 	covered := r.drain
 	r.drain = nil
 	for _, rc := range covered {
+		i.emitRX(EventDrainCompleted, rc, 0, "")
 		i.reapRX(rc)
 	}
 	i.startDrain()
@@ -148,6 +161,8 @@ func (i *Interface) onRingFlushed(rc *rxConn) {
 		if !i.cfg.UnsafeSkipDeadFlag {
 			i.rxNAPI.Sync(func() { rc.dead.Store(true) })
 		}
+		rc.deadAt = time.Now()
+		i.emitRX(EventDeadSet, rc, 0, "ring flushed on a live connection")
 	}
 	i.reapRX(rc)
 }
@@ -172,6 +187,13 @@ func (i *Interface) reapRX(rc *rxConn) {
 		i.log.Warn("destroy RX QP", "peer", rc.peer, "err", err)
 	}
 	i.rs.reaped.Add(1)
+	if i.cfg.Events != nil {
+		var elapsed time.Duration
+		if !rc.deadAt.IsZero() {
+			elapsed = time.Since(rc.deadAt)
+		}
+		i.emitRX(EventReaped, rc, elapsed, "")
+	}
 	if h := i.hooks.rxReaped; h != nil {
 		h(rc)
 	}
