@@ -25,6 +25,8 @@ type Config struct {
 	// ReceiveOrder is which posted receive buffer a message lands in
 	// (default: the oldest, as rxe and hardware do).
 	ReceiveOrder ReceiveOrder
+	// Tap, if set, sees every message the fabric carries (ipoib capture).
+	Tap Tap
 }
 
 // ReceiveOrder selects which posted receive buffer of a receive queue (a

@@ -57,6 +57,9 @@ func (f *Fabric) progressSends(s *qp) {
 			f.complete(s.sendCQ, s, s.sendWC(id, hca.StatusSuccess, n))
 		case rcNoBuffer, rcInjectedRNR:
 			f.stats.rnrNaks.Add(1)
+			if f.cfg.Tap != nil && r != nil {
+				f.tapRC(MessageRNRNak, s, r, nil)
+			}
 			f.rnrNak(s, r, res == rcInjectedRNR)
 		case rcUnreachable:
 			f.transportRetry(s)
@@ -116,6 +119,9 @@ func (f *Fabric) deliverRC(s *qp, wr *hca.SendWR) (rcResult, *qp) {
 	n := copy(buf.Buf, wr.Data)
 	f.complete(r.recvCQ, r, r.recvWC(buf.ID, hca.StatusSuccess, n))
 	f.stats.rcMessages.Add(1)
+	if f.cfg.Tap != nil {
+		f.tapRC(MessageRC, s, r, wr.Data)
+	}
 	return rcDelivered, r
 }
 

@@ -27,6 +27,9 @@ func (f *Fabric) sendUD(s *qp, wr *hca.SendWR) error {
 		return nil
 	}
 	pkey := s.pkey()
+	if f.cfg.Tap != nil {
+		f.tapUD(s, wr, a.dgid, pkey)
+	}
 	if wr.RemoteQPN&hca.QPNMask == hca.QPNMulticast {
 		members := f.groups[a.dgid]
 		if !a.dgid.IsMulticast() || len(members) == 0 {
