@@ -37,11 +37,11 @@ func (c *Client) Do(req Request) (Response, error) {
 	if err := c.conn.SetDeadline(time.Now().Add(c.timeout)); err != nil {
 		return Response{}, fmt.Errorf("control: %w", err)
 	}
-	b, err := json.Marshal(req)
+	b, err := jsonLine(req)
 	if err != nil {
-		return Response{}, fmt.Errorf("control: encode: %w", err)
+		return Response{}, err
 	}
-	if _, err := c.conn.Write(append(b, '\n')); err != nil {
+	if _, err := c.conn.Write(b); err != nil {
 		return Response{}, fmt.Errorf("control: send %s: %w", req.Op, err)
 	}
 	line, err := readLine(c.r)
@@ -56,6 +56,28 @@ func (c *Client) Do(req Request) (Response, error) {
 		return resp, fmt.Errorf("control: %s: %s", req.Op, resp.Error)
 	}
 	return resp, nil
+}
+
+// jsonLine is v as one JSON line.
+func jsonLine(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("control: encode: %w", err)
+	}
+	return append(b, '\n'), nil
+}
+
+// writeResponse writes resp as one line and flushes; false if the peer
+// is gone.
+func writeResponse(w *bufio.Writer, resp Response) bool {
+	b, err := jsonLine(resp)
+	if err != nil {
+		return false
+	}
+	if _, err := w.Write(b); err != nil {
+		return false
+	}
+	return w.Flush() == nil
 }
 
 // readLine reads one newline-terminated line of at most MaxMessage bytes.

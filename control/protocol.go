@@ -15,6 +15,9 @@ const (
 	OpList  Op = "list"
 	OpStats Op = "stats"
 	OpMode  Op = "mode"
+	// OpCapture answers with one response line, then streams a pcapng
+	// capture of one host's HCA on the same connection until it ends.
+	OpCapture Op = "capture"
 )
 
 // MaxMessage bounds one request or response line; a longer line is a
@@ -32,6 +35,8 @@ type Request struct {
 	Host string `json:"host,omitempty"`
 	// Mode is the target mode of OpMode: "connected" or "datagram".
 	Mode string `json:"mode,omitempty"`
+	// Capture holds the filter and bounds of OpCapture.
+	Capture *CaptureRequest `json:"capture,omitempty"`
 }
 
 // InterfaceInfo identifies one interface of the process.
@@ -86,6 +91,17 @@ func ParseRequest(line []byte) (Request, error) {
 	}
 	switch r.Op {
 	case OpList, OpStats:
+	case OpCapture:
+		if c := r.Capture; c != nil {
+			switch c.Kind {
+			case "", "all", "cm", "data":
+			default:
+				return Request{}, fmt.Errorf("%w: capture kind %q", ErrProtocol, c.Kind)
+			}
+			if c.QPN > 0xFFFFFF || c.DurationMS < 0 {
+				return Request{}, fmt.Errorf("%w: capture qpn %d or duration %d ms out of range", ErrProtocol, c.QPN, c.DurationMS)
+			}
+		}
 	case OpMode:
 		if r.Mode == "" {
 			return Request{}, fmt.Errorf("%w: mode request without a mode", ErrProtocol)

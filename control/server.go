@@ -2,6 +2,7 @@ package control
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,6 +40,10 @@ type Server struct {
 	ln        *net.UnixListener
 	endpoints []Endpoint
 	log       *slog.Logger
+
+	// ctx ends at Close: it stops running captures.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -96,6 +101,7 @@ func Listen(dir string, endpoints []Endpoint, logger *slog.Logger) (*Server, err
 		return compareHosts(ia.Name, ib.Name)
 	})
 	s := &Server{path: path, ln: ln, endpoints: eps, log: logger, conns: map[net.Conn]struct{}{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
@@ -140,6 +146,11 @@ func (s *Server) serve(c net.Conn) {
 	w := bufio.NewWriter(c)
 	enc := json.NewEncoder(w)
 	for sc.Scan() {
+		if req, err := ParseRequest(sc.Bytes()); err == nil && req.Op == OpCapture {
+			// The connection becomes the capture's stream.
+			s.serveCapture(c, w, req)
+			return
+		}
 		resp := s.handle(sc.Bytes())
 		if err := enc.Encode(resp); err != nil {
 			s.log.Warn("control: encode response", "err", err)
@@ -219,6 +230,7 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.closed = true
+	s.cancel()
 	err := s.ln.Close()
 	for c := range s.conns {
 		c.Close()

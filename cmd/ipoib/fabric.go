@@ -1,15 +1,20 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 
+	"github.com/ipoibcm/ipoib/capture"
 	"github.com/ipoibcm/ipoib/cmd/ipoib/internal/cli"
 	"github.com/ipoibcm/ipoib/control"
+	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/soft"
 	"github.com/ipoibcm/ipoib/ipoibcm"
+	"github.com/ipoibcm/ipoib/metrics"
 	"github.com/ipoibcm/ipoib/tap"
 )
 
@@ -18,17 +23,26 @@ import (
 
 var _ ipoibcm.HostPort = (*tap.Device)(nil)
 
-type softEngine struct{}
+// softEngine builds soft fabrics whose hosts export their metrics to one
+// registry (served by --metrics).
+type softEngine struct {
+	metrics *metrics.Metrics
+}
 
-func (softEngine) NewFabric(seed int64, log *slog.Logger) (cli.Fabric, error) {
+func (e softEngine) NewFabric(seed int64, log *slog.Logger) (cli.Fabric, error) {
 	// Newest-first receive keeps the few buffers in flight cache-hot: the
-	// fabric's copy is the "wire", and cold buffers doubled its cost.
-	return &softFabric{fab: soft.NewFabric(soft.Config{Seed: seed, ReceiveOrder: soft.ReceiveNewestFirst}), log: log}, nil
+	// fabric's copy is the "wire", and cold buffers doubled its cost. The
+	// capture mux costs one atomic load per message while nobody captures.
+	mux := &capture.Mux{}
+	fab := soft.NewFabric(soft.Config{Seed: seed, ReceiveOrder: soft.ReceiveNewestFirst, Tap: mux})
+	return &softFabric{fab: fab, mux: mux, metrics: e.metrics, log: log}, nil
 }
 
 type softFabric struct {
-	fab *soft.Fabric
-	log *slog.Logger
+	fab     *soft.Fabric
+	mux     *capture.Mux
+	metrics *metrics.Metrics
+	log     *slog.Logger
 }
 
 func (f *softFabric) AddHost(host, ifname string, dev *tap.Device, addrs []netip.Prefix, mode string, mtu int) (cli.Host, error) {
@@ -47,6 +61,7 @@ func (f *softFabric) AddHost(host, ifname string, dev *tap.Device, addrs []netip
 		Mode:   m,
 		MTU:    mtu,
 		Logger: f.log.With("host", host),
+		Events: ipoibcm.Observers(f.mux.Observer(host), f.metricsObserver(host)),
 	})
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("ipoibcm: %w", err), hd.Close())
@@ -59,7 +74,17 @@ func (f *softFabric) AddHost(host, ifname string, dev *tap.Device, addrs []netip
 	if err := dev.SetMTU(ifc.MTU()); err != nil {
 		return nil, errors.Join(err, ifc.Close(), hd.Close())
 	}
-	return &softHost{host: host, ifc: ifc, dev: hd, addrs: addrs}, nil
+	if f.metrics != nil {
+		f.metrics.Add(metrics.Source{Host: host, Stats: ifc.Stats})
+	}
+	return &softHost{host: host, ifc: ifc, dev: hd, mux: f.mux, addrs: addrs}, nil
+}
+
+func (f *softFabric) metricsObserver(host string) ipoibcm.EventObserver {
+	if f.metrics == nil {
+		return nil
+	}
+	return f.metrics.Observer(host)
 }
 
 func (f *softFabric) Close() error { return f.fab.Close() }
@@ -69,7 +94,31 @@ type softHost struct {
 	host  string
 	ifc   *ipoibcm.Interface
 	dev   *soft.Device
+	mux   *capture.Mux
 	addrs []netip.Prefix
+}
+
+// Capture records the host's side of the fabric (control.Capturer) until
+// ctx ends or req.Count messages were recorded.
+func (h *softHost) Capture(ctx context.Context, req control.CaptureRequest, w io.Writer) error {
+	kind, err := capture.ParseKind(req.Kind)
+	if err != nil {
+		return err
+	}
+	s, err := capture.NewStream(w, capture.StreamConfig{
+		Filter:     capture.Filter{Host: h.host, QPN: hca.QPN(req.QPN), Kind: kind},
+		MaxPackets: req.Count,
+	})
+	if err != nil {
+		return err
+	}
+	detach := h.mux.Attach(s)
+	select {
+	case <-ctx.Done():
+	case <-s.Done():
+	}
+	detach()
+	return s.Close()
 }
 
 func (h *softHost) Info() control.InterfaceInfo { return interfaceInfo(h.host, h.ifc, h.addrs) }

@@ -37,6 +37,7 @@ func commands() []command {
 		{name: "bench", summary: "measure throughput: in-process (default) or iperf3 across namespaces (--iperf, root)", flags: benchFlags},
 		{name: "soak", summary: "stale-connection reaping soak with fault injection", flags: soakFlags, positional: "[soak flags]", passthrough: true},
 		{name: "up", summary: "bring up ib0 on this host over RoCEv2/UDP to other hosts (root)", flags: upFlags},
+		{name: "capture", summary: "record a host's HCA traffic and engine events as pcapng (RoCEv2, for tshark)", flags: captureFlags},
 	}
 }
 

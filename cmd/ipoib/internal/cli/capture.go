@@ -1,0 +1,68 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/ipoibcm/ipoib/control"
+)
+
+func captureFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
+	host := fs.String("host", "", "host whose HCA traffic to record (e.g. ipoib-h1); required when a process runs several")
+	file := fs.String("w", "", "write the pcapng capture to this file (required; '-' for stdout)")
+	qpn := fs.String("qpn", "", "record only traffic of this QP number (decimal or 0x hex) and its events")
+	kind := fs.String("kind", "all", "record all traffic, only cm (CM MADs on QP 1) or only data (everything else)")
+	count := fs.Uint64("count", 0, "stop after this many messages (0: no limit)")
+	duration := fs.Duration("duration", 0, "stop after this long (0: until interrupted)")
+	dir := controlDirFlag(fs, env)
+	return func(ctx context.Context, args []string) int {
+		if len(args) > 0 {
+			return usageError(env, "capture", fmt.Sprintf("unexpected argument %q", args[0]))
+		}
+		if *file == "" {
+			return usageError(env, "capture", "-w FILE is required")
+		}
+		switch *kind {
+		case "all", "cm", "data":
+		default:
+			return usageError(env, "capture", fmt.Sprintf("--kind %q: want all, cm or data", *kind))
+		}
+		if *duration < 0 {
+			return usageError(env, "capture", "--duration must not be negative")
+		}
+		req := control.CaptureRequest{Kind: *kind, Count: *count, DurationMS: duration.Milliseconds()}
+		if *qpn != "" {
+			v, err := strconv.ParseUint(*qpn, 0, 24)
+			if err != nil || v == 0 {
+				return usageError(env, "capture", fmt.Sprintf("--qpn %q: want a QP number 1..0xffffff", *qpn))
+			}
+			req.QPN = uint32(v)
+		}
+		out := env.Stdout
+		if *file != "-" {
+			f, err := os.Create(*file)
+			if err != nil {
+				return fail(env, "capture", err)
+			}
+			defer f.Close()
+			out = f
+		}
+		start := time.Now()
+		info, n, err := control.Capture(ctx, *dir, *host, req, out)
+		if err != nil {
+			return fail(env, "capture", err)
+		}
+		if c, ok := out.(interface{ Close() error }); ok && *file != "-" {
+			if err := c.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
+				return fail(env, "capture", err)
+			}
+		}
+		fmt.Fprintf(env.Stderr, "ipoib capture: %s: %d bytes of pcapng in %v\n", info.Host, n, time.Since(start).Round(time.Millisecond))
+		return ExitOK
+	}
+}
