@@ -24,6 +24,7 @@ type soakRun struct {
 	watches []*verbsWatch
 	flows   *soakFlows
 	viol    soakViolations
+	observe *soakObserve
 
 	start      time.Time
 	goroutines int // baseline before the fabric started
@@ -43,7 +44,12 @@ func RunSoak(ctx context.Context, cfg SoakConfig) (*SoakReport, error) {
 		return nil, err
 	}
 	s := &soakRun{cfg: cfg, flows: newSoakFlows(cfg.Hosts), goroutines: runtime.NumGoroutine()}
+	if s.observe, err = newSoakObserve(&s.cfg); err != nil {
+		return nil, err
+	}
+	s.viol.onFirst = s.observe.violated
 	if err := s.setUp(); err != nil {
+		s.observe.finish(&s.cfg, &SoakReport{})
 		s.closeAll()
 		return nil, err
 	}
@@ -76,7 +82,17 @@ func RunSoak(ctx context.Context, cfg SoakConfig) (*SoakReport, error) {
 	until.Wait()
 	close(stop)
 	gens.Wait()
+	s.observe.sample(time.Since(s.start), s.totals(), s.viol.total(), true)
+	// The metrics endpoint serves while traffic runs; its goroutines (and
+	// a scraper's kept-alive connections) are gone before the end checks
+	// count goroutines.
+	if err := s.observe.stopMetrics(); err != nil {
+		s.cfg.Logger.Warn("soak metrics", "err", err)
+	}
 	rep := s.finish()
+	if err := s.observe.finish(&s.cfg, rep); err != nil {
+		return rep, err
+	}
 	return rep, nil
 }
 
@@ -116,7 +132,7 @@ func (s *soakRun) progressNow() SoakProgress {
 // setUp creates the fabric and starts every interface.
 func (s *soakRun) setUp() error {
 	cfg := &s.cfg
-	s.fab = soft.NewFabric(soft.Config{Seed: cfg.Seed, TimerScale: cfg.TimerScale, Faults: cfg.Faults})
+	s.fab = soft.NewFabric(soft.Config{Seed: cfg.Seed, TimerScale: cfg.TimerScale, Faults: cfg.Faults, Tap: s.observe.tap()})
 	for k := range cfg.Hosts {
 		dev, err := s.fab.NewDevice(fmt.Sprintf("soak%d", k))
 		if err != nil {
@@ -141,6 +157,7 @@ func (s *soakRun) setUp() error {
 			// (TestReviewIdleNeighboursEvicted); the soak is about reaping.
 			NeighbourEvictAfter: time.Hour,
 			Logger:              cfg.Logger.With("host", k),
+			Events:              s.observe.events(fmt.Sprintf("soak%d", k)),
 			UnsafeSkipDeadFlag:  cfg.UnsafeSkipDeadFlag,
 			UnsafeSkipDrain:     cfg.UnsafeSkipDrain,
 		})
@@ -151,6 +168,7 @@ func (s *soakRun) setUp() error {
 		s.hosts = append(s.hosts, h)
 		s.watches = append(s.watches, watch)
 		s.ifcs = append(s.ifcs, ifc)
+		s.observe.addMetrics(fmt.Sprintf("soak%d", k), ifc)
 		if err := ifc.Start(); err != nil {
 			return fmt.Errorf("soak: host %d: %w", k, err)
 		}

@@ -48,6 +48,10 @@ func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.Float64Var(&cfg.HeapGrowth, "heap-growth", cfg.HeapGrowth, "heap limit as a multiple of the heap at start (plus 128 MiB)")
 	fs.BoolVar(&cfg.UnsafeSkipDeadFlag, "unsafe-skip-dead-flag", false, "mutation: do not mark torn-down connections dead (must fail)")
 	fs.BoolVar(&cfg.UnsafeSkipDrain, "unsafe-skip-drain", false, "mutation: destroy QPs without LAST_WQE and drain (must fail)")
+	fs.StringVar(&cfg.Capture, "capture", "", "keep a ring of the last packets and engine events; write it to this pcapng file if an invariant breaks")
+	fs.IntVar(&cfg.CapturePackets, "capture-packets", DefaultSoakCapturePackets, "--capture: ring size in records (messages and events; at most 32 MiB)")
+	fs.StringVar(&cfg.Metrics, "metrics", "", "serve Prometheus/OpenMetrics metrics at http://ADDR/metrics while traffic runs (e.g. 127.0.0.1:9101)")
+	plotFile := fs.String("plot", "", "draw the run as a timeline to this SVG file (live, established, reaped, dead-dropped per second, violations)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	quiet := fs.Bool("quiet", false, "no progress line")
 	verbose := fs.Bool("v", false, "log engine warnings to stderr")
@@ -83,6 +87,9 @@ func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		err = rep.WriteJSON(stdout)
 	} else {
 		err = rep.WriteTable(stdout)
+	}
+	if err == nil && *plotFile != "" {
+		err = WritePlotFile(*plotFile, rep.WritePlot)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "ipoib soak: %v\n", err)

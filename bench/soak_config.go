@@ -65,6 +65,15 @@ type SoakConfig struct {
 	// CheckEvery is the period of the continuous checks.
 	CheckEvery time.Duration
 
+	// Capture, if set, keeps a ring of the last CapturePackets messages
+	// and engine events (DefaultSoakCapturePackets if 0) and writes it to
+	// this pcapng file if an invariant breaks.
+	Capture        string
+	CapturePackets int
+	// Metrics, if set, serves the soak's Prometheus metrics on this
+	// address while it runs.
+	Metrics string
+
 	// The engine's mutation switches (issue 5 item 6): the soak must then
 	// report violations.
 	UnsafeSkipDeadFlag bool

@@ -85,6 +85,9 @@ type soakViolations struct {
 	count [numViolKinds]atomic.Uint64
 	mu    sync.Mutex
 	first [numViolKinds]string
+	// onFirst, if set, is told of each invariant's first violation (the
+	// capture ring's trigger); set before the soak starts.
+	onFirst func(name, detail string)
 }
 
 // record counts one violation of k; the first detail is kept.
@@ -110,10 +113,14 @@ func (v *soakViolations) observe(k violKind, n uint64, detail string) {
 
 func (v *soakViolations) keepFirst(k violKind, detail string) {
 	v.mu.Lock()
-	if v.first[k] == "" {
+	first := v.first[k] == ""
+	if first {
 		v.first[k] = detail
 	}
 	v.mu.Unlock()
+	if first && v.onFirst != nil {
+		v.onFirst(k.String(), detail)
+	}
 }
 
 // total is the number of violations of every kind.

@@ -107,6 +107,7 @@ func (s *soakRun) check() soakTotals {
 		s.viol.record(violHeap, fmt.Sprintf("heap in use %d MiB above limit %d MiB (start %d MiB)", h>>20, s.heapLimit>>20, s.heapStart>>20))
 	}
 	s.progress(t)
+	s.observe.sample(time.Since(s.start), t, s.viol.total(), false)
 	return t
 }
 

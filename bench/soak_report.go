@@ -79,6 +79,12 @@ type SoakReport struct {
 	Heap       SoakHeap          `json:"heap"`
 	Invariants []InvariantResult `json:"invariants"`
 	Violations uint64            `json:"violations"`
+	// Timeline samples the run (about every second, finer for short
+	// soaks) for --plot.
+	Timeline []SoakSample `json:"timeline"`
+	// CaptureFile is where --capture wrote its ring (an invariant broke).
+	CaptureFile  string `json:"capture_file,omitempty"`
+	CaptureBytes int64  `json:"capture_bytes,omitempty"`
 }
 
 // SoakEngine sums the interfaces' reaper and connection counters.
@@ -194,6 +200,9 @@ func (r *SoakReport) WriteTable(w io.Writer) error {
 		fmt.Fprintf(tw, "  drop\t%s %d\n", n, t.Drops[n])
 	}
 	fmt.Fprintf(tw, "heap\tstart %d MiB, peak %d MiB, limit %d MiB\n", r.Heap.StartBytes>>20, r.Heap.PeakBytes>>20, r.Heap.LimitBytes>>20)
+	if r.CaptureFile != "" {
+		fmt.Fprintf(tw, "capture\t%s (%d KiB): the packets and engine events around the first violation\n", r.CaptureFile, r.CaptureBytes>>10)
+	}
 	fmt.Fprintf(tw, "\ninvariant\tviolations\tresult\tfirst\n")
 	for _, inv := range r.Invariants {
 		res := "ok"

@@ -135,6 +135,22 @@ func TestFilter(t *testing.T) {
 			t.Errorf("%v: cm %v data %v, want %v %v", c.f, c.f.passMessage(&cm), c.f.passMessage(&data), c.cm, c.data)
 		}
 	}
+	ud := wire.AppendPacket(nil, &wire.PacketSpec{BTH: wire.BTH{Opcode: wire.OpUDSendOnly, DestQP: 1}, DETH: wire.DETH{SrcQP: 1}, Payload: make([]byte, 256)})
+	rc := wire.AppendPacket(nil, &wire.PacketSpec{BTH: wire.BTH{Opcode: wire.OpRCSendOnly, DestQP: 0x41}, Payload: []byte{8, 0, 0, 0}})
+	for _, c := range []struct {
+		f      Filter
+		cm, rc bool
+	}{
+		{Filter{}, true, true},
+		{Filter{Kind: KindCM}, true, false},
+		{Filter{Kind: KindData}, false, true},
+		{Filter{QPN: 0x41}, false, true},
+		{Filter{Host: "elsewhere"}, true, true}, // a device's capture is of that device
+	} {
+		if c.f.passDatagram(ud) != c.cm || c.f.passDatagram(rc) != c.rc {
+			t.Errorf("datagram %v: cm %v rc %v, want %v %v", c.f, c.f.passDatagram(ud), c.f.passDatagram(rc), c.cm, c.rc)
+		}
+	}
 	e := ipoibcm.Event{Kind: ipoibcm.EventReaped, QPN: 0x41}
 	f1, f2, f3 := Filter{Host: "h3", QPN: 0x41}, Filter{Host: "h1"}, Filter{QPN: 7}
 	if !f1.passEvent("h3", &e) || f2.passEvent("h3", &e) || f3.passEvent("h3", &e) {

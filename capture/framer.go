@@ -83,6 +83,17 @@ func (f *framer) write(r *record) error {
 		return f.frame(r, r.srcGID, r.dstGID, r.srcQPN, r.dstQPN, &spec)
 	case recRC:
 		return f.rc(r)
+	case recDatagram:
+		// The device's own packet, ICRC and all; AppendFrame computes the
+		// ICRC again for the IP header this file gives it (ID 0), which
+		// is what a receiver checks.
+		frm, err := wire.AppendFrame(f.frm[:0], r.src, r.dst, r.data, false)
+		if err != nil {
+			return fmt.Errorf("capture: frame %v -> %v: %w", r.src, r.dst, err)
+		}
+		f.frm = frm
+		f.packets++
+		return f.pw.WritePacket(ifaceFabric, r.at, frm, "")
 	case recRNR:
 		// The responder NAKs the sender's next PSN (the head message's
 		// first packet), which it will send again.

@@ -1,10 +1,12 @@
 package capture
 
 import (
+	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
 
+	"github.com/ipoibcm/ipoib/hca/rocev2"
 	"github.com/ipoibcm/ipoib/hca/soft"
 	"github.com/ipoibcm/ipoib/ipoibcm"
 )
@@ -13,6 +15,8 @@ import (
 type Sink interface {
 	// Message runs under the fabric lock (see soft.Tap).
 	Message(m *soft.Message)
+	// Datagram runs under a RoCEv2 device's lock (see rocev2.Tap).
+	Datagram(src, dst netip.AddrPort, pkt []byte)
 	// Event runs on an engine goroutine (see ipoibcm.EventObserver).
 	Event(host string, e *ipoibcm.Event)
 }
@@ -26,7 +30,19 @@ type Mux struct {
 	sinks atomic.Pointer[[]Sink]
 }
 
-var _ soft.Tap = (*Mux)(nil)
+var (
+	_ soft.Tap   = (*Mux)(nil)
+	_ rocev2.Tap = (*Mux)(nil)
+)
+
+// Datagram implements rocev2.Tap.
+func (x *Mux) Datagram(src, dst netip.AddrPort, pkt []byte) {
+	if p := x.sinks.Load(); p != nil {
+		for _, s := range *p {
+			s.Datagram(src, dst, pkt)
+		}
+	}
+}
 
 // Message implements soft.Tap.
 func (x *Mux) Message(m *soft.Message) {

@@ -2,11 +2,13 @@ package capture
 
 import (
 	"fmt"
+	"net/netip"
 	"strings"
 	"time"
 	"unsafe"
 
 	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
 	"github.com/ipoibcm/ipoib/hca/soft"
 	"github.com/ipoibcm/ipoib/ipoibcm"
 )
@@ -76,7 +78,11 @@ func (f *Filter) passMessage(m *soft.Message) bool {
 	if f.QPN != 0 && m.SrcQPN != f.QPN && m.DstQPN != f.QPN {
 		return false
 	}
-	cm := m.Kind == soft.MessageUD && (m.SrcQPN == gsiQPN || m.DstQPN == gsiQPN)
+	return f.passKind(m.Kind == soft.MessageUD && (m.SrcQPN == gsiQPN || m.DstQPN == gsiQPN))
+}
+
+// passKind applies Kind to a message that is a CM MAD or not.
+func (f *Filter) passKind(cm bool) bool {
 	switch f.Kind {
 	case KindCM:
 		return cm
@@ -93,7 +99,7 @@ func (f *Filter) passEvent(host string, e *ipoibcm.Event) bool {
 	if f.QPN != 0 && e.QPN != f.QPN && e.RemoteQPN != f.QPN {
 		return false
 	}
-	return f.Kind != KindData || true // events explain data and CM alike
+	return true // events explain data and CM alike, whatever the Kind
 }
 
 // recKind is what a record holds.
@@ -104,7 +110,8 @@ const (
 	recRC
 	recRNR
 	recEvent
-	recNote // the capture's own remarks (records dropped)
+	recNote     // the capture's own remarks (records dropped)
+	recDatagram // a RoCEv2 packet as a real device carried it
 )
 
 // record is one tapped message or event, owned by the capture.
@@ -117,7 +124,8 @@ type record struct {
 	pkey           hca.PKey
 	mtu            hca.MTU
 	data           []byte
-	text           string // events and notes
+	text           string         // events and notes
+	src, dst       netip.AddrPort // recDatagram
 }
 
 // recordOverhead is what a record costs beyond its data: the struct in
@@ -142,6 +150,29 @@ func messageRecord(m *soft.Message, at time.Time) record {
 		r.data = append([]byte(nil), m.Data...)
 	}
 	return r
+}
+
+// passDatagram applies the filter to a RoCEv2 packet of a real device:
+// the capture is of one device, so Host does not apply; QPN matches the
+// BTH destination QP or, for UD, the DETH source QP.
+func (f *Filter) passDatagram(pkt []byte) bool {
+	var p wire.Packet
+	if wire.ParsePacket(pkt, &p) != nil {
+		return f.Kind == KindAll && f.QPN == 0
+	}
+	ud := p.BTH.Opcode == wire.OpUDSendOnly
+	dst, src := hca.QPN(p.BTH.DestQP), hca.QPN(0)
+	if ud {
+		src = hca.QPN(p.DETH.SrcQP)
+	}
+	if f.QPN != 0 && dst != f.QPN && src != f.QPN {
+		return false
+	}
+	return f.passKind(ud && (dst == gsiQPN || src == gsiQPN))
+}
+
+func datagramRecord(src, dst netip.AddrPort, pkt []byte, at time.Time) record {
+	return record{kind: recDatagram, at: at, src: src, dst: dst, data: append([]byte(nil), pkt...)}
 }
 
 // maxEventText bounds an event comment (pcapng options are at most 64 KiB).

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -49,6 +50,19 @@ func (g *Ring) Message(m *soft.Message) {
 		return
 	}
 	g.add(messageRecord(m, time.Now()))
+}
+
+// Datagram implements Sink.
+func (g *Ring) Datagram(src, dst netip.AddrPort, pkt []byte) {
+	if !g.filter.passDatagram(pkt) {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.frozen {
+		return
+	}
+	g.add(datagramRecord(src, dst, pkt, time.Now()))
 }
 
 // Event implements Sink.

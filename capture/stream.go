@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -68,20 +69,31 @@ func NewStream(w io.Writer, cfg StreamConfig) (*Stream, error) {
 
 // Message implements Sink: copy, queue, return.
 func (s *Stream) Message(m *soft.Message) {
-	if !s.cfg.Filter.passMessage(m) {
-		return
+	if s.cfg.Filter.passMessage(m) {
+		s.admit(len(m.Data), func() record { return messageRecord(m, time.Now()) })
 	}
+}
+
+// Datagram implements Sink.
+func (s *Stream) Datagram(src, dst netip.AddrPort, pkt []byte) {
+	if s.cfg.Filter.passDatagram(pkt) {
+		s.admit(len(pkt), func() record { return datagramRecord(src, dst, pkt, time.Now()) })
+	}
+}
+
+// admit queues the record build makes, of n data bytes, if the count and
+// the budget allow; a record over budget is dropped and counted.
+func (s *Stream) admit(n int, build func() record) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed || s.cfg.MaxPackets > 0 && s.accepted >= s.cfg.MaxPackets {
 		return
 	}
-	if s.queued+len(m.Data)+recordOverhead > s.cfg.Budget {
+	if s.queued+n+recordOverhead > s.cfg.Budget {
 		s.dropped++
 		return
 	}
-	r := messageRecord(m, time.Now())
-	s.push(r)
+	s.push(build())
 	s.accepted++
 	if s.cfg.MaxPackets > 0 && s.accepted == s.cfg.MaxPackets {
 		s.doneOnce.Do(func() { close(s.done) })

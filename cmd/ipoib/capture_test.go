@@ -16,6 +16,7 @@ import (
 	"github.com/ipoibcm/ipoib/capture"
 	"github.com/ipoibcm/ipoib/cmd/ipoib/internal/cli"
 	"github.com/ipoibcm/ipoib/control"
+	"github.com/ipoibcm/ipoib/hca/rocev2"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
 	"github.com/ipoibcm/ipoib/hca/soft"
 	"github.com/ipoibcm/ipoib/ipoibcm"
@@ -61,48 +62,42 @@ func newSoftPair(t *testing.T) *softPair {
 	return p
 }
 
-// TestCaptureCommand runs 'ipoib capture' against a soft fabric served on
-// a control socket while the hosts ping: the file is pcapng with the
-// requested number of messages, every ICRC valid, and (where tshark
-// exists) it decodes as RoCEv2 carrying IPoIB ICMP.
-func TestCaptureCommand(t *testing.T) {
-	p := newSoftPair(t)
-	dir := t.TempDir()
-	srv, err := control.Listen(dir, []control.Endpoint{p.soft[0], p.soft[1]}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	file := filepath.Join(dir, "h1.pcapng")
+// captureWhile runs 'ipoib capture args...' against the control socket
+// in dir, calling traffic until the capture ends, and returns the file.
+func captureWhile(t *testing.T, dir string, traffic func(ctx context.Context), args ...string) string {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "capture.pcapng")
 	done := make(chan int, 1)
 	var stderr bytes.Buffer
 	go func() {
-		done <- cli.Main(context.Background(), []string{"capture", "--host", "ipoib-h1", "-w", file, "--kind", "data", "--count", "20"},
+		done <- cli.Main(context.Background(), append([]string{"capture", "-w", file}, args...),
 			cli.Env{ControlDir: dir, Stdout: &bytes.Buffer{}, Stderr: &stderr})
 	}()
-	// Traffic until the capture has its 20 messages.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var code int
-traffic:
 	for {
 		select {
-		case code = <-done:
-			break traffic
+		case code := <-done:
+			if code != 0 {
+				t.Fatalf("capture %v: exit %d: %s", args, code, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), "bytes of pcapng") {
+				t.Errorf("summary line %q", stderr.String())
+			}
+			return file
 		case <-ctx.Done():
-			t.Fatal("capture did not end within 30 s of pings")
+			t.Fatalf("capture %v did not end within 30 s of traffic", args)
 		default:
 		}
-		pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
-		p.hosts[0].Ping(pctx, p.addrs[1], 1000)
-		pcancel()
+		traffic(ctx)
 	}
-	if code != 0 {
-		t.Fatalf("capture exit %d: %s", code, stderr.String())
-	}
-	if !strings.Contains(stderr.String(), "ipoib-h1: ") {
-		t.Errorf("summary line %q", stderr.String())
-	}
+}
+
+// checkCapture reads file back: pcapng, every ICRC valid (the check
+// icrccheck makes), and, where tshark exists, ICMP echo requests decoded
+// inside the RoCEv2 frames and no CM MAD when only data was asked for.
+func checkCapture(t *testing.T, file string, dataOnly bool) {
+	t.Helper()
 	b, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
@@ -110,9 +105,14 @@ traffic:
 	if len(b) < 4 || binary.LittleEndian.Uint32(b) != 0x0A0D0D0A {
 		t.Fatalf("not pcapng: % x", b[:min(len(b), 8)])
 	}
+	rep, err := wire.CheckPcapICRC(bytes.NewReader(b), wire.RoCEv2Port)
+	if err != nil || !rep.OK() {
+		t.Fatalf("ICRC: %v %v", rep, err)
+	}
+	t.Logf("ICRC: %v", rep)
 	tshark, err := exec.LookPath("tshark")
 	if err != nil {
-		t.Skip("tshark not installed: pcapng written, decode not checked")
+		t.Skip("tshark not installed: pcapng and ICRCs checked, decode not")
 	}
 	out, err := exec.Command(tshark, "-r", file, "-Y", "frame.interface_id == 0 && icmp", "-T", "fields", "-e", "infiniband.bth.opcode", "-e", "icmp.type").Output()
 	if err != nil {
@@ -121,21 +121,44 @@ traffic:
 	if !strings.Contains(string(out), "\t8") {
 		t.Fatalf("no ICMP echo request decoded inside the IB frames:\n%s", out)
 	}
-	if out, err := exec.Command(tshark, "-r", file, "-Y", "infiniband.mad", "-T", "fields", "-e", "frame.number").Output(); err != nil || len(bytes.TrimSpace(out)) != 0 {
-		t.Fatalf("--kind data recorded CM MADs: %q %v", out, err)
+	if out, err := exec.Command(tshark, "-r", file, "-Y", "_ws.malformed", "-T", "fields", "-e", "frame.number").Output(); err != nil || len(bytes.TrimSpace(out)) != 0 {
+		t.Fatalf("malformed frames: %q %v", out, err)
 	}
-	pcap := filepath.Join(dir, "h1.pcap")
-	if out, err := exec.Command(tshark, "-r", file, "-Y", "frame.interface_id == 0", "-F", "pcap", "-w", pcap).CombinedOutput(); err != nil {
-		t.Fatalf("tshark -F pcap: %v: %s", err, out)
+	if dataOnly {
+		if out, err := exec.Command(tshark, "-r", file, "-Y", "infiniband.mad", "-T", "fields", "-e", "frame.number").Output(); err != nil || len(bytes.TrimSpace(out)) != 0 {
+			t.Fatalf("--kind data recorded CM MADs: %q %v", out, err)
+		}
 	}
-	f, err := os.Open(pcap)
+}
+
+// TestCaptureCommand runs 'ipoib capture' against a soft fabric served on
+// a control socket while the hosts ping.
+func TestCaptureCommand(t *testing.T) {
+	p := newSoftPair(t)
+	dir := t.TempDir()
+	srv, err := control.Listen(dir, []control.Endpoint{p.soft[0], p.soft[1]}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	rep, err := wire.CheckPcapICRC(f, wire.RoCEv2Port)
-	if err != nil || !rep.OK() {
-		t.Fatalf("ICRC: %v %v", rep, err)
+	defer srv.Close()
+	file := captureWhile(t, dir, func(ctx context.Context) {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		p.hosts[0].Ping(pctx, p.addrs[1], 1000)
+	}, "--host", "ipoib-h1", "--kind", "data", "--count", "20")
+	checkCapture(t, file, true)
+}
+
+// TestCaptureUpRoCEv2: on 'ipoib up' the capture is of what the RoCEv2
+// device sends and accepts.
+func TestCaptureUpRoCEv2(t *testing.T) {
+	p := newUpPair(t, rocev2.Faults{})
+	dir := t.TempDir()
+	srv, err := control.Listen(dir, []control.Endpoint{p.ups[0]}, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("ICRC: %v", rep)
+	defer srv.Close()
+	file := captureWhile(t, dir, func(context.Context) { p.ping(t, 0, 3000) }, "--count", "30")
+	checkCapture(t, file, false)
 }

@@ -101,18 +101,24 @@ type softHost struct {
 // Capture records the host's side of the fabric (control.Capturer) until
 // ctx ends or req.Count messages were recorded.
 func (h *softHost) Capture(ctx context.Context, req control.CaptureRequest, w io.Writer) error {
+	return captureTo(ctx, h.mux, h.host, req, w)
+}
+
+// captureTo streams what mux sees (of host, if not empty) to w as pcapng
+// until ctx ends or req.Count messages were recorded.
+func captureTo(ctx context.Context, mux *capture.Mux, host string, req control.CaptureRequest, w io.Writer) error {
 	kind, err := capture.ParseKind(req.Kind)
 	if err != nil {
 		return err
 	}
 	s, err := capture.NewStream(w, capture.StreamConfig{
-		Filter:     capture.Filter{Host: h.host, QPN: hca.QPN(req.QPN), Kind: kind},
+		Filter:     capture.Filter{Host: host, QPN: hca.QPN(req.QPN), Kind: kind},
 		MaxPackets: req.Count,
 	})
 	if err != nil {
 		return err
 	}
-	detach := h.mux.Attach(s)
+	detach := mux.Attach(s)
 	select {
 	case <-ctx.Done():
 	case <-s.Done():

@@ -29,6 +29,9 @@ func runInProc(ctx context.Context, o cli.InProcOptions, out io.Writer) error {
 	} else {
 		err = rep.WriteTable(out)
 	}
+	if err == nil && o.Plot != "" {
+		err = bench.WritePlotFile(o.Plot, rep.Chart().WriteSVG)
+	}
 	if err != nil {
 		return fmt.Errorf("in-process bench: report: %w", err)
 	}

@@ -5,14 +5,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 
+	"github.com/ipoibcm/ipoib/capture"
 	"github.com/ipoibcm/ipoib/cmd/ipoib/internal/cli"
 	"github.com/ipoibcm/ipoib/control"
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/rocev2"
 	"github.com/ipoibcm/ipoib/ipoibcm"
+	"github.com/ipoibcm/ipoib/metrics"
 	"github.com/ipoibcm/ipoib/tap"
 )
 
@@ -25,10 +28,22 @@ type upHost struct {
 	name  string
 	ifc   *ipoibcm.Interface
 	dev   *rocev2.Device
+	mux   *capture.Mux // the device's tap; nil: cannot capture
 	addrs []netip.Prefix
 }
 
-var _ control.Endpoint = (*upHost)(nil)
+var (
+	_ control.Endpoint = (*upHost)(nil)
+	_ control.Capturer = (*upHost)(nil)
+)
+
+// Capture records what the RoCEv2 device sends and accepts (control.Capturer).
+func (h *upHost) Capture(ctx context.Context, req control.CaptureRequest, w io.Writer) error {
+	if h.mux == nil {
+		return errors.New("capture: this device has no tap")
+	}
+	return captureTo(ctx, h.mux, "", req, w)
+}
 
 func (h *upHost) Info() control.InterfaceInfo { return interfaceInfo(h.name, h.ifc, h.addrs) }
 
@@ -69,7 +84,9 @@ func runUp(ctx context.Context, o cli.UpOptions, log *slog.Logger) (err error) {
 	if err != nil {
 		return setup(err)
 	}
+	mux := &capture.Mux{}
 	dev, err := rocev2.New(rocev2.Config{
+		Tap:   mux,
 		Bind:  o.Bind,
 		Peers: o.Peers,
 		MTU:   hca.MTU(o.IBMTU),
@@ -90,7 +107,14 @@ func runUp(ctx context.Context, o cli.UpOptions, log *slog.Logger) (err error) {
 	if err != nil {
 		return setup(fmt.Errorf("TAP %s: %w", o.Dev, err))
 	}
-	ifc, err := ipoibcm.New(ipoibcm.Config{Device: dev, Host: port, Name: o.Dev, Mode: mode, MTU: o.MTU, Logger: log})
+	var m *metrics.Metrics
+	var events ipoibcm.EventObserver
+	if o.Metrics != "" {
+		m = metrics.New()
+		events = m.Observer(o.Host)
+	}
+	events = ipoibcm.Observers(events, mux.Observer(o.Host))
+	ifc, err := ipoibcm.New(ipoibcm.Config{Device: dev, Host: port, Name: o.Dev, Mode: mode, MTU: o.MTU, Logger: log, Events: events})
 	if err != nil {
 		return setup(errors.Join(fmt.Errorf("ipoibcm: %w", err), port.Close()))
 	}
@@ -102,12 +126,21 @@ func runUp(ctx context.Context, o cli.UpOptions, log *slog.Logger) (err error) {
 	if err := port.SetMTU(ifc.MTU()); err != nil {
 		return setup(fmt.Errorf("TAP %s MTU %d: %w", o.Dev, ifc.MTU(), err))
 	}
-	h := &upHost{name: o.Host, ifc: ifc, dev: dev, addrs: []netip.Prefix{o.Addr}}
+	h := &upHost{name: o.Host, ifc: ifc, dev: dev, mux: mux, addrs: []netip.Prefix{o.Addr}}
 	srv, err := control.Listen(o.ControlDir, []control.Endpoint{h}, log)
 	if err != nil {
 		return setup(err)
 	}
 	cleanup = append(cleanup, srv.Close)
+	if m != nil {
+		m.Add(metrics.Source{Host: o.Host, Stats: ifc.Stats, DeviceName: "rocev2", Device: func() any { return dev.Stats() }})
+		ms, err := metrics.Serve(o.Metrics, m, log)
+		if err != nil {
+			return setup(err)
+		}
+		cleanup = append(cleanup, ms.Close)
+		log.Info("metrics", "url", "http://"+ms.Addr().String()+"/metrics")
+	}
 	log.Info("up; stop with Ctrl-C", "dev", o.Dev, "addr", o.Addr, "bind", dev.LocalAddr(), "hwaddr", ifc.HWAddr(),
 		"mode", ifc.Mode(), "mtu", ifc.MTU(), "peers", o.Peers, "control", srv.Path())
 	if o.Ready != nil {

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ipoibcm/ipoib/capture"
 	"github.com/ipoibcm/ipoib/cmd/ipoib/internal/cli"
 	"github.com/ipoibcm/ipoib/control"
 	"github.com/ipoibcm/ipoib/hca/rocev2"
@@ -63,7 +64,8 @@ func newUpPair(t *testing.T, faults rocev2.Faults) *upPair {
 		p.hosts[i] = h
 		f := faults
 		f.Seed += uint64(i)
-		dev, err := rocev2.New(rocev2.Config{Bind: netip.AddrPortFrom(binds[i], port), Peers: []netip.Addr{binds[1-i]},
+		mux := &capture.Mux{}
+		dev, err := rocev2.New(rocev2.Config{Tap: mux, Bind: netip.AddrPortFrom(binds[i], port), Peers: []netip.Addr{binds[1-i]},
 			Faults: f, MinAckTimeout: 20 * time.Millisecond, MinRetryCount: 6, Logger: log})
 		if err != nil {
 			t.Fatal(err)
@@ -76,7 +78,7 @@ func newUpPair(t *testing.T, faults rocev2.Faults) *upPair {
 		if err := ifc.Start(); err != nil {
 			t.Fatal(err)
 		}
-		p.ups[i] = &upHost{name: fmt.Sprintf("ib0@%v", binds[i]), ifc: ifc, dev: dev, addrs: []netip.Prefix{netip.PrefixFrom(p.addrs[i], 24)}}
+		p.ups[i] = &upHost{name: fmt.Sprintf("ib0@%v", binds[i]), ifc: ifc, dev: dev, mux: mux, addrs: []netip.Prefix{netip.PrefixFrom(p.addrs[i], 24)}}
 	}
 	t.Cleanup(func() {
 		for i := range 2 {

@@ -52,6 +52,17 @@ type Config struct {
 	Logger *slog.Logger
 	// Name names the device; empty means "rocev2:<bind>".
 	Name string
+	// Tap, if set, sees every packet the device sends (before GSO groups
+	// them) and every packet it accepts (after GRO is split, once the
+	// ICRC verified): ipoib capture.
+	Tap Tap
+}
+
+// Tap sees RoCEv2 packets as UDP payloads (BTH to ICRC) with the UDP
+// endpoints they travel between. Datagram runs under the device lock: it
+// must copy pkt to keep it, and return quickly.
+type Tap interface {
+	Datagram(src, dst netip.AddrPort, pkt []byte)
 }
 
 func (c *Config) normalize() error {

@@ -292,6 +292,9 @@ func (d *Device) queuePacket(dst netip.Addr, pkt []byte) {
 	n := wire.PutIPHeader(hdr[:], d.local.Addr(), dst, udpLen)
 	wire.PutUDPHeader(hdr[n:], d.local.Port(), d.local.Port(), udpLen)
 	_ = wire.PutICRC(hdr[:n], hdr[n:n+wire.UDPHeaderLen], pkt)
+	if d.cfg.Tap != nil {
+		d.cfg.Tap.Datagram(d.local, netip.AddrPortFrom(dst, d.local.Port()), pkt)
+	}
 	d.work.out = append(d.work.out, txPacket{buf: pkt, to: dst})
 }
 

@@ -128,6 +128,9 @@ func (d *Device) receive(b []byte, from netip.AddrPort, p *wire.Packet) {
 		d.ctr.drop(wire.ReasonOf(err))
 		return
 	}
+	if d.cfg.Tap != nil {
+		d.cfg.Tap.Datagram(from, d.local, b)
+	}
 	if !d.pkeyInTable(hca.PKey(p.BTH.PKey)) {
 		d.ctr.drop(wire.DropBadPKey)
 		return

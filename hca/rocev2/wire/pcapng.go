@@ -11,6 +11,7 @@ import (
 const (
 	pcapngSHB = 0x0A0D0D0A
 	pcapngIDB = 0x00000001
+	pcapngSPB = 0x00000003
 	pcapngEPB = 0x00000006
 
 	pcapngByteOrderMagic = 0x1A2B3C4D

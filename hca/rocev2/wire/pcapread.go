@@ -21,14 +21,20 @@ var ErrPcapFormat = errors.New("malformed pcap")
 const maxPcapRecord = 1 << 20
 
 // PcapReader reads a classic libpcap capture (either byte order,
-// microsecond or nanosecond timestamps). pcapng is not read: capture with
-// "tshark -F pcap".
+// microsecond or nanosecond timestamps) or a pcapng file (enhanced and
+// simple packet blocks of any number of interfaces and sections; other
+// blocks are skipped).
 type PcapReader struct {
-	r        io.Reader
-	order    binary.ByteOrder
+	r     io.Reader
+	order binary.ByteOrder
+	// LinkType is the link type of the file, or for pcapng of the
+	// interface of the record Next returned last.
 	LinkType uint32
 	hdr      [16]byte
 	buf      []byte
+
+	ng      bool
+	ngLinks []uint32 // link type per interface of the current section
 }
 
 // NewPcapReader reads the file header.
@@ -43,8 +49,12 @@ func NewPcapReader(r io.Reader) (*PcapReader, error) {
 		p.order = binary.LittleEndian
 	case 0xd4c3b2a1, 0x4d3cb2a1:
 		p.order = binary.BigEndian
-	case 0x0a0d0d0a:
-		return nil, fmt.Errorf("pcap file header: %w: pcapng is not supported; capture with -F pcap", ErrPcapFormat)
+	case pcapngSHB:
+		p.ng = true
+		if err := p.startSection(h[:]); err != nil {
+			return nil, err
+		}
+		return p, nil
 	default:
 		return nil, fmt.Errorf("pcap file header: %w: magic % x", ErrPcapFormat, h[:4])
 	}
@@ -55,6 +65,9 @@ func NewPcapReader(r io.Reader) (*PcapReader, error) {
 // Next returns the next record's captured bytes, valid until the next
 // call, and its original length; io.EOF at the end of the file.
 func (p *PcapReader) Next() (data []byte, origLen int, err error) {
+	if p.ng {
+		return p.nextNG()
+	}
 	if _, err := io.ReadFull(p.r, p.hdr[:]); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil, 0, io.EOF
@@ -112,6 +125,8 @@ func IPPacket(linkType uint32, frame []byte) (ip []byte, ok bool, err error) {
 		case 6:
 			etherType = 0x86dd
 		}
+	case LinkTypeUpperPDU:
+		return nil, false, nil // text records (ipoib capture's events), never IP
 	default:
 		return nil, false, fmt.Errorf("link type %d: %w", linkType, ErrPcapFormat)
 	}
@@ -171,4 +186,93 @@ func RoCEv2Datagram(ip []byte, port uint16) (ipHdr, udpHdr, payload []byte, ok b
 		return nil, nil, nil, false, DropTruncated
 	}
 	return ip[:hl], udp[:UDPHeaderLen], udp[UDPHeaderLen:ul], true, nil
+}
+
+// startSection reads the rest of a section header block whose first 24
+// bytes are h: the byte order and the block's remaining bytes.
+func (p *PcapReader) startSection(h []byte) error {
+	switch binary.LittleEndian.Uint32(h[8:]) {
+	case pcapngByteOrderMagic:
+		p.order = binary.LittleEndian
+	case 0x4D3C2B1A:
+		p.order = binary.BigEndian
+	default:
+		return fmt.Errorf("pcapng section header: %w: byte-order magic % x", ErrPcapFormat, h[8:12])
+	}
+	n := p.order.Uint32(h[4:])
+	if n < 28 || n%4 != 0 || n > maxPcapRecord {
+		return fmt.Errorf("pcapng section header of %d bytes: %w", n, ErrPcapFormat)
+	}
+	if _, err := io.CopyN(io.Discard, p.r, int64(n-24)); err != nil {
+		return fmt.Errorf("pcapng section header: %w: %w", ErrPcapFormat, err)
+	}
+	p.ngLinks = p.ngLinks[:0]
+	return nil
+}
+
+// nextNG reads blocks until a packet: interface descriptions are
+// remembered, a new section starts over, anything else is skipped.
+func (p *PcapReader) nextNG() ([]byte, int, error) {
+	for {
+		var h [8]byte
+		if _, err := io.ReadFull(p.r, h[:]); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil, 0, io.EOF
+			}
+			return nil, 0, fmt.Errorf("pcapng block header: %w: %w", ErrPcapFormat, err)
+		}
+		if binary.LittleEndian.Uint32(h[:]) == pcapngSHB {
+			var rest [16]byte
+			if _, err := io.ReadFull(p.r, rest[:]); err != nil {
+				return nil, 0, fmt.Errorf("pcapng section header: %w: %w", ErrPcapFormat, err)
+			}
+			if err := p.startSection(append(h[:], rest[:]...)); err != nil {
+				return nil, 0, err
+			}
+			continue
+		}
+		typ, n := p.order.Uint32(h[:]), p.order.Uint32(h[4:])
+		if n < 12 || n%4 != 0 || n > maxPcapRecord {
+			return nil, 0, fmt.Errorf("pcapng block of %d bytes: %w", n, ErrPcapFormat)
+		}
+		body := int(n) - 12
+		if cap(p.buf) < body+4 {
+			p.buf = make([]byte, body+4)
+		}
+		b := p.buf[:body+4] // body and the trailing length
+		if _, err := io.ReadFull(p.r, b); err != nil {
+			return nil, 0, fmt.Errorf("pcapng block: %w: %w", ErrPcapFormat, err)
+		}
+		if p.order.Uint32(b[body:]) != n {
+			return nil, 0, fmt.Errorf("pcapng block lengths differ: %w", ErrPcapFormat)
+		}
+		b = b[:body]
+		switch typ {
+		case pcapngIDB:
+			if len(b) < 8 {
+				return nil, 0, fmt.Errorf("pcapng interface block of %d bytes: %w", n, ErrPcapFormat)
+			}
+			if len(p.ngLinks) >= 1<<16 {
+				return nil, 0, fmt.Errorf("pcapng: more than 65536 interfaces: %w", ErrPcapFormat)
+			}
+			p.ngLinks = append(p.ngLinks, uint32(p.order.Uint16(b)))
+		case pcapngEPB:
+			if len(b) < 20 {
+				return nil, 0, fmt.Errorf("pcapng packet block of %d bytes: %w", n, ErrPcapFormat)
+			}
+			iface, incl, orig := p.order.Uint32(b), p.order.Uint32(b[12:]), p.order.Uint32(b[16:])
+			if int(iface) >= len(p.ngLinks) || int64(incl) > int64(len(b)-20) {
+				return nil, 0, fmt.Errorf("pcapng packet of interface %d, %d bytes: %w", iface, incl, ErrPcapFormat)
+			}
+			p.LinkType = p.ngLinks[iface]
+			return b[20 : 20+incl], int(orig), nil
+		case pcapngSPB:
+			if len(b) < 4 || len(p.ngLinks) == 0 {
+				return nil, 0, fmt.Errorf("pcapng simple packet block: %w", ErrPcapFormat)
+			}
+			orig := p.order.Uint32(b)
+			p.LinkType = p.ngLinks[0]
+			return b[4:min(len(b), 4+int(orig))], int(orig), nil
+		}
+	}
 }

@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"net/netip"
 	"testing"
+	"time"
 )
 
 func TestCheckPcapICRC(t *testing.T) {
@@ -109,6 +111,7 @@ func FuzzCheckPcapICRC(f *testing.F) {
 	buf.Reset()
 	_ = WritePcap(&buf, LinkTypeRaw, [][]byte{{0x60, 0, 0, 0, 0, 8, 17, 64}})
 	f.Add(buf.Bytes())
+	f.Add(samplePcapng(f))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rep, err := CheckPcapICRC(bytes.NewReader(b), RoCEv2Port)
 		if err == nil && rep.Good+rep.Bad+rep.Malformed+rep.Other != rep.Frames {
@@ -126,4 +129,70 @@ func FuzzRoCEv2Datagram(f *testing.F) {
 			t.Fatalf("inconsistent split: %d %d %d of %d", len(ipHdr), len(udpHdr), len(payload), len(b))
 		}
 	})
+}
+
+// samplePcapng is a two-interface pcapng file: a RoCEv2 frame with a
+// valid ICRC on a raw-IP interface and a text record on an upper-PDU one.
+func samplePcapng(tb testing.TB) []byte {
+	tb.Helper()
+	var buf bytes.Buffer
+	w, err := NewPcapngWriter(&buf, "test", []PcapngInterface{{Name: "fabric", LinkType: LinkTypeRaw}, {Name: "events", LinkType: LinkTypeUpperPDU}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pkt := AppendPacket(nil, &PacketSpec{BTH: BTH{Opcode: OpUDSendOnly, PKey: 0xffff, DestQP: 1}, DETH: DETH{QKey: 0x80010000, SrcQP: 1}, Payload: make([]byte, 256)})
+	src, dst := netip.MustParseAddrPort("[fe80::1]:49153"), netip.MustParseAddrPort("[fe80::2]:4791")
+	frame, err := AppendFrame(nil, src, dst, pkt, false)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ts := time.Unix(1_700_000_000, 0)
+	for _, rec := range []struct {
+		iface   int
+		data    []byte
+		comment string
+	}{{0, frame, ""}, {1, []byte("h1: reaped qpn 0x000011"), "h1: reaped qpn 0x000011"}, {0, frame, ""}} {
+		if err := w.WritePacket(rec.iface, ts, rec.data, rec.comment); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return buf.Bytes()
+}
+
+func TestPcapngRead(t *testing.T) {
+	b := samplePcapng(t)
+	rep, err := CheckPcapICRC(bytes.NewReader(b), RoCEv2Port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Frames != 3 || rep.RoCEv2 != 2 || rep.Good != 2 || rep.Other != 1 || !rep.OK() {
+		t.Fatalf("pcapng: %v", rep)
+	}
+	// A corrupt ICRC is found in pcapng as in pcap.
+	bad := bytes.Clone(b)
+	i := bytes.LastIndex(bad, frameTail(t, b))
+	bad[i]++
+	if rep, err := CheckPcapICRC(bytes.NewReader(bad), RoCEv2Port); err != nil || rep.Bad != 1 {
+		t.Fatalf("corrupted pcapng: %v %v", rep, err)
+	}
+	for _, cut := range []int{30, len(b) - 3} {
+		if _, err := CheckPcapICRC(bytes.NewReader(b[:cut]), RoCEv2Port); err == nil {
+			t.Errorf("pcapng cut at %d read without error", cut)
+		}
+	}
+}
+
+// frameTail returns the last 4 bytes of the first packet's ICRC as they
+// sit in the file, to find and corrupt the last copy.
+func frameTail(t *testing.T, b []byte) []byte {
+	t.Helper()
+	pr, err := NewPcapReader(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _, err := pr.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bytes.Clone(data[len(data)-8:])
 }

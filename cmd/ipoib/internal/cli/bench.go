@@ -35,6 +35,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 	size := fs.Int64("bytes", 256<<20, "in-process: bytes to transfer per run")
 	mtu := fs.Int("mtu", defaultConnectedMTU, "in-process: IP MTU of the direct and ib0 connected rows")
 	runs := fs.Int("runs", 1, "in-process: runs per row, the report shows the median")
+	plotFile := fs.String("plot", "", "draw the rows as bars against their baselines, with the ratios, to this SVG file")
 	prof := addProfileFlags(fs)
 	return func(ctx context.Context, args []string) (code int) {
 		if len(args) > 0 {
@@ -56,7 +57,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 			if env.InProc == nil {
 				return fail(env, "bench", errors.New("in-process benchmark not built into this binary (hook: Env.InProc, bench.InProcTCP)"))
 			}
-			opts := InProcOptions{Bytes: *size, MTU: *mtu, DatagramMTU: *mtuUD, Runs: *runs, JSON: *asJSON, Progress: env.Stderr}
+			opts := InProcOptions{Bytes: *size, MTU: *mtu, DatagramMTU: *mtuUD, Runs: *runs, JSON: *asJSON, Plot: *plotFile, Progress: env.Stderr}
 			if err := env.InProc(ctx, opts, env.Stdout); err != nil {
 				return fail(env, "bench", err)
 			}
@@ -84,7 +85,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 				Modes: modeList, MTU: map[string]int{"connected": *mtuCM, "datagram": *mtuUD},
 				Duration: *duration, Streams: *streams,
 				Owner: &tap.Owner{MarkerDir: env.MarkerDir}, Progress: env.Stderr,
-			}, *asJSON)
+			}, *asJSON, *plotFile)
 		default:
 			return usageError(env, "bench", fmt.Sprintf("--hca %q: want soft or rocev2", *hcaName))
 		}
@@ -103,7 +104,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 		if err != nil {
 			return fail(env, "bench", err)
 		}
-		return writeReport(env, rep, *asJSON)
+		return writeReport(env, rep, *asJSON, *plotFile)
 	}
 }
 
@@ -112,18 +113,22 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 type benchReport interface {
 	WriteJSON(w io.Writer) error
 	WriteTable(w io.Writer) error
+	Chart() bench.BarChart
 	Failed() bool
 }
 
 // writeReport prints rep to stdout as JSON or a table and turns it into
 // the exit code: a write error fails the command, a failed run is
 // ExitFail.
-func writeReport(env *Env, rep benchReport, asJSON bool) int {
+func writeReport(env *Env, rep benchReport, asJSON bool, plotFile string) int {
 	var err error
 	if asJSON {
 		err = rep.WriteJSON(env.Stdout)
 	} else {
 		err = rep.WriteTable(env.Stdout)
+	}
+	if err == nil && plotFile != "" {
+		err = bench.WritePlotFile(plotFile, rep.Chart().WriteSVG)
 	}
 	if err != nil {
 		return fail(env, "bench", err)

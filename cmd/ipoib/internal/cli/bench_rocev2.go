@@ -14,7 +14,7 @@ const minRoCEv2Ratio = 0.8
 
 // benchRoCEv2 is 'ipoib bench --iperf --hca rocev2': this binary's 'up'
 // in two namespaces over a veth pair, against the udp-pipe baseline.
-func benchRoCEv2(ctx context.Context, env *Env, cfg bench.RoCEv2SuiteConfig, asJSON bool) int {
+func benchRoCEv2(ctx context.Context, env *Env, cfg bench.RoCEv2SuiteConfig, asJSON bool, plotFile string) int {
 	exe, err := os.Executable()
 	if err != nil {
 		return fail(env, "bench", fmt.Errorf("find own binary for 'ipoib up': %w", err))
@@ -24,7 +24,7 @@ func benchRoCEv2(ctx context.Context, env *Env, cfg bench.RoCEv2SuiteConfig, asJ
 	if err != nil {
 		return fail(env, "bench", err)
 	}
-	if code := writeReport(env, rep, asJSON); code != ExitOK {
+	if code := writeReport(env, rep, asJSON, plotFile); code != ExitOK {
 		return code
 	}
 	for _, c := range rep.VsUDPPipe {

@@ -41,6 +41,8 @@ type InProcOptions struct {
 	// Runs per row; the report shows the median.
 	Runs int
 	JSON bool
+	// Plot, if set, is an SVG file for the report's chart.
+	Plot string
 	// Progress receives a line per transfer (the CLI's stderr).
 	Progress io.Writer
 }
@@ -67,6 +69,9 @@ type Env struct {
 	// Up runs 'ipoib up' (cmd/ipoib/up.go) until ctx ends; nil: not built
 	// in. Errors wrapping ErrSetup exit with status 2.
 	Up func(ctx context.Context, opts UpOptions, logger *slog.Logger) error
+	// Metrics serves the metrics of the fabric's hosts on addr until the
+	// returned Closer is closed; nil: not built in.
+	Metrics func(addr string, logger *slog.Logger) (io.Closer, error)
 
 	// fabricReady, if set, is called once the lab serves its control
 	// socket (tests synchronise on it).

@@ -28,6 +28,7 @@ func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 	dir := controlDirFlag(fs, env)
 	netnsPrefix := fs.String("netns-prefix", "ipoib-h", "namespace names are this prefix plus the host number")
 	prof := addProfileFlags(fs)
+	metricsAddr := fs.String("metrics", "", "serve Prometheus/OpenMetrics metrics at http://ADDR/metrics (e.g. 127.0.0.1:9101; empty: off)")
 	return func(ctx context.Context, args []string) int {
 		if len(args) > 0 {
 			return usageError(env, "fabric", fmt.Sprintf("unexpected argument %q", args[0]))
@@ -62,6 +63,17 @@ func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 		stopProfile, err := prof.start()
 		if err != nil {
 			return fail(env, "fabric", err)
+		}
+		if *metricsAddr != "" {
+			if env.Metrics == nil {
+				return fail(env, "fabric", errors.Join(errors.New("metrics not built into this binary"), stopProfile()))
+			}
+			srv, err := env.Metrics(*metricsAddr, log)
+			if err != nil {
+				return fail(env, "fabric", errors.Join(err, stopProfile()))
+			}
+			defer srv.Close()
+			log.Info("metrics", "url", "http://"+*metricsAddr+"/metrics")
 		}
 		lab := fabricLab{env: env, log: log, owner: &tap.Owner{MarkerDir: env.MarkerDir, Logger: log}, netnsPrefix: *netnsPrefix}
 		err = lab.run(ctx, addrs, *mode, *mtu, *ifname, *seed, *dir)

@@ -41,6 +41,8 @@ type UpOptions struct {
 	// Host names the interface on the control socket.
 	Host       string
 	ControlDir string
+	// Metrics, if set, is the address of the Prometheus endpoint.
+	Metrics string
 	// Ready, if set, is called once the control socket serves.
 	Ready func(controlPath string)
 }
@@ -65,6 +67,7 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	ackTimeout := fs.Duration("ack-timeout", 50*time.Millisecond, "RC transport (ACK) timeout at least: the go-back-N retransmit delay when a datagram is lost")
 	udpOffload := fs.Bool("udp-offload", true, "use UDP GSO/GRO on the RoCEv2 socket where the kernel has them (false: one datagram per send and receive)")
 	host := fs.String("host", "", "name on the control socket (ipoib show/mode --host); default <dev>@<bind>")
+	metricsAddr := fs.String("metrics", "", "serve Prometheus/OpenMetrics metrics at http://ADDR/metrics (e.g. 127.0.0.1:9101; empty: off)")
 	lvl := &levelFlag{level: slog.LevelInfo}
 	fs.Var(lvl, "log-level", "log level: debug, info, warn, error")
 	dir := controlDirFlag(fs, env)
@@ -96,7 +99,7 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 		}
 		o.RCRetry, o.AckTimeout, o.UDPOffload = uint8(*rcRetry), *ackTimeout, *udpOffload
 		o.Loss, o.Dup, o.Reorder, o.Delay, o.DelayTime, o.Seed = *loss, *dup, *reorder, *delay, *delayTime, *seed
-		o.Host, o.ControlDir = *host, *dir
+		o.Host, o.ControlDir, o.Metrics = *host, *dir, *metricsAddr
 		if o.Host == "" {
 			o.Host = o.Dev + "@" + o.Bind.Addr().String()
 		}

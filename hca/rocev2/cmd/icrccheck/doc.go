@@ -5,7 +5,8 @@
 //
 // It prints one line of counts per file and exits 1 if any RoCEv2 frame
 // fails (or a file has no RoCEv2 frame at all), 2 on bad usage or an
-// unreadable file. Capture with "tshark -F pcap" (pcapng is not read).
+// unreadable file. Classic pcap and pcapng are read (ipoib capture writes
+// pcapng; its event interface counts as "other").
 //
 // Each frame is checked with the IP header it was captured with, so the
 // IPv4 IDs 0, 1, 2, ... that Linux gives the segments of a UDP GSO send
