@@ -1,7 +1,6 @@
 package hca
 
 import (
-	"fmt"
 	"net/netip"
 )
 
@@ -85,27 +84,17 @@ func MTUFromEnum(e uint8) MTU {
 }
 
 // QPType is the transport service of a QP.
+//
+//go:generate go tool stringer -type=QPType -linecomment
 type QPType int
 
 // QP types.
 const (
-	QPTypeRC QPType = iota + 1
-	QPTypeUD
+	QPTypeRC QPType = iota + 1 // RC
+	QPTypeUD                   // UD
 	// QPTypeGSI is the UD QP 1; one per device.
-	QPTypeGSI
+	QPTypeGSI // GSI
 )
-
-func (t QPType) String() string {
-	switch t {
-	case QPTypeRC:
-		return "RC"
-	case QPTypeUD:
-		return "UD"
-	case QPTypeGSI:
-		return "GSI"
-	}
-	return fmt.Sprintf("QPType(%d)", int(t))
-}
 
 // Port describes the attributes of the device's (single) port.
 type Port struct {

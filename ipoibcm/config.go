@@ -15,23 +15,15 @@ import (
 // Mode is the IPoIB transport mode of an Interface: whether it initiates
 // RC connections (connected) or sends unicast over the UD QP (datagram).
 // In both modes the Interface accepts connections, as Linux does.
+//
+//go:generate go tool stringer -type=Mode -linecomment
 type Mode int
 
 // The two modes; the names are the strings Linux's sysfs "mode" file uses.
 const (
-	ModeDatagram Mode = iota
-	ModeConnected
+	ModeDatagram  Mode = iota // datagram
+	ModeConnected             // connected
 )
-
-func (m Mode) String() string {
-	switch m {
-	case ModeDatagram:
-		return "datagram"
-	case ModeConnected:
-		return "connected"
-	}
-	return fmt.Sprintf("Mode(%d)", int(m))
-}
 
 // ErrInvalidMode is wrapped by ParseMode and SetMode.
 var ErrInvalidMode = errors.New("invalid IPoIB mode")

@@ -16,28 +16,16 @@ import (
 )
 
 // ifState is the lifecycle of an Interface.
+//
+//go:generate go tool stringer -type=ifState -linecomment
 type ifState int32
 
 const (
-	ifCreated ifState = iota
-	ifRunning
-	ifClosing
-	ifClosed
+	ifCreated ifState = iota // created
+	ifRunning                // running
+	ifClosing                // closing
+	ifClosed                 // closed
 )
-
-func (s ifState) String() string {
-	switch s {
-	case ifCreated:
-		return "created"
-	case ifRunning:
-		return "running"
-	case ifClosing:
-		return "closing"
-	case ifClosed:
-		return "closed"
-	}
-	return fmt.Sprintf("ifState(%d)", int(s))
-}
 
 // headroom is the room kept in front of every receive buffer so the 4-byte
 // IPoIB header at offset headroom becomes the tail of a 14-byte Ethernet

@@ -191,38 +191,24 @@ func (c *Context) pollUntilIdle() {
 }
 
 // pollResult is how a poll ended.
+//
+//go:generate go tool stringer -type=pollResult -linecomment
 type pollResult int
 
 const (
 	// pollArmed: under budget, CQ re-armed, nothing missed: sleep.
-	pollArmed pollResult = iota
+	pollArmed pollResult = iota // armed
 	// pollMissed: under budget, but the re-arm reported queued
 	// completions: poll again.
-	pollMissed
+	pollMissed // missed
 	// pollExhausted: the whole budget was used: yield, poll again.
-	pollExhausted
+	pollExhausted // exhausted
 	// pollStopped: Stop was called during the poll.
-	pollStopped
+	pollStopped // stopped
 	// pollLeftUnarmed: under budget, but a busy poller owns re-arming:
 	// sleep without arming; the busy poller arms in EndBusyPoll.
-	pollLeftUnarmed
+	pollLeftUnarmed // left-unarmed
 )
-
-func (r pollResult) String() string {
-	switch r {
-	case pollArmed:
-		return "armed"
-	case pollMissed:
-		return "missed"
-	case pollExhausted:
-		return "exhausted"
-	case pollStopped:
-		return "stopped"
-	case pollLeftUnarmed:
-		return "left-unarmed"
-	}
-	return "pollResult(?)"
-}
 
 // poll is one pass over the CQ under the poll lock.
 func (c *Context) poll() pollResult {
