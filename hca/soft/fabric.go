@@ -191,9 +191,3 @@ func (f *Fabric) event(fn func(hca.AsyncEvent), ev hca.AsyncEvent) {
 		f.disp.post(notification{fn: fn, ev: ev})
 	}
 }
-
-// pkeyMatch is the IBTA partition check: equal low 15 bits and at least
-// one full member.
-func pkeyMatch(a, b hca.PKey) bool {
-	return a&0x7FFF == b&0x7FFF && (a|b)&0x8000 != 0
-}

@@ -82,7 +82,7 @@ func (f *Fabric) deliverRC(s *qp, wr *hca.SendWR) (rcResult, *qp) {
 	r := f.peerOf(s)
 	if r == nil || r.destroyed.Load() || !s.dev.linkUp || !r.dev.linkUp || r.typ != hca.QPTypeRC ||
 		(r.state != hca.QPStateRTR && r.state != hca.QPStateRTS) ||
-		r.destQPN != s.qpn || r.destGID != s.dev.gid || !pkeyMatch(s.pkey(), r.pkey()) {
+		r.destQPN != s.qpn || r.destGID != s.dev.gid || !s.pkey().Matches(r.pkey()) {
 		return rcUnreachable, r
 	}
 	if f.chance(f.faults.RNR) {
