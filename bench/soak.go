@@ -123,9 +123,10 @@ func (s *soakRun) setUp() error {
 			return fmt.Errorf("soak: host %d: %w", k, err)
 		}
 		h := newSoakHost(k, cfg.HostBatch, cfg.HostQueue, s.flows, &s.viol)
-		watch := newVerbsWatch(k, &s.viol)
+		watch := newVerbsWatch(k, &s.viol, cfg.Mutations)
+		h.watch = watch
 		ifc, err := ipoibcm.New(ipoibcm.Config{
-			Device: watch.wrap(dev), Host: h, OnDeadCompletion: watch.reportDead, Name: fmt.Sprintf("ib%d", k), Mode: ipoibcm.ModeConnected,
+			Device: watch.wrap(dev), Host: h, Name: fmt.Sprintf("ib%d", k), Mode: ipoibcm.ModeConnected,
 			SendQueueSize: cfg.SendQueueSize, RecvQueueSize: cfg.RecvQueueSize,
 			CM: cm.Options{
 				ResponseTimeout: cfg.CMResponseTimeout, MaxRetries: 3, TimeWait: cfg.CMTimeWait,
@@ -141,8 +142,6 @@ func (s *soakRun) setUp() error {
 			// (TestReviewIdleNeighboursEvicted); the soak is about reaping.
 			NeighbourEvictAfter: time.Hour,
 			Logger:              cfg.Logger.With("host", k),
-			UnsafeSkipDeadFlag:  cfg.UnsafeSkipDeadFlag,
-			UnsafeSkipDrain:     cfg.UnsafeSkipDrain,
 		})
 		if err != nil {
 			h.Close()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/cm"
+	"github.com/ipoibcm/ipoib/internal/mutation"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 	"github.com/ipoibcm/ipoib/napi"
 )
@@ -100,9 +101,22 @@ type Interface struct {
 
 	hostWriteMu sync.Mutex
 
-	// hooks let tests wait for control-loop events instead of polling.
-	// Set before Start; called on the control loop.
+	// mut are the soak's mutations (internal/mutation), found on the
+	// device; the zero value everywhere else.
+	mut mutation.Soak
+
+	// hooks let this package's tests observe the engine and wait for its
+	// events instead of polling. Never set outside the tests; set before
+	// Start.
 	hooks struct {
+		// rxPacket runs on the RX poller for every IP packet delivered to
+		// the host: the peer and the payload after the IPoIB header,
+		// valid only during the call.
+		rxPacket func(peer frame.HWAddr, payload []byte)
+		// deadCompletion runs on the RX poller for every receive
+		// completion of a connection already marked dead.
+		deadCompletion func(wc *hca.WC)
+		// rxReaped and txDestroyed run on the control loop.
 		rxReaped    func(rxConn *rxConn)
 		txDestroyed func(tc *txConn)
 		// beforeTXStop runs on the host reader just before it stops the
@@ -155,6 +169,9 @@ func New(cfg Config) (_ *Interface, err error) {
 		stop:    make(chan struct{}),
 	}
 	i.ctl.init()
+	if c, ok := cfg.Device.(mutation.Carrier); ok {
+		i.mut = c.SoakMutations()
+	}
 	if !i.port.ActiveMTU.Valid() {
 		return nil, fmt.Errorf("%s: port MTU %d: %w", cfg.Name, i.port.ActiveMTU, hca.ErrInvalidArgument)
 	}

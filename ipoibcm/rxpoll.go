@@ -236,8 +236,8 @@ func (i *Interface) ringReceiveGone(rc *rxConn) {
 
 func (i *Interface) deadCompletion(wc *hca.WC) {
 	i.ctr.rxDeadDropped.Add(1)
-	if i.cfg.OnDeadCompletion != nil {
-		i.cfg.OnDeadCompletion(wc)
+	if h := i.hooks.deadCompletion; h != nil {
+		h(wc)
 	}
 }
 
@@ -308,8 +308,8 @@ func (i *Interface) deliverIP(r *rxScratch, b []byte, byteLen int, et uint16, sr
 			i.ctr.multicast.Add(1)
 		}
 	}
-	if i.cfg.OnRXPacket != nil {
-		i.cfg.OnRXPacket(peer, pkt)
+	if h := i.hooks.rxPacket; h != nil {
+		h(peer, pkt)
 	}
 	frame.PutEthernet(b, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: et})
 	r.frames = append(r.frames, b[:headroom+byteLen])
@@ -357,8 +357,8 @@ func (i *Interface) deliverND(r *rxScratch, pkt []byte, byteLen int, srcMAC fram
 	if mac, ok := hostMulticastMAC(frame.EtherTypeIPv6, pkt); ok {
 		dst = mac
 	}
-	if i.cfg.OnRXPacket != nil {
-		i.cfg.OnRXPacket(peer, pkt)
+	if h := i.hooks.rxPacket; h != nil {
+		h(peer, pkt)
 	}
 	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: frame.EtherTypeIPv6})
 	r.frames = append(r.frames, out[:frame.EthHdrLen+n])

@@ -52,23 +52,44 @@ var (
 )
 
 // MsgType names a CM message by its attribute.
-//
-//go:generate go tool stringer -type=MsgType -linecomment
 type MsgType uint16
 
 // CM attribute IDs (IBTA table 97).
 const (
-	MsgREQ  MsgType = 0x0010 // REQ
-	MsgMRA  MsgType = 0x0011 // MRA
-	MsgREJ  MsgType = 0x0012 // REJ
-	MsgREP  MsgType = 0x0013 // REP
-	MsgRTU  MsgType = 0x0014 // RTU
-	MsgDREQ MsgType = 0x0015 // DREQ
-	MsgDREP MsgType = 0x0016 // DREP
+	MsgREQ  MsgType = 0x0010
+	MsgMRA  MsgType = 0x0011
+	MsgREJ  MsgType = 0x0012
+	MsgREP  MsgType = 0x0013
+	MsgRTU  MsgType = 0x0014
+	MsgDREQ MsgType = 0x0015
+	MsgDREP MsgType = 0x0016
 )
 
 // msgTypes lists the message types the codec knows, for counters.
 var msgTypes = [...]MsgType{MsgREQ, MsgMRA, MsgREJ, MsgREP, MsgRTU, MsgDREQ, MsgDREP}
+
+// String is written by hand, unlike the other enums' generated ones: an
+// unknown attribute ID prints in hex, the way IBTA tables and tshark show
+// attribute IDs.
+func (t MsgType) String() string {
+	switch t {
+	case MsgREQ:
+		return "REQ"
+	case MsgMRA:
+		return "MRA"
+	case MsgREJ:
+		return "REJ"
+	case MsgREP:
+		return "REP"
+	case MsgRTU:
+		return "RTU"
+	case MsgDREQ:
+		return "DREQ"
+	case MsgDREP:
+		return "DREP"
+	}
+	return fmt.Sprintf("MsgType(%#04x)", uint16(t))
+}
 
 // msgIndex maps a known type to 0..len(msgTypes)-1, -1 otherwise.
 func msgIndex(t MsgType) int {
