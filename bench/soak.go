@@ -139,7 +139,7 @@ func (s *soakRun) setUp() error {
 			// them go stale and re-probes; with neighbours evicted at the
 			// default 10 x NeighbourTimeout (1.5 s here) they would keep
 			// sending to a forgotten MAC. Eviction has its own test
-			// (TestReviewIdleNeighboursEvicted); the soak is about reaping.
+			// (TestIdleNeighboursEvicted); the soak is about reaping.
 			NeighbourEvictAfter: time.Hour,
 			Logger:              cfg.Logger.With("host", k),
 		})

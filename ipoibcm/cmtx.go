@@ -66,7 +66,6 @@ type txConn struct {
 	failed        atomic.Bool  // teardown requested once
 	destroyClaim  atomic.Bool  // whoever wins destroys the QP
 	packets, byts atomic.Uint64
-	lastSend      atomic.Int64
 }
 
 // startTXLocked creates the TX connection of n and hands the REQ to the

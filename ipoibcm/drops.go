@@ -23,7 +23,6 @@ const (
 	dropTxSendError                          // tx_send_error
 	dropTxNoAH                               // tx_no_ah
 	dropTxNotIP                              // tx_not_ip
-	dropTxClosing                            // tx_closing
 	dropRxTruncatedHeader                    // rx_truncated_header
 	dropRxUnknownEthertype                   // rx_unknown_ethertype
 	dropRxOwnEcho                            // rx_own_echo
@@ -31,7 +30,6 @@ const (
 	dropRxBadND                              // rx_bad_nd
 	dropRxBadIP                              // rx_bad_ip
 	dropRxError                              // rx_error
-	dropRxWrongPKey                          // rx_wrong_pkey
 	dropRxHostWrite                          // rx_host_write
 	dropRxFromUnknownConn                    // rx_unknown_conn
 	numDropReasons

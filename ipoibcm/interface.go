@@ -263,7 +263,7 @@ func (i *Interface) createQueues() error {
 	if err != nil {
 		return fmt.Errorf("tx napi: %w", err)
 	}
-	i.rx.init(i.rxCQBatch())
+	i.rx.init(napi.DefaultBatch)
 	if i.ud, err = newUDPath(i); err != nil {
 		return err
 	}
@@ -280,8 +280,6 @@ func (i *Interface) createQueues() error {
 	}
 	return nil
 }
-
-func (i *Interface) rxCQBatch() int { return napi.DefaultBatch }
 
 func (i *Interface) onCQEvent(ev hca.AsyncEvent) {
 	// A CQ overflow loses a completion; the sizing rule should make it

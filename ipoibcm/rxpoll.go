@@ -1,6 +1,7 @@
 package ipoibcm
 
 import (
+	"net/netip"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -331,7 +332,7 @@ func (i *Interface) deliverND(r *rxScratch, pkt []byte, byteLen int, srcMAC fram
 			if hw.GID() == i.hw.GID() {
 				return i.hostMAC, true
 			}
-			n := i.learnLocked(hw, netipZero, r.clock())
+			n := i.learnLocked(hw, netip.Addr{}, r.clock())
 			if n == nil {
 				return frame.MAC{}, false
 			}

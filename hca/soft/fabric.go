@@ -111,6 +111,16 @@ func (f *Fabric) NewDevice(name string) (*Device, error) {
 	return d, nil
 }
 
+// NewDeviceWithGID adds a device with a chosen port GID, which must not be
+// in use by a live device: a host that restarts on the same port (its old
+// device closed, the new one with fresh QPNs), which is what an IPoIB peer
+// must survive without the host's ARP cache changing.
+func (f *Fabric) NewDeviceWithGID(name string, gid hca.GID) (*Device, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.newDeviceLocked(name, gid)
+}
+
 // newDeviceLocked checks that the fabric is open and that name and gid are
 // free, then adds the device; both NewDevice and NewDeviceWithGID end here.
 func (f *Fabric) newDeviceLocked(name string, gid hca.GID) (*Device, error) {
