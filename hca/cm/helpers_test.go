@@ -22,8 +22,16 @@ type node struct {
 	cq  hca.CQ
 }
 
+// testOptions keep the timers short: a 20 ms response timeout (code 13,
+// 32 ms as cm_convert_to_ms counts it) and packet life time 1 (1 ms).
 func testOptions(seed int64) Options {
-	return Options{ResponseTimeout: 20 * time.Millisecond, MaxRetries: 15, TimeWait: 10 * time.Millisecond, Seed: seed}
+	return Options{ResponseTimeout: 20 * time.Millisecond, PacketLifeTime: 1, MaxRetries: 15, TimeWait: 10 * time.Millisecond, Seed: seed}
+}
+
+// reqInterval is how long a REQ (or the active side's DREQ) of a Manager
+// with o waits before it is resent (ib_send_cm_req).
+func reqInterval(o Options) time.Duration {
+	return 2*convertToMS(o.PacketLifeTime) + convertToMS(timeoutCode(o.ResponseTimeout))
 }
 
 func newTestFabric(t testing.TB, faults soft.Faults) *soft.Fabric {
@@ -177,4 +185,18 @@ func eq[T comparable](a, b []T) bool {
 		}
 	}
 	return true
+}
+
+// holdGSI holds the completions of n's GSI CQ: MADs sent to n are
+// delivered but its Manager sees none (and none of its own sends
+// complete) until the hold is released, which the test's cleanup also
+// does.
+func holdGSI(t testing.TB, f *soft.Fabric, n *node) *soft.CompletionHold {
+	t.Helper()
+	h, err := f.HoldCompletions(n.m.cq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Release)
+	return h
 }
