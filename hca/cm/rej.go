@@ -43,6 +43,10 @@ const (
 	RejectVendorOptionNotSupptd RejectReason = 35 // VENDOR_OPTION_NOT_SUPPORTED
 )
 
+// rejectReasons lists every reason the codec names, for counters that
+// show each one, zero included.
+var rejectReasons = [...]RejectReason{RejectNoQP, RejectNoEEC, RejectNoResources, RejectTimeout, RejectUnsupported, RejectInvalidCommID, RejectInvalidCommInstance, RejectInvalidServiceID, RejectInvalidTransportType, RejectStaleConn, RejectRDCNotExist, RejectInvalidGID, RejectInvalidLID, RejectInvalidSL, RejectInvalidTrafficClass, RejectInvalidHopLimit, RejectInvalidPacketRate, RejectPortCMRedirect, RejectPortRedirect, RejectInvalidMTU, RejectInsufficientRespRes, RejectConsumerDefined, RejectInvalidRNRRetry, RejectDuplicateLocalCommID, RejectInvalidClassVersion, RejectInvalidFlowLabel, RejectInvalidAltFlowLabel, RejectVendorOptionNotSupptd}
+
 // MsgResponse says which message a REJ or MRA answers (IBTA table 107).
 //
 //go:generate go tool stringer -type=MsgResponse -linecomment

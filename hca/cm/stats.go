@@ -112,7 +112,7 @@ func (c *counters) snapshot() Stats {
 	for r, n := range c.dropped {
 		s.Dropped[DropReason(r)] = n
 	}
-	for r := range rejectNames {
+	for _, r := range rejectReasons {
 		s.RejSent[r], s.RejReceived[r] = 0, 0
 	}
 	for r, n := range c.rejSent {
