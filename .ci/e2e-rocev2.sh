@@ -360,9 +360,12 @@ BAD=$(fields --disable-heuristic eth_over_ib -Y '_ws.malformed || _ws.expert.sev
 [ "$BAD" = 0 ] || fail "$BAD malformed or error frames without the IPoIB heuristic"
 BAD=$(fields -Y '(_ws.malformed || _ws.expert.severity >= "error") && !(infiniband.bth.opcode == 0)' -T fields -e frame.number | wc -l)
 [ "$BAD" = 0 ] || fail "$BAD malformed or error frames besides the SEND_FIRST artefact"
-WARN=$(fields -Y '_ws.expert.severity >= "warning" && !(infiniband.bth.opcode == 0)' -T fields -e frame.number -e _ws.expert.message | sort -u -k2 | head -5)
+# Warnings from the carried TCP's own analysis (retransmissions after the
+# 1% loss, D-SACKs, segments the capture missed) are about the payload, not the
+# RoCEv2 decode.
+WARN=$(fields -Y '_ws.expert.severity >= "warning" && !tcp.analysis.flags && !tcp.options.sack.dsack && !(infiniband.bth.opcode == 0)' -T fields -e frame.number -e _ws.expert.message | sort -u -k2 | head -5)
 [ -z "$WARN" ] || fail "expert warnings: $WARN"
-pass "nothing malformed, no expert warnings (SEND_FIRST artefact aside)"
+pass "nothing malformed, no expert warnings but the carried TCP's (SEND_FIRST artefact aside)"
 
 "$ICRCCHECK" "$CAP" || fail "ICRC check"
 pass "every captured RoCEv2 frame's ICRC verifies"
@@ -415,7 +418,7 @@ while IFS='|' read -r l r priv; do
 	[ -z "$(echo "$priv" | tr -d ':0')" ] || fail "DREQ private data $priv, want none (ib_send_cm_dreq(NULL, 0))"
 done <<<"$DREQS"
 echo "teardown: $(echo "$DREQS" | wc -l) DREQ (comm IDs set, no private data), $DREPS DREP"
-BAD=$(fields -Y '_ws.malformed || _ws.expert.severity >= "warning"' -T fields -e frame.number | wc -l)
+BAD=$(fields -Y '_ws.malformed || (_ws.expert.severity >= "warning" && !tcp.analysis.flags && !tcp.options.sack.dsack)' -T fields -e frame.number | wc -l)
 [ "$BAD" = 0 ] || fail "$BAD malformed frames or expert warnings in the teardown capture"
 CAP=$CAP_MAIN
 pass "teardown: DREQ and DREP decoded, no expert warnings"
