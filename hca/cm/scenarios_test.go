@@ -122,7 +122,7 @@ func TestTimedOutNoAnswer(t *testing.T) {
 		}
 		// cm_process_send_error: giving up sends nothing.
 		s := a.m.Stats()
-		if s.Sent[MsgREQ] != 4 || s.Retries != 3 || s.Timeouts != 1 || len(s.RejSent) != 0 || s.LiveConns != 0 {
+		if s.Sent[MsgREQ] != 4 || s.Retries != 3 || s.Timeouts != 1 || s.Sent[MsgREJ] != 0 || s.LiveConns != 0 {
 			t.Fatalf("stats %+v", s)
 		}
 	})
@@ -568,7 +568,7 @@ func TestPassiveREPTimeout(t *testing.T) {
 			t.Fatalf("events %v", got)
 		}
 		s := b.m.Stats()
-		if s.Sent[MsgREP] != 3 || s.Retries != 2 || len(s.RejSent) != 0 || s.LiveConns != 0 {
+		if s.Sent[MsgREP] != 3 || s.Retries != 2 || s.Sent[MsgREJ] != 0 || s.LiveConns != 0 {
 			t.Fatalf("stats %+v", s)
 		}
 	})
