@@ -28,7 +28,7 @@ func TestSoakCaptureDecodes(t *testing.T) {
 	})
 	cfg.Hosts = 6
 	cfg.MaxPacket = 3000 // small records: the ring holds the whole run
-	cfg.UnsafeSkipDeadFlag = true
+	cfg.Mutations.SkipDeadFlag = true
 	cfg.Capture = file
 	cfg.CapturePackets = 200000
 	rep := runSoakT(t, cfg)

@@ -51,7 +51,7 @@ func (i *Interface) teardownRX(rc *rxConn, why string) {
 		return
 	}
 	i.mu.Unlock()
-	if !i.cfg.UnsafeSkipDeadFlag {
+	if !i.mut.SkipDeadFlag {
 		// Under the poll lock: no poll that began before is still running,
 		// and every later one sees the flag.
 		i.rxNAPI.Sync(func() { rc.dead.Store(true) })
@@ -67,7 +67,7 @@ func (i *Interface) teardownRX(rc *rxConn, why string) {
 		i.log.Warn("RX QP to Error", "peer", rc.peer, "err", err)
 	}
 	i.emitRX(EventQPError, rc, 0, "")
-	if i.cfg.UnsafeSkipDrain {
+	if i.mut.SkipDrain {
 		i.reapRX(rc)
 		return
 	}
@@ -86,17 +86,17 @@ func (i *Interface) onLastWQE(rc *rxConn) {
 	switch st {
 	case rxLive:
 		i.rs.lateLastWQE.Add(1)
-		if !i.cfg.UnsafeSkipDeadFlag {
+		if !i.mut.SkipDeadFlag {
 			i.rxNAPI.Sync(func() { rc.dead.Store(true) })
 		}
 		rc.deadAt = time.Now()
 		i.emitRX(EventDeadSet, rc, 0, "LAST_WQE on a live connection")
 	case rxError:
 	default:
-		return // duplicate, or already reaped by UnsafeSkipDrain
+		return // duplicate, or already reaped under the SkipDrain mutation
 	}
 	i.emitRX(EventLastWQE, rc, 0, "")
-	if i.cfg.UnsafeSkipDrain {
+	if i.mut.SkipDrain {
 		i.reapRX(rc)
 		return
 	}
@@ -158,7 +158,7 @@ func (i *Interface) onRingFlushed(rc *rxConn) {
 	i.mu.Unlock()
 	if st == rxLive {
 		// The QP errored without us: mark it dead before reaping.
-		if !i.cfg.UnsafeSkipDeadFlag {
+		if !i.mut.SkipDeadFlag {
 			i.rxNAPI.Sync(func() { rc.dead.Store(true) })
 		}
 		rc.deadAt = time.Now()

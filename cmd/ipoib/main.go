@@ -5,15 +5,12 @@ package main
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/ipoibcm/ipoib/cmd/ipoib/internal/cli"
 	"github.com/ipoibcm/ipoib/control"
-	"github.com/ipoibcm/ipoib/metrics"
 	"github.com/ipoibcm/ipoib/tap"
 )
 
@@ -25,20 +22,12 @@ func main() {
 	// SIGHUP (the terminal closed) stops the run cleanly like Ctrl-C.
 	signal.Ignore(syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	m := metrics.New()
 	code := cli.Main(ctx, os.Args[1:], cli.Env{
 		Stdout:     os.Stdout,
 		Stderr:     os.Stderr,
 		Euid:       os.Geteuid,
 		ControlDir: control.DefaultDir,
 		MarkerDir:  tap.DefaultMarkerDir,
-		Engine:     softEngine{metrics: m},
-		InProc:     runInProc,
-		Soak:       runSoak,
-		Up:         runUp,
-		Metrics: func(addr string, log *slog.Logger) (io.Closer, error) {
-			return metrics.Serve(addr, m, log)
-		},
 	})
 	stop()
 	os.Exit(code)

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 
 	"github.com/ipoibcm/ipoib/control"
+	"github.com/ipoibcm/ipoib/metrics"
 	"github.com/ipoibcm/ipoib/internal/flagcheck"
 	"github.com/ipoibcm/ipoib/tap"
 )
@@ -57,26 +58,22 @@ func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 		if env.Euid() != 0 {
 			return fail(env, "fabric", errors.New("needs root to create network namespaces and TAP devices; without root, 'ipoib bench' measures the same engine in-process"))
 		}
-		if env.Engine == nil {
-			return fail(env, "fabric", errors.New("no IPoIB engine wired into this binary"))
-		}
 		log := newLogger(env.Stderr, lvl.level)
 		stopProfile, err := prof.start()
 		if err != nil {
 			return fail(env, "fabric", err)
 		}
+		var m *metrics.Metrics
 		if *metricsAddr != "" {
-			if env.Metrics == nil {
-				return fail(env, "fabric", errors.Join(errors.New("metrics not built into this binary"), stopProfile()))
-			}
-			srv, err := env.Metrics(*metricsAddr, log)
+			m = metrics.New()
+			srv, err := metrics.Serve(*metricsAddr, m, log)
 			if err != nil {
 				return fail(env, "fabric", errors.Join(err, stopProfile()))
 			}
 			defer srv.Close()
-			log.Info("metrics", "url", "http://"+*metricsAddr+"/metrics")
+			log.Info("metrics", "url", "http://"+srv.Addr().String()+"/metrics")
 		}
-		lab := fabricLab{env: env, log: log, owner: &tap.Owner{MarkerDir: env.MarkerDir, Logger: log}, netnsPrefix: *netnsPrefix}
+		lab := fabricLab{env: env, log: log, owner: &tap.Owner{MarkerDir: env.MarkerDir, Logger: log}, netnsPrefix: *netnsPrefix, metrics: m}
 		err = lab.run(ctx, addrs, *mode, *mtu, *ifname, *seed, *dir)
 		if err = errors.Join(err, stopProfile()); err != nil {
 			return fail(env, "fabric", err)
@@ -107,10 +104,12 @@ type fabricLab struct {
 	owner *tap.Owner
 	// netnsPrefix names the namespaces (prefix + host number).
 	netnsPrefix string
+	// metrics, if set, exports every host (--metrics).
+	metrics *metrics.Metrics
 
 	namespaces []*tap.Netns
-	hosts      []Host
-	fabric     Fabric
+	hosts      []*softHost
+	fabric     *softFabric
 	server     *control.Server
 }
 
@@ -123,10 +122,7 @@ func (l *fabricLab) run(ctx context.Context, addrs []netip.Prefix, mode string, 
 		l.log.Info("removed a crashed run's namespaces", "names", removed)
 	}
 	defer func() { err = errors.Join(err, l.teardown()) }()
-	l.fabric, err = l.env.Engine.NewFabric(seed, l.log)
-	if err != nil {
-		return fmt.Errorf("soft fabric: %w", err)
-	}
+	l.fabric = newSoftFabric(seed, l.metrics, l.log)
 	var endpoints []control.Endpoint
 	for i, addr := range addrs {
 		prefix := l.netnsPrefix

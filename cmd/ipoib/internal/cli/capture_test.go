@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/ipoibcm/ipoib/capture"
-	"github.com/ipoibcm/ipoib/cmd/ipoib/internal/cli"
 	"github.com/ipoibcm/ipoib/control"
 	"github.com/ipoibcm/ipoib/hca/rocev2"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
@@ -70,8 +69,8 @@ func captureWhile(t *testing.T, dir string, traffic func(ctx context.Context), a
 	done := make(chan int, 1)
 	var stderr bytes.Buffer
 	go func() {
-		done <- cli.Main(context.Background(), append([]string{"capture", "-w", file}, args...),
-			cli.Env{ControlDir: dir, Stdout: &bytes.Buffer{}, Stderr: &stderr})
+		done <- Main(context.Background(), append([]string{"capture", "-w", file}, args...),
+			Env{ControlDir: dir, Stdout: &bytes.Buffer{}, Stderr: &stderr})
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -10,7 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ipoibcm/ipoib/cmd/ipoib/internal/cli"
 	"github.com/ipoibcm/ipoib/control"
 	"github.com/ipoibcm/ipoib/hca/rocev2"
 	"github.com/ipoibcm/ipoib/metrics"
@@ -64,7 +63,7 @@ func TestMetricsMatchShowJSON(t *testing.T) {
 	}
 	show := func() map[string]map[string]any {
 		var stdout, stderr bytes.Buffer
-		code := cli.Main(context.Background(), []string{"show", "--json"}, cli.Env{ControlDir: dir, Stdout: &stdout, Stderr: &stderr})
+		code := Main(context.Background(), []string{"show", "--json"}, Env{ControlDir: dir, Stdout: &stdout, Stderr: &stderr})
 		out := stdout.String()
 		if code != 0 {
 			t.Fatalf("show --json exit %d: %s", code, stderr.String())

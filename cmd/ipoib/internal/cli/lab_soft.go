@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 	"net/netip"
 
 	"github.com/ipoibcm/ipoib/capture"
-	"github.com/ipoibcm/ipoib/cmd/ipoib/internal/cli"
 	"github.com/ipoibcm/ipoib/control"
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/soft"
@@ -18,26 +17,24 @@ import (
 	"github.com/ipoibcm/ipoib/tap"
 )
 
-// This file is the only place the CLI touches the engine: it builds
-// ipoibcm Interfaces on hca/soft devices with kernel TAPs as host ports.
+// This file builds ipoibcm Interfaces on hca/soft devices with kernel TAPs
+// as host ports: the lab ('ipoib fabric') and the ib0 rows of 'ipoib bench
+// --iperf'.
 
 var _ ipoibcm.HostPort = (*tap.Device)(nil)
 
-// softEngine builds soft fabrics whose hosts export their metrics to one
-// registry (served by --metrics).
-type softEngine struct {
-	metrics *metrics.Metrics
-}
-
-func (e softEngine) NewFabric(seed int64, log *slog.Logger) (cli.Fabric, error) {
+// newSoftFabric creates an in-process soft fabric of hosts, whose hosts
+// export their metrics to m (nil: none).
+func newSoftFabric(seed int64, m *metrics.Metrics, log *slog.Logger) *softFabric {
 	// Newest-first receive keeps the few buffers in flight cache-hot: the
 	// fabric's copy is the "wire", and cold buffers doubled its cost. The
 	// capture mux costs one atomic load per message while nobody captures.
 	mux := &capture.Mux{}
 	fab := soft.NewFabric(soft.Config{Seed: seed, ReceiveOrder: soft.ReceiveNewestFirst, Tap: mux})
-	return &softFabric{fab: fab, mux: mux, metrics: e.metrics, log: log}, nil
+	return &softFabric{fab: fab, mux: mux, metrics: m, log: log}
 }
 
+// softFabric is one soft fabric of hosts.
 type softFabric struct {
 	fab     *soft.Fabric
 	mux     *capture.Mux
@@ -45,7 +42,10 @@ type softFabric struct {
 	log     *slog.Logger
 }
 
-func (f *softFabric) AddHost(host, ifname string, dev *tap.Device, addrs []netip.Prefix, mode string, mtu int) (cli.Host, error) {
+// AddHost creates a device on the fabric and an IPoIB interface named
+// ifname on it with dev as its host port, and starts it. The host owns dev
+// from then on: softHost.Close closes it.
+func (f *softFabric) AddHost(host, ifname string, dev *tap.Device, addrs []netip.Prefix, mode string, mtu int) (*softHost, error) {
 	m, err := ipoibcm.ParseMode(mode)
 	if err != nil {
 		return nil, err
