@@ -9,8 +9,8 @@ import (
 	"net/netip"
 
 	"github.com/ipoibcm/ipoib/control"
-	"github.com/ipoibcm/ipoib/metrics"
 	"github.com/ipoibcm/ipoib/internal/flagcheck"
+	"github.com/ipoibcm/ipoib/metrics"
 	"github.com/ipoibcm/ipoib/tap"
 )
 
