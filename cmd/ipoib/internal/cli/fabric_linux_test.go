@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,19 +28,29 @@ func TestFabricBuildsServesAndRemovesEverything(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	controlDir, markerDir := t.TempDir(), t.TempDir()
+	metricsAddr := borrowTCPAddr(t)
 	var showOut string
+	var linkUp, mtu float64
 	env := Env{
 		Euid: os.Geteuid, ControlDir: controlDir, MarkerDir: markerDir,
 		fabricReady: func(path string) {
-			// The lab is up: show must see all three hosts, then stop it.
+			// The lab is up: show must see all three hosts, the metrics
+			// endpoint must serve them, then stop it.
 			r := runCLI(t, Env{ControlDir: controlDir}, "show")
 			showOut = r.stdout + r.stderr
+			url := "http://" + metricsAddr + "/metrics"
+			linkUp = scrapeValue(t, url, `ipoib_link_up{host="ipoib-h3"}`)
+			mtu = scrapeValue(t, url, `ipoib_mtu_bytes{host="ipoib-h3"}`)
 			cancel()
 		},
 	}
-	r := runCLIContext(ctx, t, env, "fabric", "--hosts", "3", "--prefix", "10.77.5.0/24", "--mode", "datagram", "--log-level", "warn")
+	r := runCLIContext(ctx, t, env, "fabric", "--hosts", "3", "--prefix", "10.77.5.0/24", "--mode", "datagram", "--log-level", "warn",
+		"--metrics", metricsAddr)
 	if r.code != ExitOK {
 		t.Fatalf("fabric exit %d stderr %s", r.code, r.stderr)
+	}
+	if linkUp != 1 || mtu != 4092 {
+		t.Errorf("metrics of ipoib-h3: link_up %v mtu %v, want 1 and 4092", linkUp, mtu)
 	}
 	for _, want := range []string{"ipoib-h1: ib0:", "ipoib-h3: ib0:", "inet 10.77.5.3/24", "mode datagram"} {
 		if !strings.Contains(showOut, want) {
@@ -57,6 +68,17 @@ func TestFabricBuildsServesAndRemovesEverything(t *testing.T) {
 	if paths, _ := control.Discover(controlDir); len(paths) != 0 {
 		t.Errorf("control sockets left behind: %v", paths)
 	}
+}
+
+// borrowTCPAddr is a loopback address with a port free a moment ago.
+func borrowTCPAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
 
 func runCLIContext(ctx context.Context, t *testing.T, env Env, args ...string) result {
