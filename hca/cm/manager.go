@@ -84,17 +84,17 @@ type Manager struct {
 	halfOpen      map[hca.GID]*halfOpenSet
 	halfOpenCount int
 	halfOpenSeq   uint64
-	ahs         ahCache
-	freeSlots   []uint32
-	deadlines   deadlines
-	timer       *time.Timer
-	timerAt     time.Time
-	timerArmed  bool
-	pending     []pendingEvent
-	pendingHead int
-	stats       counters
-	scratch     [MADSize]byte
-	sendWR      [1]hca.SendWR
+	ahs           ahCache
+	freeSlots     []uint32
+	deadlines     deadlines
+	timer         *time.Timer
+	timerAt       time.Time
+	timerArmed    bool
+	pending       []pendingEvent
+	pendingHead   int
+	stats         counters
+	scratch       [MADSize]byte
+	sendWR        [1]hca.SendWR
 }
 
 // recvSlotSize leaves room past a MAD so an oversized message completes
