@@ -40,6 +40,9 @@ const (
 	DropBadLength
 	// DropFault: dropped on purpose by fault injection.
 	DropFault
+	// DropNotAllowed: the source address is outside the receiver's allow
+	// list; found before the datagram is parsed.
+	DropNotAllowed
 
 	// NumDropReasons sizes per-reason counter arrays.
 	NumDropReasons
@@ -60,6 +63,7 @@ var dropNames = [...]string{
 	DropNoBuffer:    "no_buffer",
 	DropBadLength:   "bad_length",
 	DropFault:       "fault",
+	DropNotAllowed:  "not_allowed",
 }
 
 func (r DropReason) String() string {
