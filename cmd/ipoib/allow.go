@@ -7,9 +7,10 @@ import (
 )
 
 // defaultAllow is --allow's default: every --peers address and the
-// subnets of the local interface that holds the bind address (its
-// connected routes), which is where an IPoIB subnet's other hosts are
-// on a flat underlay.
+// connected subnets of this host that contain the bind address (the
+// prefix of the interface address it is, or, for a loopback address
+// such as 127.0.0.2, of the one whose subnet holds it), which is where
+// an IPoIB subnet's other hosts are on a flat underlay.
 func defaultAllow(bind netip.Addr, peers []netip.Addr) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for _, p := range peers {
@@ -31,14 +32,18 @@ func defaultAllow(bind netip.Addr, peers []netip.Addr) ([]netip.Prefix, error) {
 				continue
 			}
 			ip, ok := netip.AddrFromSlice(ipn.IP)
-			if !ok || ip.Unmap() != bind {
+			if !ok {
 				continue
 			}
 			ones, _ := ipn.Mask.Size()
 			if ip.Is4In6() && len(ipn.Mask) == net.IPv6len {
 				ones -= 96
 			}
-			out = append(out, netip.PrefixFrom(bind, ones).Masked())
+			p := netip.PrefixFrom(ip.Unmap(), ones).Masked()
+			if !p.IsValid() || !p.Contains(bind) {
+				continue
+			}
+			out = append(out, p)
 			found = true
 		}
 	}

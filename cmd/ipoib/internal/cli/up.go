@@ -57,7 +57,7 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	hcaName := fs.String("hca", "rocev2", "HCA backend: rocev2")
 	bind := fs.String("bind", "", "local IP address for RoCEv2/UDP, e.g. 192.0.2.1 (required; its GID is ::ffff:<addr>)")
 	port := fs.Uint("port", 4791, "UDP port of the fabric (every host uses the same)")
-	peers := fs.String("peers", "", "comma-separated IP addresses of the other hosts (the broadcast group); hosts heard from join too")
+	peers := fs.String("peers", "", "comma-separated IP addresses of the other hosts (the broadcast group); hosts heard from inside --allow join too, up to 1024")
 	allow := fs.String("allow", "", "comma-separated underlay source prefixes to accept, or 'any'; others are dropped before parsing (default: --peers and the subnet --bind is on)")
 	maxRX := fs.Int("max-rx-conns", 2048, "passive connections at most (REQs over it get REJ NO_QP); a peer holding an established one may replace it")
 	maxRXPeer := fs.Int("max-rx-conns-per-peer", 4, "passive connections from one peer GID at most")
