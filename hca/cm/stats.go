@@ -195,13 +195,11 @@ func (c *counters) snapshot() Stats {
 		UnverifiedGiveUps:    c.unverifiedGiveUps,
 		UnverifiedSuppressed: c.unverifiedSuppressed,
 	}
+	// Every message type, REQ outcome, drop and reject reason is present,
+	// zero included, so the JSON has one schema whatever has happened.
 	for o, n := range c.reqs {
-		if n != 0 {
-			s.REQs[REQOutcome(o)] = n
-		}
+		s.REQs[REQOutcome(o)] = n
 	}
-	// Every message type, drop and reject reason is present, zero
-	// included, so the JSON has one schema whatever has happened.
 	for i, t := range msgTypes {
 		s.Sent[t] = c.sent[i]
 		s.Received[t] = c.received[i]
