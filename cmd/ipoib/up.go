@@ -72,7 +72,6 @@ func upDeviceConfig(o cli.UpOptions, log *slog.Logger) (rocev2.Config, error) {
 		MTU:   hca.MTU(o.IBMTU),
 		Faults: rocev2.Faults{Seed: o.Seed, Drop: o.Loss, Duplicate: o.Dup, Reorder: o.Reorder,
 			Delay: o.Delay, DelayTime: o.DelayTime},
-		MinRetryCount: o.RCRetry,
 		MinAckTimeout: o.AckTimeout,
 		DisableGSO:    !o.UDPOffload,
 		DisableGRO:    !o.UDPOffload,
@@ -85,7 +84,7 @@ func upDeviceConfig(o cli.UpOptions, log *slog.Logger) (rocev2.Config, error) {
 // host.
 func upInterfaceConfig(o cli.UpOptions, mode ipoibcm.Mode, dev hca.Device, host ipoibcm.HostPort, log *slog.Logger) ipoibcm.Config {
 	return ipoibcm.Config{
-		Device: dev, Host: host, Name: o.Dev, Mode: mode, MTU: o.MTU, Logger: log,
+		Device: dev, Host: host, Name: o.Dev, Mode: mode, MTU: o.MTU, RCRetry: o.RCRetry, Logger: log,
 		MaxRXConns: o.MaxRXConns, MaxRXConnsPerGID: o.MaxRXConnsPerPeer,
 		CM: cm.Options{MaxHalfOpen: o.MaxHalfOpen},
 	}

@@ -41,9 +41,9 @@ func checkREQOutcomes(t *testing.T, s Stats) {
 }
 
 // TestUnverifiedBudget: a source that sends REQs and never an RTU gets at
-// most two MADs per REQ, paced by the response timeout: the REP, one
-// resend, and for its duplicate REQ an immediate REP and one more resend;
-// then the handshake ends without a REJ.
+// most two MADs per REQ, paced by the REQ's response timeout: the REP,
+// one resend, and for its duplicate REQ two more resends; then the
+// handshake ends without a REJ.
 func TestUnverifiedBudget(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newTestFabric(t, soft.Faults{})
@@ -55,13 +55,14 @@ func TestUnverifiedBudget(t *testing.T) {
 		}
 		raw := newRawGSI(t, f)
 		req := rawREQ(t, 0x51, 0x100)
+		iv := convertToMS(goldenREQ().LocalCMResponseTimeout) // the REP's resend interval
 		raw.send(b.dev.GID(), req)
-		settle(opts.ResponseTimeout + opts.ResponseTimeout/2) // REP, one resend
+		settle(iv + iv/2) // REP, one resend
 		if s := b.m.Stats(); s.Sent[MsgREP] != 2 || s.HalfOpen != 1 {
 			t.Fatalf("after one timeout: %+v", s)
 		}
-		raw.send(b.dev.GID(), req) // the duplicate buys two more
-		settle(10 * opts.ResponseTimeout)
+		raw.send(b.dev.GID(), req) // the duplicate buys two more, spent by the timer
+		settle(10 * iv)
 		s := b.m.Stats()
 		if s.Received[MsgREQ] != 2 || s.Sent[MsgREP] != 4 || sentMADs(s) != 4 || s.UnverifiedGiveUps != 1 ||
 			s.RejSent[RejectTimeout] != 0 || s.HalfOpen != 0 || s.LiveConns != 0 {
@@ -101,7 +102,7 @@ func TestHalfOpenPerGIDLimit(t *testing.T) {
 			t.Fatalf("stats %+v", s)
 		}
 		checkREQOutcomes(t, s)
-		settle(10 * opts.ResponseTimeout)
+		settle(10 * convertToMS(goldenREQ().LocalCMResponseTimeout))
 		if s := b.m.Stats(); s.HalfOpen != 0 || s.LiveConns != 0 {
 			t.Fatalf("after the handshakes ended: %+v", s)
 		}
@@ -153,7 +154,7 @@ func TestHalfOpenEvictsHeaviest(t *testing.T) {
 				t.Fatalf("flood handshake %v in %s", pc, pc.State())
 			}
 		}
-		settle(10 * opts.ResponseTimeout)
+		settle(10 * convertToMS(goldenREQ().LocalCMResponseTimeout))
 		if s := b.m.Stats(); s.HalfOpen != 0 || s.LiveConns != 1 {
 			t.Fatalf("after the flood's handshakes ended: %+v", s)
 		}

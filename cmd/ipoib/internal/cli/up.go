@@ -9,6 +9,8 @@ import (
 	"net/netip"
 	"strings"
 	"time"
+
+	"github.com/ipoibcm/ipoib/internal/flagcheck"
 )
 
 // ErrSetup marks an 'ipoib up' failure before the interface ran: an
@@ -37,7 +39,8 @@ type UpOptions struct {
 	Loss, Dup, Reorder, Delay float64
 	DelayTime                 time.Duration
 	Seed                      uint64
-	// RCRetry floors the RC transport retry count (IPoIB asks for 0);
+	// RCRetry is the RC transport retry count the REQ carries and both
+	// QPs use (Linux IPoIB asks for 0);
 	// AckTimeout floors the RC transport timeout.
 	RCRetry    uint8
 	AckTimeout time.Duration
@@ -71,7 +74,7 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	delay := fs.Float64("delay", 0, "fault injection: probability of holding a datagram back by --delay-time")
 	delayTime := fs.Duration("delay-time", time.Millisecond, "fault injection: how long --delay holds a datagram")
 	seed := fs.Uint64("seed", 1, "fault injection random seed")
-	rcRetry := fs.Uint("rc-retry", 6, "RC transport retries at least (0..7, 7 = forever): IPoIB-CM asks for 0, which one lost UDP datagram would turn into a dropped connection")
+	rcRetry := fs.Uint("rc-retry", 6, "RC transport retry count the CM REQ asks for and both QPs use (0..7, 7 = forever): Linux IPoIB-CM asks for 0, which one lost UDP datagram would turn into a dropped connection")
 	ackTimeout := fs.Duration("ack-timeout", 50*time.Millisecond, "RC transport (ACK) timeout at least: the go-back-N retransmit delay when a datagram is lost")
 	udpOffload := fs.Bool("udp-offload", true, "use UDP GSO/GRO on the RoCEv2 socket where the kernel has them (false: one datagram per send and receive)")
 	host := fs.String("host", "", "name on the control socket (ipoib show/mode --host); default <dev>@<bind>")
@@ -87,22 +90,14 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 		if msg != "" {
 			return usageError(env, "up", msg)
 		}
-		for _, p := range []struct {
-			name string
-			v    float64
-		}{{"loss", *loss}, {"dup", *dup}, {"reorder", *reorder}, {"delay", *delay}} {
-			if !(p.v >= 0 && p.v <= 1) {
-				return usageError(env, "up", fmt.Sprintf("--%s %v: want a probability in [0, 1]", p.name, p.v))
-			}
-		}
-		if *delayTime < 0 {
-			return usageError(env, "up", fmt.Sprintf("--delay-time %v is negative", *delayTime))
-		}
-		if *rcRetry > 7 {
-			return usageError(env, "up", fmt.Sprintf("--rc-retry %d not in 0..7", *rcRetry))
-		}
-		if *ackTimeout < time.Millisecond {
-			return usageError(env, "up", fmt.Sprintf("--ack-timeout %v: want at least 1ms", *ackTimeout))
+		if msg := flagcheck.First(
+			flagcheck.Probability("loss", *loss), flagcheck.Probability("dup", *dup),
+			flagcheck.Probability("reorder", *reorder), flagcheck.Probability("delay", *delay),
+			flagcheck.Duration("delay-time", *delayTime, 0),
+			flagcheck.UintMax("rc-retry", *rcRetry, 7),
+			flagcheck.Duration("ack-timeout", *ackTimeout, time.Millisecond),
+		); msg != "" {
+			return usageError(env, "up", msg)
 		}
 		allowed, err := ParseAllow(*allow, o.Bind.Addr().Is4())
 		if err != nil {
@@ -159,8 +154,8 @@ func parseUp(args []string, r upRaw) (UpOptions, string) {
 	if len(args) > 0 {
 		return o, fmt.Sprintf("unexpected argument %q", args[0])
 	}
-	if r.dev == "" || len(r.dev) > 15 || strings.ContainsAny(r.dev, "/ \t") {
-		return o, fmt.Sprintf("--dev %q: want an interface name of 1..15 characters", r.dev)
+	if msg := flagcheck.Ifname("dev", r.dev); msg != "" {
+		return o, msg
 	}
 	if r.hca != "rocev2" {
 		return o, fmt.Sprintf("--hca %q: only rocev2 is available ('ipoib fabric' runs the soft fabric)", r.hca)
@@ -191,13 +186,13 @@ func parseUp(args []string, r upRaw) (UpOptions, string) {
 	if !validMode(r.mode) {
 		return o, fmt.Sprintf("--mode %q: want connected or datagram", r.mode)
 	}
-	if r.mtu != 0 && (r.mtu < 576 || r.mtu > 65520) {
-		return o, fmt.Sprintf("--mtu %d: want 0 or 576..65520", r.mtu)
-	}
 	switch r.ibMTU {
 	case 1024, 2048, 4096:
 	default:
 		return o, fmt.Sprintf("--ib-mtu %d: want 1024, 2048 or 4096", r.ibMTU)
+	}
+	if msg := flagcheck.MTU(r.mode, r.mtu, r.ibMTU); msg != "" {
+		return o, msg
 	}
 	return UpOptions{Dev: r.dev, Addr: pfx, HCA: r.hca, Bind: netip.AddrPortFrom(bind, uint16(r.port)), Peers: peers,
 		Mode: r.mode, MTU: r.mtu, IBMTU: r.ibMTU}, ""
