@@ -2,49 +2,29 @@ package cm
 
 import (
 	"errors"
-	"fmt"
 )
 
 // DropReason says why a received MAD was dropped.
+//
+//go:generate go tool stringer -type=DropReason -linecomment
 type DropReason int
 
 // Drop reasons: the first group is malformed MADs (DecodeMAD errors), the
 // second MADs that decode but match no connection in a fitting state.
 const (
-	DropShort DropReason = iota
-	DropLong
-	DropBaseVersion
-	DropMgmtClass
-	DropClassVersion
-	DropMethod
-	DropAttribute
-	DropInconsistent
-	DropRecvError
-	DropUnknownConn
-	DropUnexpected
+	DropShort        DropReason = iota // short
+	DropLong                           // long
+	DropBaseVersion                    // base_version
+	DropMgmtClass                      // mgmt_class
+	DropClassVersion                   // class_version
+	DropMethod                         // method
+	DropAttribute                      // attribute
+	DropInconsistent                   // inconsistent_field
+	DropRecvError                      // recv_error
+	DropUnknownConn                    // unknown_comm_id
+	DropUnexpected                     // unexpected_in_state
 	dropReasonCount
 )
-
-var dropNames = [...]string{
-	DropShort:        "short",
-	DropLong:         "long",
-	DropBaseVersion:  "base_version",
-	DropMgmtClass:    "mgmt_class",
-	DropClassVersion: "class_version",
-	DropMethod:       "method",
-	DropAttribute:    "attribute",
-	DropInconsistent: "inconsistent_field",
-	DropRecvError:    "recv_error",
-	DropUnknownConn:  "unknown_comm_id",
-	DropUnexpected:   "unexpected_in_state",
-}
-
-func (r DropReason) String() string {
-	if r >= 0 && r < dropReasonCount {
-		return dropNames[r]
-	}
-	return fmt.Sprintf("DropReason(%d)", int(r))
-}
 
 // dropReasonOf maps a decoding error to its drop reason.
 func dropReasonOf(err error) DropReason {
@@ -69,46 +49,31 @@ func dropReasonOf(err error) DropReason {
 
 // REQOutcome says what became of a received, well-formed REQ: every REQ
 // is counted under exactly one.
+//
+//go:generate go tool stringer -type=REQOutcome -linecomment
 type REQOutcome int
 
 // REQ outcomes.
 const (
 	// REQToListener: a new handshake, handed to the listener, whose
 	// decision (REP or REJ) is the consumer's to count.
-	REQToListener REQOutcome = iota
+	REQToListener REQOutcome = iota // to_listener
 	// REQDuplicate: a resent REQ of a handshake already known.
-	REQDuplicate
+	REQDuplicate // duplicate
 	// REQStale: rejected STALE_CONN; the old connection was told.
-	REQStale
+	REQStale // stale
 	// REQNoListener: rejected INVALID_SERVICE_ID.
-	REQNoListener
+	REQNoListener // no_listener
 	// REQBadTransport: rejected INVALID_TRANSPORT_TYPE (not RC).
-	REQBadTransport
+	REQBadTransport // bad_transport
 	// REQHalfOpenPerGID: rejected NO_RESOURCES, the source already has
 	// Options.MaxHalfOpenPerGID handshakes pending.
-	REQHalfOpenPerGID
+	REQHalfOpenPerGID // half_open_per_gid_limit
 	// REQUnexpected: a new transaction for a comm ID in a state that
 	// cannot take it; dropped.
-	REQUnexpected
+	REQUnexpected // unexpected
 	numREQOutcomes
 )
-
-var reqOutcomeNames = [...]string{
-	REQToListener:     "to_listener",
-	REQDuplicate:      "duplicate",
-	REQStale:          "stale",
-	REQNoListener:     "no_listener",
-	REQBadTransport:   "bad_transport",
-	REQHalfOpenPerGID: "half_open_per_gid_limit",
-	REQUnexpected:     "unexpected",
-}
-
-func (o REQOutcome) String() string {
-	if o >= 0 && o < numREQOutcomes {
-		return reqOutcomeNames[o]
-	}
-	return fmt.Sprintf("REQOutcome(%d)", int(o))
-}
 
 // MarshalText names the outcome in JSON map keys.
 func (o REQOutcome) MarshalText() ([]byte, error) { return []byte(o.String()), nil }
@@ -207,7 +172,7 @@ func (c *counters) snapshot() Stats {
 	for r, n := range c.dropped {
 		s.Dropped[DropReason(r)] = n
 	}
-	for r := range rejectNames {
+	for _, r := range rejectReasons {
 		s.RejSent[r], s.RejReceived[r] = 0, 0
 	}
 	for r, n := range c.rejSent {

@@ -1,8 +1,6 @@
 package cli
 
 import (
-	"context"
-	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
@@ -58,30 +56,45 @@ func FuzzParseAllow(f *testing.F) {
 	})
 }
 
-// The limits and --allow reach UpOptions; bad values are one usage line.
+// --allow and the limits are validated with the other flags, before
+// anything is created: good values pass on to the root check, bad ones
+// are one usage line naming the flag.
 func TestUpAllowAndLimitFlags(t *testing.T) {
-	var got UpOptions
-	env := Env{Euid: func() int { return 0 }, Up: func(_ context.Context, o UpOptions, _ *slog.Logger) error {
-		got = o
-		return nil
-	}}
 	base := []string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--control-dir", t.TempDir()}
-	r := runCLI(t, env, append(base, "--allow", "127.0.0.0/8,192.0.2.9", "--max-rx-conns", "64",
+	r := runCLI(t, Env{}, append(base, "--allow", "127.0.0.0/8,192.0.2.9", "--max-rx-conns", "64",
 		"--max-rx-conns-per-peer", "2", "--max-half-open", "16")...)
-	if r.code != ExitOK {
-		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	if r.code != ExitUsage || !strings.Contains(r.stderr, "needs root") {
+		t.Fatalf("valid flags: exit %d, stderr %q (want the root check)", r.code, r.stderr)
 	}
-	want := []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("192.0.2.9/32")}
-	if !slices.Equal(got.Allow, want) || got.MaxRXConns != 64 || got.MaxRXConnsPerPeer != 2 || got.MaxHalfOpen != 16 {
-		t.Fatalf("options %+v", got)
-	}
-	if r := runCLI(t, env, base...); r.code != ExitOK || got.Allow != nil || got.MaxRXConns != 2048 {
-		t.Fatalf("defaults: exit %d, allow %v, max %d", r.code, got.Allow, got.MaxRXConns)
-	}
-	for _, bad := range [][]string{{"--allow", "fd00::/8"}, {"--allow", "x"}, {"--max-rx-conns", "0"}, {"--max-half-open", "-1"}} {
-		r := runCLI(t, env, append(base, bad...)...)
-		if lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n"); r.code != ExitUsage || len(lines) != 1 {
+	for _, bad := range [][]string{{"--allow", "fd00::/8"}, {"--allow", "x"}, {"--max-rx-conns", "0"},
+		{"--max-rx-conns-per-peer", "0"}, {"--max-half-open", "-1"}} {
+		r := runCLI(t, Env{}, append(base, bad...)...)
+		lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n")
+		if r.code != ExitUsage || len(lines) != 1 || !strings.Contains(r.stderr, bad[0]) {
 			t.Errorf("%v: exit %d, stderr %q", bad, r.code, r.stderr)
 		}
+	}
+}
+
+// The default allow list is the peers plus the subnet the bind address
+// is on: on loopback, 127.0.0.1 is on 127.0.0.0/8.
+func TestDefaultAllow(t *testing.T) {
+	peer := netip.MustParseAddr("192.0.2.7")
+	got, err := defaultAllow(netip.MustParseAddr("127.0.0.1"), []netip.Addr{peer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []netip.Prefix{netip.MustParsePrefix("192.0.2.7/32"), netip.MustParsePrefix("127.0.0.0/8")}
+	if !slices.Equal(got, want) {
+		t.Fatalf("default allow %v, want %v", got, want)
+	}
+	// 127.78.0.1 is on lo's 127.0.0.0/8 without being its address.
+	if got, err := defaultAllow(netip.MustParseAddr("127.78.0.1"), nil); err != nil || !slices.Equal(got, want[1:]) {
+		t.Fatalf("default allow for a loopback address: %v, %v", got, err)
+	}
+	// 198.18.0.0/15 is for benchmarks between networks: on no interface
+	// here.
+	if _, err := defaultAllow(netip.MustParseAddr("198.19.254.253"), nil); err == nil {
+		t.Fatal("a bind address on no interface gave a default")
 	}
 }

@@ -1,0 +1,36 @@
+package cli
+
+import (
+	"net/netip"
+
+	"github.com/ipoibcm/ipoib/control"
+	"github.com/ipoibcm/ipoib/ipoibcm"
+)
+
+// interfaceInfo is the control socket's view of one engine interface,
+// shared by the fabric's hosts and 'ipoib up' so both report the same
+// fields the same way.
+func interfaceInfo(host string, ifc *ipoibcm.Interface, addrs []netip.Prefix) control.InterfaceInfo {
+	info := control.InterfaceInfo{
+		Host:   host,
+		Name:   ifc.Name(),
+		Mode:   ifc.Mode().String(),
+		MTU:    ifc.MTU(),
+		HWAddr: ifc.HWAddr().ColonString(),
+		LinkUp: ifc.LinkUp(),
+	}
+	for _, a := range addrs {
+		info.Addrs = append(info.Addrs, a.String())
+	}
+	return info
+}
+
+// setInterfaceMode parses a mode name from the control socket and applies
+// it to ifc.
+func setInterfaceMode(ifc *ipoibcm.Interface, mode string) error {
+	m, err := ipoibcm.ParseMode(mode)
+	if err != nil {
+		return err
+	}
+	return ifc.SetMode(m)
+}

@@ -1,0 +1,147 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+
+	"github.com/ipoibcm/ipoib/control"
+	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/hca/cm"
+	"github.com/ipoibcm/ipoib/hca/rocev2"
+	"github.com/ipoibcm/ipoib/ipoibcm"
+	"github.com/ipoibcm/ipoib/tap"
+)
+
+// This file is 'ipoib up': one ib0 on this host, a kernel TAP in front of
+// an ipoibcm.Interface on a RoCEv2/UDP device, served on the control
+// socket like the fabric's hosts.
+
+// upHost is a running 'ipoib up' interface: the control socket's view.
+type upHost struct {
+	name  string
+	ifc   *ipoibcm.Interface
+	dev   *rocev2.Device
+	addrs []netip.Prefix
+}
+
+var _ control.Endpoint = (*upHost)(nil)
+
+func (h *upHost) Info() control.InterfaceInfo { return interfaceInfo(h.name, h.ifc, h.addrs) }
+
+// Stats is the engine's snapshot with the RoCEv2 device's counters (per
+// drop reason, retransmits, injected faults) added as "rocev2", so 'ipoib
+// show' prints them with the interface.
+func (h *upHost) Stats() any {
+	eng, err := json.Marshal(h.ifc.Stats())
+	if err != nil {
+		return map[string]any{"error": err.Error()}
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(eng, &m); err != nil {
+		return map[string]any{"error": err.Error()}
+	}
+	dev, err := json.Marshal(h.dev.Stats())
+	if err != nil {
+		return map[string]any{"error": err.Error()}
+	}
+	m["rocev2"] = dev
+	return m
+}
+
+func (h *upHost) SetMode(mode string) error { return setInterfaceMode(h.ifc, mode) }
+
+// upDeviceConfig is the RoCEv2 device of 'ipoib up' o, with the default
+// allow list (the peers and the bind address's subnet) filled in.
+func upDeviceConfig(o UpOptions, log *slog.Logger) (rocev2.Config, error) {
+	allow := o.Allow
+	if allow == nil {
+		var err error
+		if allow, err = defaultAllow(o.Bind.Addr(), o.Peers); err != nil {
+			return rocev2.Config{}, err
+		}
+	}
+	return rocev2.Config{
+		Bind:  o.Bind,
+		Peers: o.Peers,
+		Allow: allow,
+		MTU:   hca.MTU(o.IBMTU),
+		Faults: rocev2.Faults{Seed: o.Seed, Drop: o.Loss, Duplicate: o.Dup, Reorder: o.Reorder,
+			Delay: o.Delay, DelayTime: o.DelayTime},
+		MinAckTimeout: o.AckTimeout,
+		DisableGSO:    !o.UDPOffload,
+		DisableGRO:    !o.UDPOffload,
+		Logger:        log,
+		Name:          "rocev2:" + o.Bind.String(),
+	}, nil
+}
+
+// upInterfaceConfig is the engine of 'ipoib up' o on dev, in front of
+// host.
+func upInterfaceConfig(o UpOptions, mode ipoibcm.Mode, dev hca.Device, host ipoibcm.HostPort, log *slog.Logger) ipoibcm.Config {
+	return ipoibcm.Config{
+		Device: dev, Host: host, Name: o.Dev, Mode: mode, MTU: o.MTU, RCRetry: o.RCRetry, Logger: log,
+		MaxRXConns: o.MaxRXConns, MaxRXConnsPerGID: o.MaxRXConnsPerPeer,
+		CM: cm.Options{MaxHalfOpen: o.MaxHalfOpen},
+	}
+}
+
+// runUp brings the interface up, serves the control socket until ctx ends
+// and removes everything. Failures before the interface runs wrap
+// ErrSetup.
+func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
+	setup := func(err error) error { return fmt.Errorf("%w: %w", ErrSetup, err) }
+	var cleanup []func() error
+	defer func() {
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			err = errors.Join(err, cleanup[i]())
+		}
+	}()
+	mode, err := ipoibcm.ParseMode(o.Mode)
+	if err != nil {
+		return setup(err)
+	}
+	dcfg, err := upDeviceConfig(o, log)
+	if err != nil {
+		return setup(err)
+	}
+	log.Info("underlay sources accepted", "allow", dcfg.Allow)
+	dev, err := rocev2.New(dcfg)
+	if err != nil {
+		return setup(fmt.Errorf("RoCEv2 device on %v: %w", o.Bind, err))
+	}
+	cleanup = append(cleanup, dev.Close)
+	port, err := tap.Open(tap.Config{Name: o.Dev, Link: tap.LinkConfig{Addrs: []netip.Prefix{o.Addr}}})
+	if err != nil {
+		return setup(fmt.Errorf("TAP %s: %w", o.Dev, err))
+	}
+	ifc, err := ipoibcm.New(upInterfaceConfig(o, mode, dev, port, log))
+	if err != nil {
+		return setup(errors.Join(fmt.Errorf("ipoibcm: %w", err), port.Close()))
+	}
+	if err := ifc.Start(); err != nil {
+		return setup(errors.Join(fmt.Errorf("ipoibcm start: %w", err), ifc.Close()))
+	}
+	// Interface.Close closes the TAP, which removes it from the kernel.
+	cleanup = append(cleanup, ifc.Close)
+	if err := port.SetMTU(ifc.MTU()); err != nil {
+		return setup(fmt.Errorf("TAP %s MTU %d: %w", o.Dev, ifc.MTU(), err))
+	}
+	h := &upHost{name: o.Host, ifc: ifc, dev: dev, addrs: []netip.Prefix{o.Addr}}
+	srv, err := control.Listen(o.ControlDir, []control.Endpoint{h}, log)
+	if err != nil {
+		return setup(err)
+	}
+	cleanup = append(cleanup, srv.Close)
+	log.Info("up; stop with Ctrl-C", "dev", o.Dev, "addr", o.Addr, "bind", dev.LocalAddr(), "hwaddr", ifc.HWAddr(),
+		"mode", ifc.Mode(), "mtu", ifc.MTU(), "peers", o.Peers, "control", srv.Path())
+	if o.Ready != nil {
+		o.Ready(srv.Path())
+	}
+	<-ctx.Done()
+	log.Info("shutting down", "dev", o.Dev)
+	return nil
+}

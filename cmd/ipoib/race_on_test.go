@@ -1,7 +1,0 @@
-//go:build race
-
-package main
-
-// raceEnabled: the race detector's shadow memory multiplies the resident
-// set, so RSS bounds do not apply (the Go heap is still measured).
-const raceEnabled = true
