@@ -108,7 +108,6 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 	if err != nil {
 		return setup(err)
 	}
-	log.Info("underlay sources accepted", "allow", dcfg.Allow)
 	dev, err := rocev2.New(dcfg)
 	if err != nil {
 		return setup(fmt.Errorf("RoCEv2 device on %v: %w", o.Bind, err))
@@ -137,7 +136,7 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 	}
 	cleanup = append(cleanup, srv.Close)
 	log.Info("up; stop with Ctrl-C", "dev", o.Dev, "addr", o.Addr, "bind", dev.LocalAddr(), "hwaddr", ifc.HWAddr(),
-		"mode", ifc.Mode(), "mtu", ifc.MTU(), "peers", o.Peers, "control", srv.Path())
+		"mode", ifc.Mode(), "mtu", ifc.MTU(), "peers", o.Peers, "allow", dcfg.Allow, "control", srv.Path())
 	if o.Ready != nil {
 		o.Ready(srv.Path())
 	}
