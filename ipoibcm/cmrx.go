@@ -86,6 +86,7 @@ func (i *Interface) decideREQ(req *cm.Request) cm.Decision {
 // or its own ring, and answer with {UD QPN, 65524} and a random PSN.
 func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	if ifState(i.state.Load()) != ifRunning {
+		i.rxLimitCtr.rejectedDown.Add(1)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	peerQPN, _, err := parseCMPrivateData(req.PrivateData)
@@ -104,6 +105,12 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		i.rs.rxRejectedNoQP.Add(1)
 		return cm.Decision{Reject: cm.RejectNoQP}
 	}
+	// Limits before anything is learnt or created from the REQ.
+	old, ok := i.admitRXLocked(rc)
+	if !ok {
+		i.mu.Unlock()
+		return cm.Decision{Reject: cm.RejectNoQP}
+	}
 	var n *neighbour
 	if peerQPN != 0 {
 		n = i.learnLocked(rc.peer, netip.Addr{}, now)
@@ -115,8 +122,11 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		i.nonSRQ++
 	}
 	i.mu.Unlock()
+	if old != nil {
+		i.replaceRX(old)
+	}
 	if n == nil {
-		i.releaseNonSRQ()
+		i.releaseRX(rc)
 		return cm.Decision{Reject: cm.RejectConsumerDefined}
 	}
 	rc.mac = n.mac
@@ -137,14 +147,14 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	qp, err := i.dev.CreateQP(cfg)
 	if err != nil {
 		i.log.Warn("create RX QP", "peer", rc.peer, "err", err)
-		i.releaseNonSRQ()
+		i.releaseRX(rc)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	rc.qp = qp
 	if err := i.initRXQP(rc); err != nil {
 		i.log.Warn("init RX QP", "peer", rc.peer, "err", err)
 		qp.Destroy()
-		i.releaseNonSRQ()
+		i.releaseRX(rc)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	if h := i.hooks.rxAccepting; h != nil {
@@ -158,6 +168,7 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	i.mu.Lock()
 	if rc.state == rxDestroyed {
 		i.mu.Unlock()
+		i.rxLimitCtr.rejectedError.Add(1)
 		return cm.Decision{Reject: cm.RejectNoQP}
 	}
 	i.rxConns[rc] = struct{}{}
@@ -172,12 +183,15 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	}
 }
 
-func (i *Interface) releaseNonSRQ() {
-	if i.srq != nil {
-		return
-	}
+// releaseRX gives back what acceptREQ reserved for a REQ it then
+// rejected: the connection slot and, without SRQ, the ring.
+func (i *Interface) releaseRX(rc *rxConn) {
+	i.rxLimitCtr.rejectedError.Add(1)
 	i.mu.Lock()
-	i.nonSRQ--
+	i.releaseRXLocked(rc)
+	if i.srq == nil {
+		i.nonSRQ--
+	}
 	i.mu.Unlock()
 }
 
