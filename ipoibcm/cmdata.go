@@ -8,7 +8,7 @@ import (
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 )
 
-// Service IDs (wire-formats.md §2): Linux/OFED's IETF base, which we
+// Service IDs (docs/wire.md §2): Linux/OFED's IETF base, which we
 // connect to, and the RFC 4755 form illumos uses, which we also accept.
 const (
 	serviceIDIETF uint64 = 0x1000000000000000

@@ -193,7 +193,7 @@ func New(cfg Config) (_ *Interface, err error) {
 	return i, nil
 }
 
-// rxCQSize is Linux's recv_cq size (kernel-ipoib.md §4.3): the UD ring
+// rxCQSize is Linux's recv_cq size (docs/linux.md §4.3): the UD ring
 // plus one, the sends of passive QPs (the drain WR) bounded by the send
 // queue, and the SRQ plus one spare for the drain completion, or every
 // non-SRQ ring.

@@ -179,7 +179,7 @@ func (rc *rxConn) onCMEvent(ev cm.Event) {
 	case cm.EventEstablished:
 		rc.established.Store(true)
 	case cm.EventDisconnectRequested, cm.EventRejected, cm.EventStale, cm.EventTimedOut:
-		// DREQ and REJ take the teardown path (kernel-ipoib.md §3.5).
+		// DREQ and REJ take the teardown path (docs/linux.md §3.5).
 		rc.i.postRX(rc, rxEvDisconnected)
 	}
 }

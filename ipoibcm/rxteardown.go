@@ -29,7 +29,7 @@ import (
 
 // rxState is the life of a passive (receive-only) connection: Linux's
 // passive_ids / rx_error / rx_flush / rx_drain lists as states
-// (kernel-ipoib.md §4.1).
+// (docs/linux.md §4.1).
 //
 //go:generate go tool stringer -type=rxState -linecomment
 type rxState int

@@ -13,7 +13,7 @@ import (
 // every send goes through, and the TX completions that give buffers and
 // credits back.
 //
-// Global TX credits (kernel-ipoib.md §6.1, design note 3): one count of
+// Global TX credits (docs/linux.md §6.1): one count of
 // sends posted or parked, over the UD QP and every connection. The host
 // reader stops reading when the count reaches SendQueueSize-1 and resumes
 // when completions bring it down to half, so no per-QP send queue and no
