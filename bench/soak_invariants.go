@@ -41,6 +41,10 @@ const (
 	// violQuiesce: traffic did not drain within the quiescence timeout
 	// (something is wedged).
 	violQuiesce // quiescence_reached
+	// violNoTraffic: the soak delivered nothing, or established no
+	// connection: a run that exercised nothing proves nothing (ud-loss 1
+	// once reported "PASS 0 violations" after 0 connects).
+	violNoTraffic // traffic_carried
 	numViolKinds
 )
 
@@ -57,6 +61,7 @@ var violDescriptions = [numViolKinds]string{
 	violCQOverflow:    "no CQ overflow / CQ_ERR",
 	violHeap:          "heap in use below its limit",
 	violQuiesce:       "traffic drains once the senders stop",
+	violNoTraffic:     "packets delivered over established connections",
 }
 
 // soakViolations collects violations from every goroutine of the soak.

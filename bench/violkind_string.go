@@ -20,12 +20,13 @@ func _() {
 	_ = x[violCQOverflow-9]
 	_ = x[violHeap-10]
 	_ = x[violQuiesce-11]
-	_ = x[numViolKinds-12]
+	_ = x[violNoTraffic-12]
+	_ = x[numViolKinds-13]
 }
 
-const _violKind_name = "dead_completion_deliveredcompletion_after_reapdestroyed_qp_opsrq_buffers_conservedleak_at_quiescencepayload_intactin_order_per_flowframes_explainedlosses_explainedcq_overflowheap_boundedquiescence_reachednumViolKinds"
+const _violKind_name = "dead_completion_deliveredcompletion_after_reapdestroyed_qp_opsrq_buffers_conservedleak_at_quiescencepayload_intactin_order_per_flowframes_explainedlosses_explainedcq_overflowheap_boundedquiescence_reachedtraffic_carriednumViolKinds"
 
-var _violKind_index = [...]uint8{0, 25, 46, 61, 82, 100, 114, 131, 147, 163, 174, 186, 204, 216}
+var _violKind_index = [...]uint8{0, 25, 46, 61, 82, 100, 114, 131, 147, 163, 174, 186, 204, 219, 231}
 
 func (i violKind) String() string {
 	idx := int(i) - 0
