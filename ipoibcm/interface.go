@@ -293,6 +293,11 @@ func (i *Interface) Start() error {
 	if err := i.host.SetMTU(i.MTU()); err != nil {
 		i.log.Warn("host SetMTU", "err", err)
 	}
+	if h, ok := i.host.(linkLocalSetter); ok {
+		if err := h.SetLinkLocal(LinkLocal(i.port.GID)); err != nil {
+			i.log.Warn("host SetLinkLocal", "err", err)
+		}
+	}
 	i.link.Store(true)
 	if err := i.host.SetLinkUp(true); err != nil {
 		i.log.Warn("host SetLinkUp", "err", err)

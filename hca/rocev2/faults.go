@@ -58,6 +58,7 @@ const (
 type heldDatagram struct {
 	buf []byte
 	to  netip.Addr
+	src *udpSocket
 	due time.Time
 }
 
@@ -97,13 +98,13 @@ func (fi *faultInjector) decide() faultAction {
 }
 
 // hold copies a datagram into the delay queue, due at now+DelayTime.
-func (fi *faultInjector) hold(buf []byte, to netip.Addr, now time.Time) {
+func (fi *faultInjector) hold(buf []byte, to netip.Addr, src *udpSocket, now time.Time) {
 	var c []byte
 	if n := len(fi.spare); n > 0 {
 		c = fi.spare[n-1][:0]
 		fi.spare = fi.spare[:n-1]
 	}
-	fi.held = append(fi.held, heldDatagram{buf: append(c, buf...), to: to, due: now.Add(fi.cfg.DelayTime)})
+	fi.held = append(fi.held, heldDatagram{buf: append(c, buf...), to: to, src: src, due: now.Add(fi.cfg.DelayTime)})
 }
 
 // release stages the held datagrams due by now on s, as many as its
@@ -112,7 +113,7 @@ func (fi *faultInjector) hold(buf []byte, to netip.Addr, now time.Time) {
 func (fi *faultInjector) release(now time.Time, s *sender) int {
 	i := 0
 	for ; i < len(fi.held) && !fi.held[i].due.After(now); i++ {
-		if !s.stage(fi.held[i].buf, fi.held[i].to) {
+		if !s.stage(fi.held[i].buf, fi.held[i].to, fi.held[i].src) {
 			break
 		}
 	}

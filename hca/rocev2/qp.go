@@ -46,6 +46,9 @@ type qp struct {
 	mcast     map[hca.GID]struct{}
 	// lastWQESent makes EventQPLastWQEReached fire once per QP.
 	lastWQESent bool
+	// src is the socket the QP's packets leave from (its UDP source
+	// port, see sourcePorts).
+	src *udpSocket
 
 	rq            []hca.RecvWR // own receive queue ring (non-SRQ)
 	rqHead, rqLen int
@@ -148,6 +151,7 @@ func (d *Device) CreateQP(cfg hca.QPConfig) (hca.QP, error) {
 		}
 	}
 	d.qps[q.qpn] = q
+	q.src = d.srcPorts.acquire(sourcePortOf(q), &d.ctr)
 	sc.refs++
 	rc.refs++
 	if s != nil {
@@ -199,6 +203,10 @@ func (q *qp) Modify(a hca.QPAttr) error {
 			}
 			q.mtu = int(min(mtu, d.cfg.MTU))
 			q.dest, q.destQPN = dest, a.DestQPN&hca.QPNMask
+			// The QP pair's port from now on, as drivers call
+			// rdma_get_udp_sport when the AV is set.
+			d.srcPorts.release(q.src, &d.ctr)
+			q.src = d.srcPorts.acquire(sourcePortOf(q), &d.ctr)
 			q.ePSN = a.RQPSN & psnMask
 			q.minRNR = a.MinRNRTimer & 31
 			q.nakSent, q.inMsg, q.msn = false, false, 0
@@ -383,6 +391,8 @@ func (q *qp) Destroy() error {
 	}
 	q.destroyed = true
 	q.disarmTimer()
+	d.srcPorts.release(q.src, &d.ctr)
+	q.src = nil
 	if d.qps[q.qpn] == q {
 		delete(d.qps, q.qpn)
 	}

@@ -132,7 +132,9 @@ func (d *Device) receive(b []byte, from netip.AddrPort, p *wire.Packet) {
 		d.ctr.drop(wire.DropBadPKey)
 		return
 	}
-	if from.Port() == d.local.Port() {
+	if sp := from.Port(); sp == d.local.Port() || sp >= wire.SourcePortMin {
+		// A peer's QPs send from the fabric port or from per-QP ports
+		// in the RoCEv2 entropy range.
 		d.addMember(from.Addr())
 	}
 	switch op := p.BTH.Opcode; {

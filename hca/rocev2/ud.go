@@ -56,7 +56,7 @@ func (q *qp) sendDatagram(spec *wire.PacketSpec, data []byte, to netip.Addr) {
 	copy(buf[h:], data)
 	pad := int(wire.PadCount(len(data)))
 	clear(buf[h+len(data) : h+len(data)+pad])
-	d.queuePacket(to, buf[:h+len(data)+pad+wire.ICRCLen])
+	d.queuePacket(q.src, to, buf[:h+len(data)+pad+wire.ICRCLen])
 }
 
 // recvUD delivers a UD packet to its QP, or for DestQP 0xFFFFFF to every

@@ -63,12 +63,12 @@ func newUpPair(t *testing.T, faults rocev2.Faults) *upPair {
 		f := faults
 		f.Seed += uint64(i)
 		dev, err := rocev2.New(rocev2.Config{Bind: netip.AddrPortFrom(binds[i], port), Peers: []netip.Addr{binds[1-i]},
-			Faults: f, MinAckTimeout: 20 * time.Millisecond, MinRetryCount: 6, Logger: log})
+			Faults: f, MinAckTimeout: 20 * time.Millisecond, Logger: log})
 		if err != nil {
 			t.Fatal(err)
 		}
 		p.devs[i] = dev
-		ifc, err := ipoibcm.New(ipoibcm.Config{Device: dev, Host: h, Name: "ib0", Mode: ipoibcm.ModeConnected, Logger: log})
+		ifc, err := ipoibcm.New(ipoibcm.Config{Device: dev, Host: h, Name: "ib0", Mode: ipoibcm.ModeConnected, RCRetry: 6, Logger: log})
 		if err != nil {
 			t.Fatal(err)
 		}
