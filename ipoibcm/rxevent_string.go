@@ -12,17 +12,18 @@ func _() {
 	_ = x[rxEvDisconnected-1]
 	_ = x[rxEvQPFatal-2]
 	_ = x[rxEvFlushedLive-3]
-	_ = x[rxEvShutdown-4]
-	_ = x[rxEvLastWQE-5]
-	_ = x[rxEvDrainPosted-6]
-	_ = x[rxEvDrained-7]
-	_ = x[rxEvRingFlushed-8]
-	_ = x[rxEvForce-9]
+	_ = x[rxEvReplaced-4]
+	_ = x[rxEvShutdown-5]
+	_ = x[rxEvLastWQE-6]
+	_ = x[rxEvDrainPosted-7]
+	_ = x[rxEvDrained-8]
+	_ = x[rxEvRingFlushed-9]
+	_ = x[rxEvForce-10]
 }
 
-const _rxEvent_name = "stalecm-disconnectqp-fatalflushed-while-liveshutdownlast-wqedrain-posteddrainedring-flushedforce"
+const _rxEvent_name = "stalecm-disconnectqp-fatalflushed-while-livereplacedshutdownlast-wqedrain-posteddrainedring-flushedforce"
 
-var _rxEvent_index = [...]uint8{0, 5, 18, 26, 44, 52, 60, 72, 79, 91, 96}
+var _rxEvent_index = [...]uint8{0, 5, 18, 26, 44, 52, 60, 68, 80, 87, 99, 104}
 
 func (i rxEvent) String() string {
 	idx := int(i) - 0

@@ -63,6 +63,9 @@ const (
 	// rxEvFlushedLive: a receive of its own ring completed flushed while
 	// it was live: the QP errored under us.
 	rxEvFlushedLive // flushed-while-live
+	// rxEvReplaced: a new REQ from its GID found the per-GID limit full
+	// and takes its place (rxlimit.go).
+	rxEvReplaced // replaced
 	// rxEvShutdown: Close tears every connection down.
 	rxEvShutdown // shutdown
 	// rxEvLastWQE: LAST_WQE_REACHED: the QP's last SRQ WQE has its
@@ -226,6 +229,7 @@ func (i *Interface) reapRX(rc *rxConn) {
 	}
 	rc.state = rxDestroyed
 	delete(i.rxConns, rc)
+	i.releaseRXLocked(rc)
 	if i.srq == nil {
 		i.nonSRQ--
 	}
