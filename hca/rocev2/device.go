@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -38,6 +39,10 @@ type Device struct {
 	ctr      counters
 	// maxPacket is the largest UDP payload the device sends or accepts.
 	maxPacket int
+	// Rate-limited warnings of datagrams lost to the underlay: refused by
+	// the route (EMSGSIZE), other send errors, and received larger than
+	// maxPacket (a peer with a larger IB MTU).
+	warnTooBig, warnTx, warnRxTooBig rateLimitedWarn
 
 	// mu guards every verbs object of the device. Work that must run
 	// outside it (socket writes, completion handlers, async events) is
@@ -399,8 +404,14 @@ func (d *Device) stage(buf []byte, to netip.Addr) {
 
 // flushTx writes the staged batch; txMu held.
 func (d *Device) flushTx() {
-	if err := d.tx.flush(&d.ctr); err != nil && !errors.Is(err, net.ErrClosed) {
-		d.cfg.Logger.Debug("rocev2: transmit", "dev", d.cfg.Name, "err", err)
+	err := d.tx.flush(&d.ctr)
+	switch {
+	case err == nil || errors.Is(err, net.ErrClosed):
+	case errors.Is(err, syscall.EMSGSIZE):
+		d.warnTooBig.warn(d.cfg.Logger, time.Now(), "rocev2: datagram larger than the route to the peer carries (EMSGSIZE), dropped: lower --ib-mtu or raise the underlay MTU",
+			"dev", d.cfg.Name, "ib_mtu", int(d.cfg.MTU), "err", err)
+	default:
+		d.warnTx.warn(d.cfg.Logger, time.Now(), "rocev2: transmit failed", "dev", d.cfg.Name, "err", err)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
@@ -63,6 +64,7 @@ func (d *Device) rxLoop() {
 			case truncated:
 				d.ctr.rxPackets.Add(1)
 				d.ctr.drop(wire.DropTruncated)
+				d.warnOversize(from, len(b))
 			default:
 				d.receiveMessage(b, from, seg, &p)
 			}
@@ -84,6 +86,14 @@ func (d *Device) rxLoop() {
 	}
 }
 
+// warnOversize reports, rate-limited, a datagram larger than this
+// device's IB MTU allows: the peer runs a larger --ib-mtu, and everything
+// it sends in full-size packets is lost here.
+func (d *Device) warnOversize(from netip.AddrPort, n int) {
+	d.warnRxTooBig.warn(d.cfg.Logger, time.Now(), "rocev2: datagram larger than our IB MTU, dropped: the peer uses a larger --ib-mtu",
+		"dev", d.cfg.Name, "from", from, "bytes", n, "max", d.maxPacket, "ib_mtu", int(d.cfg.MTU))
+}
+
 // receiveMessage splits a received buffer into its datagrams: seg bytes
 // each (the last may be shorter) when GRO coalesced them, else one.
 // mu held.
@@ -99,6 +109,7 @@ func (d *Device) receiveMessage(b []byte, from netip.AddrPort, seg int, p *wire.
 		d.ctr.rxBytes.Add(uint64(n))
 		if n > d.maxPacket {
 			d.ctr.drop(wire.DropTruncated)
+			d.warnOversize(from, n)
 		} else {
 			d.receive(b[:n], from, p)
 		}
