@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"os"
@@ -522,4 +523,74 @@ func TestBinaryREADMECommands(t *testing.T) {
 		return
 	}
 	t.Errorf("README.md commands section differs from 'ipoib <cmd> -h'; run IPOIB_UPDATE_README=1 go test -run TestBinaryREADMECommands ./cmd/ipoib")
+}
+
+// TestBinaryUpRefusesUnderlayTooSmall: with a 1500-byte underlay a 4096
+// IB MTU is a black hole for every large packet; 'up' refuses it at
+// start-up, naming the IB MTU that fits, and starts with that one.
+func TestBinaryUpRefusesUnderlayTooSmall(t *testing.T) {
+	needRoot(t)
+	const ns = "ipoib-t12u"
+	exec.Command("ip", "netns", "delete", ns).Run()
+	for _, c := range [][]string{
+		{"netns", "add", ns},
+		{"-n", ns, "link", "set", "lo", "up"},
+		{"-n", ns, "link", "add", "v0", "mtu", "1500", "type", "veth", "peer", "name", "v1", "mtu", "1500"},
+		{"-n", ns, "addr", "add", "192.0.2.1/24", "dev", "v0"},
+		{"-n", ns, "link", "set", "v0", "up"},
+		{"-n", ns, "link", "set", "v1", "up"},
+	} {
+		if out, err := exec.Command("ip", c...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v %s", c, err, out)
+		}
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "delete", ns).Run() })
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl := t.TempDir()
+	// Before the check, 'up' ran on into the black hole: the context
+	// bounds that run.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	up := func(ibMTU string) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, self, "up", "--addr", "10.77.0.1/24", "--bind", "192.0.2.1",
+			"--peers", "192.0.2.2", "--ib-mtu", ibMTU, "--control-dir", ctl)
+		cmd.Env = append(os.Environ(), runAsMainEnv+"=1")
+		return cmd
+	}
+	var errb bytes.Buffer
+	cmd := up("4096")
+	cmd.Stderr = &errb
+	err = cmd.Run()
+	if cmd.ProcessState.ExitCode() != 2 || !oneLine(errb.String()) || !strings.Contains(errb.String(), "carries 1500-byte packets") ||
+		!strings.Contains(errb.String(), "use --ib-mtu 1024") {
+		t.Fatalf("up --ib-mtu 4096 over 1500: %v, stderr %q; want exit 2 and one line naming --ib-mtu 1024", err, short(errb.String()))
+	}
+	// 1024 fits: it starts (and is stopped once ready).
+	ok := up("1024")
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok.Stderr = w
+	if err := ok.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	sc := bufio.NewScanner(r)
+	ready := false
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), "stop with Ctrl-C") {
+			ready = true
+			break
+		}
+	}
+	ok.Process.Signal(syscall.SIGINT)
+	go io.Copy(io.Discard, r)
+	ok.Wait()
+	if !ready || ok.ProcessState.ExitCode() != 0 {
+		t.Fatalf("up --ib-mtu 1024 over 1500: ready %v, exit %d", ready, ok.ProcessState.ExitCode())
+	}
 }

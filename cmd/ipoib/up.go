@@ -69,6 +69,9 @@ func runUp(ctx context.Context, o cli.UpOptions, log *slog.Logger) (err error) {
 	if err != nil {
 		return setup(err)
 	}
+	if err := checkUnderlay(o.Bind.Addr(), o.Peers, o.IBMTU); err != nil {
+		return setup(err)
+	}
 	dev, err := rocev2.New(rocev2.Config{
 		Bind:  o.Bind,
 		Peers: o.Peers,
