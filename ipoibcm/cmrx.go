@@ -79,8 +79,12 @@ func (rc *rxConn) recvWR(idx int) hca.RecvWR {
 // WR's completion must land behind the receives), receiving from the SRQ
 // or its own ring, and answer with {UD QPN, 65524} and a random PSN.
 func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
+	i.log.Debug("CM REQ", "from", req.RemoteGID, "qpn", req.RemoteQPN, "path_mtu", req.PathMTU)
 	if ifState(i.state.Load()) != ifRunning {
 		return cm.Decision{Reject: cm.RejectNoResources}
+	}
+	if req.PathMTU > i.port.ActiveMTU {
+		return i.rejectPathMTU(req)
 	}
 	peerQPN, _, err := parseCMPrivateData(req.PrivateData)
 	if err != nil {
@@ -203,6 +207,7 @@ func (i *Interface) initRXQP(rc *rxConn) error {
 
 // onRXEvent runs on the CM goroutine: hand everything to the control loop.
 func (i *Interface) onRXEvent(rc *rxConn, ev cm.Event) {
+	i.log.Debug("CM RX event", "event", ev.Type, "peer", rc.peer, "reject", ev.RejectReason, "err", ev.Err)
 	switch ev.Type {
 	case cm.EventEstablished:
 		rc.established.Store(true)

@@ -127,7 +127,7 @@ func (i *Interface) connectTX(tc *txConn) {
 		QP:          qp,
 		StartingPSN: 0, // Linux sends 0 (FIXME in ipoib_cm_send_req); the REP's PSN is what counts
 		PrivateData: cmPrivateData(i.ud.qp.QPN()),
-		PathMTU:     i.port.ActiveMTU,
+		PathMTU:     i.reqPathMTU(tc.neigh),
 		RetryCount:  i.cfg.RCRetry, // what the QPs use goes on the wire
 		RNRRetry:    0,             // "RFC draft warns against retries"
 		// ipoib_cm_send_req: "arbitrary defaults".
@@ -149,6 +149,7 @@ func (i *Interface) connectTX(tc *txConn) {
 // must be synchronous: the parked frames leave before the RTU, the 2018
 // start_xmit/REP race); everything else goes to the control loop.
 func (i *Interface) onTXEvent(tc *txConn, ev cm.Event) {
+	i.log.Debug("CM TX event", "event", ev.Type, "peer", tc.peer, "reject", ev.RejectReason, "err", ev.Err)
 	switch ev.Type {
 	case cm.EventREPReceived:
 		if h := i.hooks.repReceived; h != nil {
@@ -168,6 +169,10 @@ func (i *Interface) onTXEvent(tc *txConn, ev cm.Event) {
 		// peer's address may be stale: ask ARP again.
 		stale := ev.Type == cm.EventRejected && ev.RejectReason == cm.RejectStaleConn
 		gone := ev.Type == cm.EventRejected && ev.RejectReason == cm.RejectInvalidServiceID
+		if ev.Type == cm.EventRejected && ev.RejectReason == cm.RejectInvalidMTU {
+			i.ctl.post(func() { i.failTX(tc, !i.lowerPathMTU(tc)) })
+			return
+		}
 		i.ctl.post(func() {
 			i.failTX(tc, !stale && !gone)
 			if gone || ev.Type == cm.EventTimedOut {

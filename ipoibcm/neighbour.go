@@ -38,6 +38,9 @@ type neighbour struct {
 	lastUse        time.Time // last host packet sent to it (TX aging)
 	lastSeen       time.Time // last time it was learnt from the wire (ARP, ND, UD, REQ)
 	cmBackoffUntil time.Time // CM refused: UD until then
+	// pathMTU is the IB path MTU our REQs to this peer carry; 0 until a
+	// REJ INVALID_MTU lowered it from our port's (cmpathmtu.go).
+	pathMTU hca.MTU
 }
 
 // idleSince is when the neighbour was last used in either direction.

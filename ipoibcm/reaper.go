@@ -40,6 +40,10 @@ type reaperCounters struct {
 	rxAccepted, rxRejectedNoQP, neighRestarts        atomic.Uint64
 	neighAged, modeSwitches, lateLastWQE, reresolves atomic.Uint64
 	neighEvicted                                     atomic.Uint64
+	// rxRejectedMTU: REQs whose path MTU is above our port's, refused
+	// with REJ INVALID_MTU; txMTUDowngrades: REQs resent one IB MTU
+	// lower after such a REJ (cmpathmtu.go).
+	rxRejectedMTU, txMTUDowngrades atomic.Uint64
 }
 
 // teardownRX starts the teardown of a passive connection (control loop).

@@ -72,6 +72,8 @@ type ReaperStats struct {
 	CQErrors          uint64 `json:"cq_errors"`
 	RXAccepted        uint64 `json:"rx_accepted"`
 	RXRejectedNoQP    uint64 `json:"rx_rejected_no_qp"`
+	RXRejectedMTU     uint64 `json:"rx_rejected_mtu"`
+	TXMTUDowngrades   uint64 `json:"tx_mtu_downgrades"`
 	TXConnects        uint64 `json:"tx_connects"`
 	TXEstablished     uint64 `json:"tx_established"`
 	TXConnectFailures uint64 `json:"tx_connect_failures"`
@@ -208,6 +210,7 @@ func (i *Interface) reaperStats() ReaperStats {
 		DrainsPosted: r.drainsPosted.Load(), DrainsCompleted: r.drainsCompleted.Load(),
 		DrainPostFailures: r.drainPostFailures.Load(), Reaped: r.reaped.Load(), ForcedAtStop: r.forcedAtStop.Load(),
 		CQErrors: r.cqErrors.Load(), RXAccepted: r.rxAccepted.Load(), RXRejectedNoQP: r.rxRejectedNoQP.Load(),
+		RXRejectedMTU: r.rxRejectedMTU.Load(), TXMTUDowngrades: r.txMTUDowngrades.Load(),
 		TXConnects: r.txConnects.Load(), TXEstablished: r.txEstablished.Load(),
 		TXConnectFailures: r.txConnectFailures.Load(), TXTeardowns: r.txTeardowns.Load(), TXDestroyed: r.txDestroyed.Load(),
 		TXQueueStops: r.txStops.Load(), TXQueueWakes: r.txWakes.Load(),
