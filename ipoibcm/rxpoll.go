@@ -281,7 +281,7 @@ func (i *Interface) rxConnPacket(r *rxScratch, rc *rxConn, b []byte, idx, byteLe
 // translated into a scratch buffer.
 func (i *Interface) deliverIP(r *rxScratch, b []byte, byteLen int, et uint16, srcMAC frame.MAC, peer frame.HWAddr, ud bool) {
 	pkt := b[frame.EthHdrLen : headroom+byteLen]
-	dst := frame.MAC(i.hostMAC)
+	dst := i.hostMACNow()
 	switch et {
 	case frame.EtherTypeIPv4:
 		if !validIPv4(pkt) {
@@ -329,7 +329,7 @@ func (i *Interface) deliverND(r *rxScratch, pkt []byte, byteLen int, srcMAC fram
 	if r.macOf == nil {
 		r.macOf = func(hw frame.HWAddr) (frame.MAC, bool) {
 			if hw.GID() == i.hw.GID() {
-				return i.hostMAC, true
+				return i.hostMACNow(), true
 			}
 			n := i.learnLocked(hw, netipZero, r.clock())
 			if n == nil {
@@ -353,7 +353,7 @@ func (i *Interface) deliverND(r *rxScratch, pkt []byte, byteLen int, srcMAC fram
 			nb.addIP(info.Target)
 		}
 	}
-	dst := frame.MAC(i.hostMAC)
+	dst := i.hostMACNow()
 	if mac, ok := hostMulticastMAC(frame.EtherTypeIPv6, pkt); ok {
 		dst = mac
 	}
@@ -383,7 +383,7 @@ func (i *Interface) rxARPLocked(r *rxScratch, body []byte) {
 	var target frame.MAC
 	switch {
 	case a.TargetHW.GID() == i.hw.GID() && a.TargetHW.QPN() == i.hw.QPN():
-		target = i.hostMAC
+		target = i.hostMACNow()
 	case !a.TargetHW.IsZero():
 		if t := i.neigh.byGID[a.TargetHW.GID()]; t != nil {
 			target = t.mac
@@ -398,7 +398,7 @@ func (i *Interface) rxARPLocked(r *rxScratch, body []byte) {
 	m := eth.Marshal(out[frame.EthHdrLen:])
 	dst := frame.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 	if a.Op == arpOpReply {
-		dst = i.hostMAC
+		dst = i.hostMACNow()
 	}
 	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: n.mac, EtherType: frame.EtherTypeARP})
 	r.frames = append(r.frames, out[:frame.EthHdrLen+m])

@@ -59,7 +59,11 @@ func (f *softFabric) AddHost(host, ifname string, dev *tap.Device, addrs []netip
 	if err := dev.SetMTU(ifc.MTU()); err != nil {
 		return nil, errors.Join(err, ifc.Close(), hd.Close())
 	}
-	return &softHost{host: host, ifc: ifc, dev: hd, addrs: addrs}, nil
+	view, err := watchHost(dev, ifc, f.log.With("host", host))
+	if err != nil {
+		return nil, errors.Join(err, ifc.Close(), hd.Close())
+	}
+	return &softHost{host: host, ifc: ifc, dev: hd, addrs: addrs, view: view}, nil
 }
 
 func (f *softFabric) Close() error { return f.fab.Close() }
@@ -70,9 +74,10 @@ type softHost struct {
 	ifc   *ipoibcm.Interface
 	dev   *soft.Device
 	addrs []netip.Prefix
+	view  *hostView
 }
 
-func (h *softHost) Info() control.InterfaceInfo { return interfaceInfo(h.host, h.ifc, h.addrs) }
+func (h *softHost) Info() control.InterfaceInfo { return h.view.info(h.host, h.addrs) }
 
 func (h *softHost) Stats() any { return h.ifc.Stats() }
 
@@ -80,5 +85,6 @@ func (h *softHost) SetMode(mode string) error { return setInterfaceMode(h.ifc, m
 
 // Close stops the interface (which closes its TAP) and then its device.
 func (h *softHost) Close() error {
+	h.view.Close()
 	return errors.Join(h.ifc.Close(), h.dev.Close())
 }

@@ -26,11 +26,19 @@ type upHost struct {
 	ifc   *ipoibcm.Interface
 	dev   *rocev2.Device
 	addrs []netip.Prefix
+	// view follows the kernel TAP; nil when the host port is not one
+	// (the tests' gVisor hosts).
+	view *hostView
 }
 
 var _ control.Endpoint = (*upHost)(nil)
 
-func (h *upHost) Info() control.InterfaceInfo { return interfaceInfo(h.name, h.ifc, h.addrs) }
+func (h *upHost) Info() control.InterfaceInfo {
+	if h.view != nil {
+		return h.view.info(h.name, h.addrs)
+	}
+	return interfaceInfo(h.name, h.ifc, h.addrs)
+}
 
 // Stats is the engine's snapshot with the RoCEv2 device's counters (per
 // drop reason, retransmits, injected faults) added as "rocev2", so 'ipoib
@@ -105,7 +113,12 @@ func runUp(ctx context.Context, o cli.UpOptions, log *slog.Logger) (err error) {
 	if err := port.SetMTU(ifc.MTU()); err != nil {
 		return setup(fmt.Errorf("TAP %s MTU %d: %w", o.Dev, ifc.MTU(), err))
 	}
-	h := &upHost{name: o.Host, ifc: ifc, dev: dev, addrs: []netip.Prefix{o.Addr}}
+	view, err := watchHost(port, ifc, log)
+	if err != nil {
+		return setup(err)
+	}
+	cleanup = append(cleanup, func() error { view.Close(); return nil })
+	h := &upHost{name: o.Host, ifc: ifc, dev: dev, addrs: []netip.Prefix{o.Addr}, view: view}
 	srv, err := control.Listen(o.ControlDir, []control.Endpoint{h}, log)
 	if err != nil {
 		return setup(err)
