@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -265,6 +267,23 @@ func (d *daemon) output() string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.log.String()
+}
+
+// waitLog waits up to 10 s for a log line containing s; the log is read
+// as it comes, so the wait ends with the line, not with a timer.
+func (d *daemon) waitLog(s string) bool {
+	timeout := time.After(10 * time.Second)
+	for !strings.Contains(d.output(), s) {
+		select {
+		case _, ok := <-d.lines:
+			if !ok {
+				return strings.Contains(d.output(), s)
+			}
+		case <-timeout:
+			return false
+		}
+	}
+	return true
 }
 
 // closeLog closes the read end of the pipe, as tee does when it exits:
@@ -593,4 +612,112 @@ func TestBinaryUpRefusesUnderlayTooSmall(t *testing.T) {
 	if !ready || ok.ProcessState.ExitCode() != 0 {
 		t.Fatalf("up --ib-mtu 1024 over 1500: ready %v, exit %d", ready, ok.ProcessState.ExitCode())
 	}
+}
+
+// showInterfaces is 'ipoib show --json' of ctl, by host.
+func showInterfaces(t *testing.T, ctl string) map[string]control.InterfaceInfo {
+	t.Helper()
+	r := runIpoib(t, "show", "--json", "--control-dir", ctl)
+	var all []control.InterfaceStats
+	if err := json.Unmarshal([]byte(r.stdout), &all); err != nil {
+		t.Fatalf("show --json: exit %d, %v: %s", r.code, err, short(r.stdout+r.stderr))
+	}
+	m := map[string]control.InterfaceInfo{}
+	for _, s := range all {
+		m[s.Interface.Host] = s.Interface
+	}
+	return m
+}
+
+// waitShow waits (up to 10 s) until show's view of host satisfies cond:
+// the netlink event travels from the kernel to the engine asynchronously.
+func waitShow(t *testing.T, ctl, host, what string, cond func(control.InterfaceInfo) bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info := showInterfaces(t, ctl)[host]
+		if cond(info) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: show never reported %s; last %+v", host, what, info)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func ipIn(t *testing.T, ns string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput(); err != nil {
+		t.Fatalf("ip -n %s %v: %v %s", ns, args, err, out)
+	}
+}
+
+// TestBinaryShowFollowsTheHost: what the host does to ib0 shows, and the
+// engine follows it: an MTU within the mode's limit is taken and one
+// above it is refused with a note; extra addresses are listed; a new MAC
+// is followed (a ping to the host works after it: the replies reach the
+// new MAC); a host that sets ib0 down shows DOWN.
+func TestBinaryShowFollowsTheHost(t *testing.T) {
+	needRoot(t)
+	if _, err := exec.LookPath("ping"); err != nil {
+		t.Skip("ping not in PATH: apt-get install iputils-ping")
+	}
+	const nsPrefix = "ipoib-t12s"
+	h1, h2 := nsPrefix+"1", nsPrefix+"2"
+	ctl := t.TempDir()
+	checkGone(t, nsPrefix, ctl)
+	fab := startDaemon(t, "stop with Ctrl-C", "fabric", "--hosts", "2", "--netns-prefix", nsPrefix, "--prefix", "10.77.94.0/24",
+		"--control-dir", ctl, "--log-level", "debug")
+	ping := func(from, to string) error {
+		return exec.Command("ip", "netns", "exec", from, "ping", "-c", "1", "-W", "5", to).Run()
+	}
+	if err := ping(h1, "10.77.94.2"); err != nil {
+		t.Fatalf("ping before any change: %v", err)
+	}
+	// CM and neighbour events are in the debug log (the connection is
+	// made before the ping's reply is back, the neighbour learnt before).
+	for _, want := range []string{`msg="CM REQ"`, `msg="CM TX event"`, `msg=neighbour`} {
+		if !fab.waitLog(want) {
+			t.Errorf("debug log lacks %s", want)
+		}
+	}
+
+	ipIn(t, h2, "link", "set", "ib0", "mtu", "9000")
+	waitShow(t, ctl, h2, "mtu 9000", func(i control.InterfaceInfo) bool { return i.MTU == 9000 && len(i.Notes) == 0 })
+
+	ipIn(t, h2, "addr", "add", "10.77.93.2/24", "dev", "ib0")
+	waitShow(t, ctl, h2, "both addresses", func(i control.InterfaceInfo) bool {
+		return slices.Contains(i.Addrs, "10.77.94.2/24") && slices.Contains(i.Addrs, "10.77.93.2/24")
+	})
+
+	ipIn(t, h2, "link", "set", "ib0", "address", "02:12:34:56:78:9a")
+	// The host's ARP cache on h1 still maps 10.77.94.2 to h2's engine
+	// MAC, which did not change; the frames h2 receives must carry its
+	// new MAC or its kernel drops them.
+	if err := ping(h1, "10.77.94.2"); err != nil {
+		t.Errorf("ping after the host changed its MAC: %v\n%s", err, fab.output())
+	}
+
+	r := runIpoib(t, "mode", "datagram", "--host", h2, "--control-dir", ctl)
+	if r.code != 0 {
+		t.Fatalf("mode datagram: %d %s", r.code, short(r.stderr))
+	}
+	ipIn(t, h2, "link", "set", "ib0", "mtu", "9000")
+	waitShow(t, ctl, h2, "a note refusing 9000 in datagram mode", func(i control.InterfaceInfo) bool {
+		return i.MTU == 4092 && len(i.Notes) == 1 && strings.Contains(i.Notes[0], "host set MTU 9000")
+	})
+	if text := runIpoib(t, "show", "--host", h2, "--control-dir", ctl); !strings.Contains(text.stdout, "note: ") {
+		t.Errorf("show text lacks the note:\n%s", text.stdout)
+	}
+
+	ipIn(t, h2, "link", "set", "ib0", "down")
+	waitShow(t, ctl, h2, "DOWN", func(i control.InterfaceInfo) bool { return !i.LinkUp })
+	if text := runIpoib(t, "show", "--host", h2, "--control-dir", ctl); !strings.Contains(text.stdout, "<DOWN>") {
+		t.Errorf("show text after link down:\n%s", text.stdout)
+	}
+	if st := fab.stop(); st.ExitCode() != 0 {
+		t.Errorf("fabric exit %d", st.ExitCode())
+	}
+	checkGone(t, nsPrefix, ctl)
 }
