@@ -67,22 +67,13 @@ func (v *hostView) info(host string, configured []netip.Prefix) control.Interfac
 	v.mu.Lock()
 	s, notes := v.state, v.notes
 	v.mu.Unlock()
-	info := control.InterfaceInfo{
-		Host:   host,
-		Name:   v.ifc.Name(),
-		Mode:   v.ifc.Mode().String(),
-		MTU:    v.ifc.MTU(),
-		HWAddr: v.ifc.HWAddr().String(),
-		LinkUp: v.ifc.LinkUp() && s.Up,
-		Notes:  notes,
-	}
 	addrs := s.Addrs
 	if addrs == nil {
 		addrs = configured
 	}
-	for _, a := range addrs {
-		info.Addrs = append(info.Addrs, a.String())
-	}
+	info := interfaceInfo(host, v.ifc, addrs)
+	info.LinkUp = info.LinkUp && s.Up
+	info.Notes = notes
 	return info
 }
 
