@@ -3,6 +3,7 @@ package rocev2
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"sync"
@@ -49,6 +50,12 @@ type Device struct {
 	nextFn    int
 	timed     map[*qp]struct{}
 	ackQPs    []*qp
+	srqs      int // live SRQs
+	// heldCQs are the CQs with completions Faults.HoldCompletion holds
+	// back, heldCompletions how many, holdRng the draws (hold.go).
+	heldCQs         map[*cq]struct{}
+	heldCompletions int
+	holdRng         *rand.Rand
 	// rxShifts belongs to the receive path (mu held): the ICRC ID
 	// shifts of recently seen packet lengths.
 	rxShifts wire.IDShiftCache
@@ -126,6 +133,8 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 		memberSet: make(map[netip.Addr]struct{}),
 		portFns:   make(map[int]func(hca.AsyncEvent)),
 		timed:     make(map[*qp]struct{}),
+		heldCQs:   make(map[*cq]struct{}),
+		holdRng:   rand.New(rand.NewPCG(cfg.Faults.Seed^holdSeedMix, cfg.Faults.Seed+1)),
 		work:      &work{},
 		timerKick: make(chan struct{}, 1),
 		done:      make(chan struct{}),
@@ -139,6 +148,10 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 	go d.timerLoop()
 	return d, nil
 }
+
+// holdSeedMix separates the completion-hold draws from the datagram
+// faults' draws of the same seed.
+const holdSeedMix = 0xC0FFEE5EED
 
 // Name implements hca.Device.
 func (d *Device) Name() string { return d.cfg.Name }
@@ -158,6 +171,34 @@ func (d *Device) Limits() hca.Limits {
 
 // Stats returns a snapshot of the device's counters.
 func (d *Device) Stats() Stats { return d.ctr.snapshot() }
+
+// Objects counts what a device holds at one moment: a consumer that
+// released everything leaves zeros, and a quiescent one no held work.
+type Objects struct {
+	QPs, CQs, SRQs   int // live verbs objects; the GSI QP is among the QPs
+	McastAttachments int // (QP, group) pairs
+	// HeldCompletions are completions Faults.HoldCompletion has not let
+	// into their CQ yet; HeldDatagrams datagrams Faults.Delay has not
+	// sent yet.
+	HeldCompletions, HeldDatagrams int
+}
+
+// Objects returns the device's live objects and held work.
+func (d *Device) Objects() Objects {
+	d.mu.Lock()
+	o := Objects{QPs: len(d.qps), CQs: len(d.cqs), SRQs: d.srqs, HeldCompletions: d.heldCompletions}
+	if d.gsi != nil {
+		o.QPs++
+	}
+	for _, q := range d.qps {
+		o.McastAttachments += len(q.mcast)
+	}
+	d.mu.Unlock()
+	d.txMu.Lock()
+	o.HeldDatagrams = len(d.faults.held)
+	d.txMu.Unlock()
+	return o
+}
 
 // Members returns the multicast replication set: self, peers and every
 // address heard from.
@@ -189,7 +230,7 @@ func (d *Device) CreateCQ(cfg hca.CQConfig) (hca.CQ, error) {
 	if cfg.Size <= 0 || cfg.Size > maxCQE {
 		return nil, fmt.Errorf("rocev2: CQ size %d: %w", cfg.Size, hca.ErrInvalidArgument)
 	}
-	c := &cq{dev: d, cfg: cfg, ring: make([]hca.WC, cfg.Size)}
+	c := &cq{dev: d, cfg: cfg, ring: make([]cqe, cfg.Size)}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -204,6 +245,12 @@ func (d *Device) CreateSRQ(cfg hca.SRQConfig) (hca.SRQ, error) {
 	if cfg.MaxWR <= 0 || cfg.MaxWR > maxSRQWR {
 		return nil, fmt.Errorf("rocev2: SRQ size %d: %w", cfg.MaxWR, hca.ErrInvalidArgument)
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, fmt.Errorf("rocev2: create SRQ: %w", hca.ErrDestroyed)
+	}
+	d.srqs++
 	return &srq{dev: d, cfg: cfg, ring: make([]hca.RecvWR, cfg.MaxWR)}, nil
 }
 
@@ -241,11 +288,14 @@ func (d *Device) Close() error {
 	}
 	d.closed = true
 	for _, q := range d.qps {
-		q.destroyed = true
+		q.destroyed.Store(true)
 		q.disarmTimer()
 	}
 	clear(d.qps)
 	d.gsi = nil
+	for c := range d.heldCQs {
+		c.dropHeld()
+	}
 	d.mu.Unlock()
 	close(d.done)
 	err := d.sock.Close()
@@ -450,6 +500,9 @@ func (d *Device) timerLoop() {
 			if next.IsZero() || q.deadline.Before(next) {
 				next = q.deadline
 			}
+		}
+		if due := d.releaseCompletions(now); !due.IsZero() && (next.IsZero() || due.Before(next)) {
+			next = due
 		}
 		d.unlock()
 		if due := d.releaseHeldAt(now); !due.IsZero() && (next.IsZero() || due.Before(next)) {

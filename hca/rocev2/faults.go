@@ -23,21 +23,34 @@ type Faults struct {
 	Delay float64
 	// DelayTime is how long a delayed datagram is held; 0 means 1 ms.
 	DelayTime time.Duration
+
+	// HoldCompletion is the one fault below the UDP layer: the
+	// probability that a completion (and every later one of the same CQ)
+	// waits up to HoldCompletionMax before it enters its CQ, so it can
+	// arrive after its QP was moved to Error or destroyed, as on a real
+	// HCA (hold.go). It leaves GSO on.
+	HoldCompletion float64
+	// HoldCompletionMax bounds a held completion's wait; 0 means 4 ms.
+	HoldCompletionMax time.Duration
 }
 
+// active reports whether any UDP-layer fault is on.
 func (f Faults) active() bool { return f.Drop > 0 || f.Duplicate > 0 || f.Reorder > 0 || f.Delay > 0 }
 
 func (f *Faults) normalize() error {
-	for _, p := range []float64{f.Drop, f.Duplicate, f.Reorder, f.Delay} {
+	for _, p := range []float64{f.Drop, f.Duplicate, f.Reorder, f.Delay, f.HoldCompletion} {
 		if !(p >= 0 && p <= 1) {
 			return fmt.Errorf("fault probability %v not in [0, 1]", p)
 		}
 	}
-	if f.DelayTime < 0 {
-		return fmt.Errorf("fault delay time %v is negative", f.DelayTime)
+	if f.DelayTime < 0 || f.HoldCompletionMax < 0 {
+		return fmt.Errorf("fault delay times %v, %v: negative", f.DelayTime, f.HoldCompletionMax)
 	}
 	if f.DelayTime == 0 {
 		f.DelayTime = time.Millisecond
+	}
+	if f.HoldCompletionMax == 0 {
+		f.HoldCompletionMax = 4 * time.Millisecond
 	}
 	return nil
 }

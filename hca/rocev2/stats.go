@@ -41,6 +41,15 @@ type Stats struct {
 	Duplicates      uint64 `json:"duplicates"` // RC request packets received twice
 	CQOverflows     uint64 `json:"cq_overflows"`
 
+	// CompletionsAfterDestroy counts completions Poll returned after
+	// their QP had been destroyed; DestroyedQPOps verbs called on a
+	// destroyed QP (each returned an error wrapping hca.ErrDestroyed). A
+	// consumer that drains before it destroys keeps both at zero.
+	CompletionsAfterDestroy uint64 `json:"completions_after_destroy"`
+	DestroyedQPOps          uint64 `json:"destroyed_qp_ops"`
+	// CompletionsHeld counts completions Faults.HoldCompletion held back.
+	CompletionsHeld uint64 `json:"completions_held"`
+
 	FaultDropped    uint64 `json:"fault_dropped"`
 	FaultDuplicated uint64 `json:"fault_duplicated"`
 	FaultReordered  uint64 `json:"fault_reordered"`
@@ -93,6 +102,8 @@ type counters struct {
 	duplicates, cqOverflows                          atomic.Uint64
 	faultDropped, faultDuplicated, faultReordered    atomic.Uint64
 	faultDelayed                                     atomic.Uint64
+	completionsAfterDestroy, destroyedQPOps          atomic.Uint64
+	completionsHeld                                  atomic.Uint64
 }
 
 func (c *counters) drop(r wire.DropReason) { c.drops[r].Add(1) }
@@ -109,6 +120,8 @@ func (c *counters) snapshot() Stats {
 		Duplicates: c.duplicates.Load(), CQOverflows: c.cqOverflows.Load(),
 		FaultDropped: c.faultDropped.Load(), FaultDuplicated: c.faultDuplicated.Load(),
 		FaultReordered: c.faultReordered.Load(), FaultDelayed: c.faultDelayed.Load(),
+		CompletionsAfterDestroy: c.completionsAfterDestroy.Load(), DestroyedQPOps: c.destroyedQPOps.Load(),
+		CompletionsHeld: c.completionsHeld.Load(),
 	}
 	for i := range c.drops {
 		s.Drops[i] = c.drops[i].Load()
