@@ -405,13 +405,20 @@ func (d *Device) transmit(out []txPacket) {
 	now := time.Now()
 	held := len(fi.held)
 	for i := range out {
-		if i+1 < len(out) && fi.reorder() {
+		if i+1 < len(out) && fi.reorder() && fi.mayDisturb(out[i].buf) && fi.mayDisturb(out[i+1].buf) {
 			out[i], out[i+1] = out[i+1], out[i]
 			d.ctr.faultReordered.Add(1)
 		}
-		switch fi.decide() {
+		act := fi.decide()
+		if act != faultDrop && !fi.mayDisturb(out[i].buf) {
+			act = faultNone
+		}
+		switch act {
 		case faultDrop:
 			d.ctr.faultDropped.Add(1)
+			if isUD(out[i].buf) {
+				d.ctr.udDropped.Add(1)
+			}
 			continue
 		case faultDelay:
 			fi.hold(out[i].buf, out[i].to, now)

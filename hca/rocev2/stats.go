@@ -50,6 +50,13 @@ type Stats struct {
 	// CompletionsHeld counts completions Faults.HoldCompletion held back.
 	CompletionsHeld uint64 `json:"completions_held"`
 
+	// UDDropped counts UD datagrams lost: dropped by Faults.Drop on
+	// transmit or by this device's receive path (also counted in Drops
+	// or FaultDropped). IPoIB sends IP packets over UD when it has no
+	// connection, so this is the UD share of the packets a consumer can
+	// lose.
+	UDDropped uint64 `json:"ud_dropped"`
+
 	FaultDropped    uint64 `json:"fault_dropped"`
 	FaultDuplicated uint64 `json:"fault_duplicated"`
 	FaultReordered  uint64 `json:"fault_reordered"`
@@ -103,10 +110,16 @@ type counters struct {
 	faultDropped, faultDuplicated, faultReordered    atomic.Uint64
 	faultDelayed                                     atomic.Uint64
 	completionsAfterDestroy, destroyedQPOps          atomic.Uint64
-	completionsHeld                                  atomic.Uint64
+	completionsHeld, udDropped                       atomic.Uint64
 }
 
 func (c *counters) drop(r wire.DropReason) { c.drops[r].Add(1) }
+
+// dropUD counts a dropped UD datagram under its reason and in UDDropped.
+func (c *counters) dropUD(r wire.DropReason) {
+	c.drops[r].Add(1)
+	c.udDropped.Add(1)
+}
 
 func (c *counters) snapshot() Stats {
 	s := Stats{
@@ -121,7 +134,7 @@ func (c *counters) snapshot() Stats {
 		FaultDropped: c.faultDropped.Load(), FaultDuplicated: c.faultDuplicated.Load(),
 		FaultReordered: c.faultReordered.Load(), FaultDelayed: c.faultDelayed.Load(),
 		CompletionsAfterDestroy: c.completionsAfterDestroy.Load(), DestroyedQPOps: c.destroyedQPOps.Load(),
-		CompletionsHeld: c.completionsHeld.Load(),
+		CompletionsHeld: c.completionsHeld.Load(), UDDropped: c.udDropped.Load(),
 	}
 	for i := range c.drops {
 		s.Drops[i] = c.drops[i].Load()
