@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -85,11 +86,59 @@ func TestSoakShort(t *testing.T) {
 	if rep.Engine.StaleReaped < goal {
 		t.Logf("deadline %v reached with %d stale reaps of the %d aimed for (loaded machine?)", soakDeadline, rep.Engine.StaleReaped, goal)
 	}
-	if rep.Traffic.Received == 0 || rep.Traffic.Received*2 < rep.Traffic.Sent {
-		t.Fatalf("traffic: %+v", rep.Traffic)
+	if err := soakCarried(rep); err != nil {
+		t.Fatal(err)
 	}
 	if rep.Fabric.DelayedCompletions == 0 {
 		t.Fatalf("no completions delayed: faults off? %+v", rep.Fabric)
+	}
+}
+
+// soakCarried checks what the traffic of a passing soak must show on any
+// machine: packets carried end to end, over RC connections, and every
+// packet missing accounted for by a named drop. How many of the sent
+// packets arrive is not among them: it depends on how much CPU the
+// pollers got against the generators (a loaded machine drops more at
+// full queues, each drop counted), not on correctness.
+func soakCarried(rep *SoakReport) error {
+	tr := rep.Traffic
+	switch {
+	case tr.Sent == 0 || tr.Received == 0:
+		return fmt.Errorf("soak carried no traffic: %d sent, %d received", tr.Sent, tr.Received)
+	case rep.Fabric.RCMessages == 0:
+		return fmt.Errorf("soak carried no RC message: %d sent, %d received", tr.Sent, tr.Received)
+	case tr.Received > tr.Sent:
+		return fmt.Errorf("%d packets received of %d sent", tr.Received, tr.Sent)
+	case tr.Lost != tr.Sent-tr.Received || tr.Lost > tr.Explained:
+		return fmt.Errorf("losses not explained: %d sent, %d received, %d lost, %d drops counted",
+			tr.Sent, tr.Received, tr.Lost, tr.Explained)
+	}
+	return nil
+}
+
+// soakCarried fails the reports it must: no traffic, no RC, a loss no
+// drop explains; and passes a slow soak that lost most packets to counted
+// drops.
+func TestSoakCarried(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		tr     SoakTraffic
+		rc     uint64
+		wantOK bool
+	}{
+		{"no traffic", SoakTraffic{}, 0, false},
+		{"nothing received", SoakTraffic{Sent: 100, Lost: 100, Explained: 100}, 10, false},
+		{"no RC", SoakTraffic{Sent: 100, Received: 100}, 0, false},
+		{"unexplained loss", SoakTraffic{Sent: 100, Received: 90, Lost: 10, Explained: 9}, 90, false},
+		{"loss misreported", SoakTraffic{Sent: 100, Received: 90, Lost: 0}, 90, false},
+		{"more received than sent", SoakTraffic{Sent: 90, Received: 100}, 100, false},
+		{"slow and lossy", SoakTraffic{Sent: 5683, Received: 2275, Lost: 3408, Explained: 3408}, 2275, true},
+		{"all delivered", SoakTraffic{Sent: 100, Received: 100}, 100, true},
+	} {
+		err := soakCarried(&SoakReport{Traffic: tc.tr, Fabric: SoakFabric{RCMessages: tc.rc}})
+		if (err == nil) != tc.wantOK {
+			t.Errorf("%s: %v, want ok %v", tc.name, err, tc.wantOK)
+		}
 	}
 }
 

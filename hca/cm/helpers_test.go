@@ -178,3 +178,17 @@ func eq[T comparable](a, b []T) bool {
 	}
 	return true
 }
+
+// holdGSI holds the completions of n's GSI CQ: MADs sent to n are
+// delivered but its Manager sees none (and none of its own sends
+// complete) until the hold is released, which the test's cleanup also
+// does.
+func holdGSI(t testing.TB, f *soft.Fabric, n *node) *soft.CompletionHold {
+	t.Helper()
+	h, err := f.HoldCompletions(n.m.cq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Release)
+	return h
+}

@@ -218,7 +218,71 @@ func TestLossyFabricThousandConnections(t *testing.T) {
 	})
 }
 
+// TestSimultaneousDisconnect: both sides call Disconnect before either
+// hears the other's DREQ. Holding both GSI CQs' completions makes that a
+// fact instead of a race the fabric's goroutines may win: the DREQs are
+// delivered but neither Manager sees one until both sides have sent theirs.
+// Each DREQ then answers the other's: both sides report EventDisconnected
+// (not EventDisconnectRequested), each sends one DREQ and one DREP, and
+// neither retries.
 func TestSimultaneousDisconnect(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newTestFabric(t, soft.Faults{})
+		a := newNode(t, f, "a", testOptions(1))
+		b := newNode(t, f, "b", testOptions(2))
+		acc := newAcceptor(b)
+		if _, err := b.m.Listen([]uint64{ietfSID}, acc.accept); err != nil {
+			t.Fatal(err)
+		}
+		rec := newRecorder()
+		c, _ := a.connect(b, ietfSID, rec.handle)
+		synctest.Wait()
+		pc := acc.conns()[0]
+		holdA := holdGSI(t, f, a)
+		holdB := holdGSI(t, f, b)
+		if err := c.Disconnect(); err != nil {
+			t.Fatal(err)
+		}
+		if err := pc.Disconnect(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Disconnect(); !errors.Is(err, ErrInvalidState) {
+			t.Fatalf("second Disconnect: %v", err)
+		}
+		synctest.Wait()
+		// Both DREQs (and their send completions) wait in the holds.
+		if st := f.Stats(); c.State() != StateDREQSent || pc.State() != StateDREQSent || st.PendingCompletion != 4 {
+			t.Fatalf("held: states %s / %s, %d completions held, want DREQ_SENT twice and 4", c.State(), pc.State(), st.PendingCompletion)
+		}
+		holdA.Release()
+		holdB.Release()
+		synctest.Wait()
+		if c.State() != StateTimeWait || pc.State() != StateTimeWait {
+			t.Fatalf("states %s / %s", c.State(), pc.State())
+		}
+		settle(20 * time.Millisecond)
+		if got := rec.types(c); !eq(got, []EventType{EventREPReceived, EventEstablished, EventDisconnected, EventTimeWaitExit}) {
+			t.Fatalf("active events %v", got)
+		}
+		if got := acc.rec.types(pc); !eq(got, []EventType{EventEstablished, EventDisconnected, EventTimeWaitExit}) {
+			t.Fatalf("passive events %v", got)
+		}
+		for _, s := range []Stats{a.m.Stats(), b.m.Stats()} {
+			if s.Sent[MsgDREQ] != 1 || s.Sent[MsgDREP] != 1 || s.Received[MsgDREQ] != 1 || s.Received[MsgDREP] != 1 ||
+				s.Retries != 0 || s.LiveConns != 0 {
+				t.Fatalf("stats %+v", s)
+			}
+		}
+	})
+}
+
+// TestDisconnectAfterPeerDREQ is the other order of two disconnects: the
+// active side's DREQ reaches the passive side, which answers it and enters
+// time-wait, before the passive side calls Disconnect. That call is then
+// refused (the connection is already going down) and sends nothing: the
+// passive side reports EventDisconnectRequested, the active side
+// EventDisconnected, and the fabric carries one DREQ and one DREP.
+func TestDisconnectAfterPeerDREQ(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newTestFabric(t, soft.Faults{})
 		a := newNode(t, f, "a", testOptions(1))
@@ -234,27 +298,24 @@ func TestSimultaneousDisconnect(t *testing.T) {
 		if err := c.Disconnect(); err != nil {
 			t.Fatal(err)
 		}
-		if err := pc.Disconnect(); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Disconnect(); !errors.Is(err, ErrInvalidState) {
-			t.Fatalf("second Disconnect: %v", err)
-		}
-		synctest.Wait()
+		synctest.Wait() // the DREQ is delivered and answered
 		if c.State() != StateTimeWait || pc.State() != StateTimeWait {
-			t.Fatalf("states %s / %s", c.State(), pc.State())
+			t.Fatalf("after DREQ/DREP: states %s / %s", c.State(), pc.State())
+		}
+		if err := pc.Disconnect(); !errors.Is(err, ErrInvalidState) {
+			t.Fatalf("passive Disconnect after the peer's DREQ: %v, want %v", err, ErrInvalidState)
 		}
 		settle(20 * time.Millisecond)
 		if got := rec.types(c); !eq(got, []EventType{EventREPReceived, EventEstablished, EventDisconnected, EventTimeWaitExit}) {
 			t.Fatalf("active events %v", got)
 		}
-		if got := acc.rec.types(pc); !eq(got, []EventType{EventEstablished, EventDisconnected, EventTimeWaitExit}) {
+		if got := acc.rec.types(pc); !eq(got, []EventType{EventEstablished, EventDisconnectRequested, EventTimeWaitExit}) {
 			t.Fatalf("passive events %v", got)
 		}
-		for _, s := range []Stats{a.m.Stats(), b.m.Stats()} {
-			if s.Sent[MsgDREQ] != 1 || s.Sent[MsgDREP] != 1 || s.Retries != 0 || s.LiveConns != 0 {
-				t.Fatalf("stats %+v", s)
-			}
+		sa, sb := a.m.Stats(), b.m.Stats()
+		if sa.Sent[MsgDREQ] != 1 || sa.Sent[MsgDREP] != 0 || sb.Sent[MsgDREQ] != 0 || sb.Sent[MsgDREP] != 1 ||
+			sa.Retries != 0 || sb.Retries != 0 || sa.LiveConns != 0 || sb.LiveConns != 0 {
+			t.Fatalf("stats a %+v b %+v", sa, sb)
 		}
 	})
 }
