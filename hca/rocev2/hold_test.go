@@ -162,8 +162,8 @@ func TestHoldCompletionKeepsOrder(t *testing.T) {
 		sizes[i] = 1 + i*37%5000
 	}
 	sendAndCheck(t, a, b, sizes)
-	if s := b.dev.Stats(); s.CompletionsHeld == 0 {
-		t.Fatal("no completion held")
+	if s := b.dev.Stats(); s.CompletionsHeld == 0 || s.RCMessages != uint64(len(sizes)) {
+		t.Fatalf("%d completions held, %d RC messages of %d", s.CompletionsHeld, s.RCMessages, len(sizes))
 	}
 	for _, d := range []*Device{a.dev, b.dev} {
 		if o := d.Objects(); o.HeldCompletions != 0 {

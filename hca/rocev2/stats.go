@@ -31,6 +31,11 @@ type Stats struct {
 	// script can rely on every key.
 	Drops [wire.NumDropReasons]uint64 `json:"-"`
 
+	// RCMessages and UDMessages count messages delivered into a receive
+	// buffer.
+	RCMessages uint64 `json:"rc_messages"`
+	UDMessages uint64 `json:"ud_messages"`
+
 	Retransmits     uint64 `json:"retransmits"` // packets sent again (go-back-N)
 	Timeouts        uint64 `json:"timeouts"`    // transport timer expiries with work outstanding
 	AcksSent        uint64 `json:"acks_sent"`
@@ -111,6 +116,7 @@ type counters struct {
 	faultDelayed                                     atomic.Uint64
 	completionsAfterDestroy, destroyedQPOps          atomic.Uint64
 	completionsHeld, udDropped                       atomic.Uint64
+	rcMessages, udMessages                           atomic.Uint64
 }
 
 func (c *counters) drop(r wire.DropReason) { c.drops[r].Add(1) }
@@ -135,6 +141,7 @@ func (c *counters) snapshot() Stats {
 		FaultReordered: c.faultReordered.Load(), FaultDelayed: c.faultDelayed.Load(),
 		CompletionsAfterDestroy: c.completionsAfterDestroy.Load(), DestroyedQPOps: c.destroyedQPOps.Load(),
 		CompletionsHeld: c.completionsHeld.Load(), UDDropped: c.udDropped.Load(),
+		RCMessages: c.rcMessages.Load(), UDMessages: c.udMessages.Load(),
 	}
 	for i := range c.drops {
 		s.Drops[i] = c.drops[i].Load()

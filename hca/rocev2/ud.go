@@ -108,5 +108,6 @@ func (q *qp) deliverUD(p *wire.Packet, info *udInfo) {
 		return
 	}
 	copy(wr.Buf, p.Payload)
+	q.dev.ctr.udMessages.Add(1)
 	q.completeRecv(wr.ID, hca.StatusSuccess, len(p.Payload), info)
 }
