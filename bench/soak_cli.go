@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/ipoibcm/ipoib/hca/soft"
 )
@@ -27,10 +28,18 @@ func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs := flag.NewFlagSet("ipoib soak", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long traffic runs (the end checks follow)")
-	fs.IntVar(&cfg.Hosts, "hosts", cfg.Hosts, "hosts on the soft fabric")
+	fs.StringVar(&cfg.HCA, "hca", cfg.HCA, "HCA backend: soft (in-process fabric) or rocev2 (one loopback UDP socket per host)")
+	fs.IntVar(&cfg.Hosts, "hosts", cfg.Hosts, "hosts on the fabric")
 	fs.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the fabric's faults and of the traffic")
-	fs.Float64Var(&cfg.Faults.CompletionDelay.Probability, "delay-prob", cfg.Faults.CompletionDelay.Probability, "probability a completion is held back (delivered past destroy)")
-	fs.DurationVar(&cfg.Faults.CompletionDelay.Max, "delay-max", cfg.Faults.CompletionDelay.Max, "longest completion hold-back")
+	delayProb := fs.Float64("delay-prob", cfg.Faults.CompletionDelay.Probability, "probability a completion is held back (delivered past destroy)")
+	delayMax := fs.Duration("delay-max", cfg.Faults.CompletionDelay.Max, "longest completion hold-back")
+	r := &cfg.RoCEv2
+	fs.BoolVar(&r.IPv6, "ipv6", r.IPv6, "rocev2: IPv6 loopback addresses in a private network namespace (needs CAP_SYS_ADMIN)")
+	fs.Float64Var(&r.Faults.Drop, "udp-loss", r.Faults.Drop, "rocev2: probability a datagram is lost")
+	fs.Float64Var(&r.Faults.Duplicate, "udp-dup", r.Faults.Duplicate, "rocev2: probability an RC datagram is sent twice")
+	fs.Float64Var(&r.Faults.Reorder, "udp-reorder", r.Faults.Reorder, "rocev2: probability an RC datagram swaps with the next")
+	fs.Float64Var(&r.Faults.Delay, "udp-delay", r.Faults.Delay, "rocev2: probability an RC datagram is delayed")
+	fs.DurationVar(&r.Faults.DelayTime, "udp-delay-time", r.Faults.DelayTime, "rocev2: how long a delayed datagram waits")
 	purge := fs.Bool("purge", false, "purge a destroyed QP's completions (mlx5) instead of leaving them in the CQ (rxe)")
 	fs.BoolVar(&cfg.Faults.ImmediateQPNReuse, "qpn-reuse", cfg.Faults.ImmediateQPNReuse, "hand a freed QPN to the next QP at once")
 	fs.Float64Var(&cfg.Faults.RNR, "rnr", cfg.Faults.RNR, "probability of an injected RNR NAK")
@@ -59,6 +68,12 @@ func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "ipoib soak: unexpected argument %q\n", fs.Arg(0))
+		return SoakExitUsage
+	}
+	set := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if err := applyBackendFlags(&cfg, set, *delayProb, *delayMax); err != nil {
+		fmt.Fprintf(stderr, "ipoib soak: %v\n", err)
 		return SoakExitUsage
 	}
 	if *purge {
@@ -92,6 +107,38 @@ func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return SoakExitViolation
 	}
 	return SoakExitOK
+}
+
+// Flags that configure one backend only.
+var (
+	softOnlyFlags   = []string{"purge", "qpn-reuse", "rnr", "ud-loss", "lastwqe-delay", "spurious"}
+	rocev2OnlyFlags = []string{"ipv6", "udp-loss", "udp-dup", "udp-reorder", "udp-delay", "udp-delay-time"}
+)
+
+// applyBackendFlags refuses flags of the other backend and points the
+// completion hold-back flags at the chosen one: the soft fabric's
+// completion delay or the RoCEv2 devices' held completions.
+func applyBackendFlags(cfg *SoakConfig, set map[string]bool, delayProb float64, delayMax time.Duration) error {
+	other := rocev2OnlyFlags
+	if cfg.HCA == SoakHCARoCEv2 {
+		other = softOnlyFlags
+	}
+	for _, name := range other {
+		if set[name] {
+			return fmt.Errorf("-%s does not apply to --hca %s", name, cfg.HCA)
+		}
+	}
+	if cfg.HCA != SoakHCARoCEv2 {
+		cfg.Faults.CompletionDelay.Probability, cfg.Faults.CompletionDelay.Max = delayProb, delayMax
+		return nil
+	}
+	if set["delay-prob"] {
+		cfg.RoCEv2.Faults.HoldCompletion = delayProb
+	}
+	if set["delay-max"] {
+		cfg.RoCEv2.Faults.HoldCompletionMax = delayMax
+	}
+	return nil
 }
 
 // isTerminal reports whether w is a character device (a terminal), where

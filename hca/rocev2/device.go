@@ -187,9 +187,6 @@ type Objects struct {
 func (d *Device) Objects() Objects {
 	d.mu.Lock()
 	o := Objects{QPs: len(d.qps), CQs: len(d.cqs), SRQs: d.srqs, HeldCompletions: d.heldCompletions}
-	if d.gsi != nil {
-		o.QPs++
-	}
 	for _, q := range d.qps {
 		o.McastAttachments += len(q.mcast)
 	}

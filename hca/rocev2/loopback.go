@@ -32,7 +32,8 @@ const MaxLoopbackDevices = 4096
 // fd49:504f:4942::1, ::2, ... on the loopback of a private network
 // namespace (loopback_linux.go), which needs CAP_SYS_ADMIN.
 type Loopback struct {
-	devs []*Device
+	devs   []*Device
+	closed bool
 }
 
 // NewLoopback opens cfg.Devices devices, all on one UDP port, each
@@ -110,18 +111,22 @@ func freePort(a netip.Addr) (uint16, error) {
 	return port, nil
 }
 
-// Devices returns the devices, in index order.
+// Devices returns the devices, in index order; after Close they are
+// still there to read the final counters of.
 func (l *Loopback) Devices() []*Device { return l.devs }
 
 // Close closes every device (stopping its goroutines and closing its
-// socket).
+// socket); a second Close does nothing.
 func (l *Loopback) Close() error {
+	if l.closed {
+		return nil
+	}
+	l.closed = true
 	var errs []error
 	for _, d := range l.devs {
 		if err := d.Close(); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	l.devs = nil
 	return errors.Join(errs...)
 }
