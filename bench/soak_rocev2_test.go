@@ -40,21 +40,25 @@ func TestSoakRoCEv2Short(t *testing.T) {
 	}
 }
 
-func TestSoakRoCEv2CatchesSkipDeadFlag(t *testing.T) {
-	cfg := shortRoCEv2Soak(t, untilViolated(violDeadDelivered.String()))
-	cfg.UnsafeSkipDeadFlag = true
-	rep := runSoakT(t, cfg)
-	if violations(rep, violDeadDelivered.String()) == 0 {
-		t.Fatalf("skipping the dead flag went unnoticed on rocev2 in %v: %d violations", rep.Elapsed, rep.Violations)
-	}
-}
-
-func TestSoakRoCEv2CatchesSkipDrain(t *testing.T) {
-	cfg := shortRoCEv2Soak(t, untilViolated(violAfterReap.String()))
-	cfg.UnsafeSkipDrain = true
-	rep := runSoakT(t, cfg)
-	if violations(rep, violAfterReap.String()) == 0 {
-		t.Fatalf("skipping the drain went unnoticed on rocev2 in %v: %d violations", rep.Elapsed, rep.Violations)
+// TestSoakRoCEv2CatchesMutations: each mutation fails the soak on the
+// RoCEv2 backend with the invariant it breaks.
+func TestSoakRoCEv2CatchesMutations(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mutate func(*SoakConfig)
+		want   violKind
+	}{
+		{"skip dead flag", func(c *SoakConfig) { c.UnsafeSkipDeadFlag = true }, violDeadDelivered},
+		{"skip drain", func(c *SoakConfig) { c.UnsafeSkipDrain = true }, violAfterReap},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := shortRoCEv2Soak(t, untilViolated(tc.want.String()))
+			tc.mutate(&cfg)
+			rep := runSoakT(t, cfg)
+			if violations(rep, tc.want.String()) == 0 {
+				t.Fatalf("%s went unnoticed on rocev2 in %v: %d violations", tc.name, rep.Elapsed, rep.Violations)
+			}
+		})
 	}
 }
 

@@ -22,6 +22,24 @@ func sharedCQEnd(t *testing.T, d *Device) *rcEnd {
 	return &rcEnd{dev: d, qp: qp, sendCQ: cq, recvCQ: cq}
 }
 
+// passivePair connects an RC end on a new device to a sharedCQEnd on
+// another, posts receives 1 and 2 on the passive end and sends it message
+// 7 (the message buffer is returned for more sends).
+func passivePair(t *testing.T, f *testFabric) (a, b *rcEnd, buf, msg []byte) {
+	t.Helper()
+	a, b = newRCEnd(t, f.newDevice(t), rcOpts{}), sharedCQEnd(t, f.newDevice(t))
+	connectRC(t, a, b, rcOpts{}, rcOpts{})
+	buf, _ = b.dev.Alloc(64)
+	if _, err := b.qp.PostRecv([]hca.RecvWR{{ID: 1, Buf: buf}, {ID: 2, Buf: buf}}); err != nil {
+		t.Fatal(err)
+	}
+	msg, _ = a.dev.Alloc(10)
+	if _, err := a.qp.PostSend([]hca.SendWR{{ID: 7, Data: msg}}); err != nil {
+		t.Fatal(err)
+	}
+	return a, b, buf, msg
+}
+
 // TestNoCompletionProducedAfterDestroy: without faults the backend
 // completes synchronously, so once a consumer has drained a QP and
 // destroyed it nothing of it ever reaches the CQ again: a packet for it
@@ -30,16 +48,7 @@ func sharedCQEnd(t *testing.T, d *Device) *rcEnd {
 // every verb on the destroyed QP.
 func TestNoCompletionProducedAfterDestroy(t *testing.T) {
 	f := newTestFabric(t, 60, Faults{})
-	a, b := newRCEnd(t, f.newDevice(t), rcOpts{}), sharedCQEnd(t, f.newDevice(t))
-	connectRC(t, a, b, rcOpts{}, rcOpts{})
-	buf, _ := b.dev.Alloc(64)
-	if _, err := b.qp.PostRecv([]hca.RecvWR{{ID: 1, Buf: buf}, {ID: 2, Buf: buf}}); err != nil {
-		t.Fatal(err)
-	}
-	msg, _ := a.dev.Alloc(10)
-	if _, err := a.qp.PostSend([]hca.SendWR{{ID: 7, Data: msg}}); err != nil {
-		t.Fatal(err)
-	}
+	a, b, buf, msg := passivePair(t, f)
 	if wc := b.recvCQ.wait(t, 1)[0]; wc.ID != 1 || wc.Status != hca.StatusSuccess {
 		t.Fatalf("receive %+v", wc)
 	}
@@ -113,16 +122,7 @@ func TestNoCompletionProducedAfterDestroy(t *testing.T) {
 // the drain WR) still comes after it.
 func TestHeldCompletionArrivesAfterDestroy(t *testing.T) {
 	f := newTestFabric(t, 61, Faults{Seed: 4, HoldCompletion: 1, HoldCompletionMax: time.Second})
-	a, b := newRCEnd(t, f.newDevice(t), rcOpts{}), sharedCQEnd(t, f.newDevice(t))
-	connectRC(t, a, b, rcOpts{}, rcOpts{})
-	buf, _ := b.dev.Alloc(64)
-	if _, err := b.qp.PostRecv([]hca.RecvWR{{ID: 1, Buf: buf}, {ID: 2, Buf: buf}}); err != nil {
-		t.Fatal(err)
-	}
-	msg, _ := a.dev.Alloc(10)
-	if _, err := a.qp.PostSend([]hca.SendWR{{ID: 7, Data: msg}}); err != nil {
-		t.Fatal(err)
-	}
+	_, b, _, _ := passivePair(t, f)
 	f.waitRx(t, b.dev, func(s Stats) bool { return s.CompletionsHeld == 1 })
 	var into [4]hca.WC
 	if n := b.recvCQ.Poll(into[:]); n != 0 {
