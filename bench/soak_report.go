@@ -226,8 +226,10 @@ func (r *SoakReport) WriteTable(w io.Writer) error {
 	fmt.Fprintf(tw, "packets\t%d sent, %d received, %d lost, %d drops counted (%d dead, %d fabric UD)\n",
 		t.Sent, t.Received, t.Lost, t.Explained, t.DeadDrops, t.FabricUD)
 	names := make([]string, 0, len(t.Drops))
-	for n := range t.Drops {
-		names = append(names, n)
+	for n, v := range t.Drops {
+		if v != 0 { // the engine reports every reason; the text shows those that counted
+			names = append(names, n)
+		}
 	}
 	sort.Strings(names)
 	for _, n := range names {

@@ -12,6 +12,18 @@ import (
 	"time"
 )
 
+// FormatOptions choose what Format prints.
+type FormatOptions struct {
+	// ShowZero prints counters that are zero too (ipoib show -s). By
+	// default they are left out: on a healthy interface most of the
+	// hundred-odd counters are zero, and the ones that moved are what a
+	// reader looks for. The RX/TX blocks and the tables are always whole.
+	ShowZero bool
+}
+
+// Format writes one interface's snapshot as text with the default options.
+func Format(w io.Writer, s InterfaceStats) error { return FormatOptions{}.Format(w, s) }
+
 // Format writes one interface's snapshot as text: a header and packet
 // counters laid out like ip -s link, then per-reason drops and the NAPI,
 // reaper and CM statistics as name: value lines like ethtool -S, then the
@@ -20,18 +32,14 @@ import (
 // The statistics are read as generic JSON (keys matched ignoring case and
 // underscores), so a field the engine adds later is shown rather than
 // lost, and a malformed snapshot is an error, never a panic.
-func Format(w io.Writer, s InterfaceStats) error {
+func (o FormatOptions) Format(w io.Writer, s InterfaceStats) error {
 	sections, original, err := splitSections(s.Stats)
 	if err != nil {
 		return fmt.Errorf("format %s: %w", s.Interface.Host, err)
 	}
 	b := &bytes.Buffer{}
 	info := s.Interface
-	state := "DOWN"
-	if info.LinkUp {
-		state = "UP"
-	}
-	fmt.Fprintf(b, "%s: %s: <%s> mode %s mtu %d\n", info.Host, info.Name, state, info.Mode, info.MTU)
+	fmt.Fprintf(b, "%s: %s: <%s> mode %s mtu %d\n", info.Host, info.Name, linkState(info), info.Mode, info.MTU)
 	fmt.Fprintf(b, "    link/infiniband %s\n", info.HWAddr)
 	for _, a := range info.Addrs {
 		fmt.Fprintf(b, "    inet %s\n", a)
@@ -64,6 +72,13 @@ func Format(w io.Writer, s InterfaceStats) error {
 		if err != nil {
 			return fmt.Errorf("format %s: %s: %w", info.Host, sec.key, err)
 		}
+		if !o.ShowZero {
+			for k, v := range kv {
+				if v == "0" || v == "0s" || v == "false" {
+					delete(kv, k)
+				}
+			}
+		}
 		if len(kv) == 0 {
 			continue
 		}
@@ -82,6 +97,14 @@ func Format(w io.Writer, s InterfaceStats) error {
 	}
 	_, err = w.Write(b.Bytes())
 	return err
+}
+
+// linkState is the flag ip link prints between angle brackets.
+func linkState(info InterfaceInfo) string {
+	if info.LinkUp {
+		return "UP"
+	}
+	return "DOWN"
 }
 
 // normKey folds a JSON key for matching: "TXConns", "tx_conns" and
@@ -163,25 +186,20 @@ func jsonKind(v any) string {
 	return "null"
 }
 
-// renderValue prints durations (Go marshals time.Duration as integer
-// nanoseconds) in a readable unit for keys that name one.
+// renderValue prints a value for a reader: durations (keys ending in _ms
+// hold integer milliseconds; Go marshals a bare time.Duration as integer
+// nanoseconds) in a readable unit, lists of addresses as plain
+// comma-separated text.
 func renderValue(key string, v any) string {
 	switch x := v.(type) {
 	case json.Number:
-		if isDurationKey(key) {
+		if unit, ok := durationUnit(key); ok {
 			if n, err := x.Int64(); err == nil {
-				return time.Duration(n).Round(time.Millisecond).String()
+				return (time.Duration(n) * unit).Round(time.Millisecond).String()
 			}
 		}
 		return x.String()
 	case string:
-		if isDurationKey(key) {
-			// Timestamps (time.Time marshals as RFC 3339) shown as a
-			// wall-clock time, which is what matters next to an age.
-			if ts, err := time.Parse(time.RFC3339Nano, x); err == nil {
-				return ts.Format("15:04:05.000")
-			}
-		}
 		if x == "" {
 			return "-"
 		}
@@ -190,14 +208,41 @@ func renderValue(key string, v any) string {
 		return strconv.FormatBool(x)
 	case nil:
 		return "-"
+	case []any:
+		if len(x) == 0 {
+			return "-"
+		}
+		parts := make([]string, len(x))
+		for i, e := range x {
+			parts[i] = renderValue("", e)
+		}
+		return strings.Join(parts, ",")
 	}
 	b, _ := json.Marshal(v)
 	return string(b)
 }
 
-func isDurationKey(key string) bool {
-	k := normKey(key)
-	return k == "age" || k == "lastuse" || k == "idle" || strings.HasSuffix(k, "ns") && strings.Contains(k, "time")
+// durationUnit says whether a key names a duration and in what unit its
+// integer value is.
+func durationUnit(key string) (time.Duration, bool) {
+	k := strings.ToLower(key)
+	if strings.HasSuffix(k, "_ms") {
+		return time.Millisecond, true
+	}
+	n := normKey(key)
+	if n == "age" || n == "idle" || strings.HasSuffix(n, "ns") && strings.Contains(n, "time") {
+		return time.Nanosecond, true
+	}
+	return 0, false
+}
+
+// columnTitle is a table heading: the key without its unit suffix.
+func columnTitle(key string) string {
+	k := key
+	if strings.HasSuffix(strings.ToLower(k), "_ms") {
+		k = k[:len(k)-3]
+	}
+	return strings.ToUpper(k)
 }
 
 func sortedKeys(m map[string]string) []string {
@@ -233,8 +278,8 @@ func writeCounterTable(b *bytes.Buffer, dir string, counters map[string]string, 
 // preferredColumns come first in connection and neighbour tables, in this
 // order; other keys follow alphabetically.
 var preferredColumns = []string{
-	"peer", "ip", "ips", "hwaddr", "peergid", "gid", "mac", "connected", "txconn",
-	"localqpn", "qpn", "remoteqpn", "state", "mtu", "age", "lastuse", "packets", "bytes",
+	"peer", "ip", "ips", "mac", "hwaddr", "peergid", "gid", "connected", "txconn",
+	"localqpn", "qpn", "remoteqpn", "state", "mtu", "age", "agems", "idle", "idlems", "lastuse", "packets", "bytes",
 }
 
 func columnRank(k string) int {
@@ -279,7 +324,7 @@ func writeObjectTable(b *bytes.Buffer, title string, raw json.RawMessage) error 
 	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
 	heads := make([]string, len(cols))
 	for i, c := range cols {
-		heads[i] = strings.ToUpper(c)
+		heads[i] = columnTitle(c)
 	}
 	fmt.Fprintf(tw, "        %s\n", strings.Join(heads, "\t"))
 	for _, r := range rows {

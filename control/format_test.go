@@ -12,9 +12,9 @@ import (
 const sampleStats = `{
  "Counters": {"rx_packets": 1500, "tx_packets": 1400, "rx_bytes": 2250000, "tx_bytes": 2100000,
               "tx_errors": 1, "rx_dropped": 2, "tx_dropped": 3, "multicast": 4, "rx_dead_dropped": 5},
- "Drops": {"tx_unknown_ethertype": 3, "rx_own_echo": 7},
- "Neighbours": [{"IP": "10.77.0.2", "HWAddr": "80:00:00:49:fe:80::2", "MAC": "02:00:00:00:00:01", "Connected": true, "State": "connected", "LastUse": 1500000000}],
- "TXConns": [{"Peer": "10.77.0.2", "LocalQPN": 73, "RemoteQPN": 88, "State": "established", "Age": 61000000000, "LastUse": 250000000, "Packets": 1400, "Bytes": 2100000}],
+ "Drops": {"tx_unknown_ethertype": 3, "rx_own_echo": 7, "tx_vlan": 0},
+ "Neighbours": [{"ips": ["10.77.0.2", "fe80::2"], "hwaddr": "80:00:00:49:fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:02", "mac": "02:00:00:00:00:01", "connected": true, "tx_conn": "established", "idle_ms": 1500}],
+ "TXConns": [{"Peer": "10.77.0.2", "LocalQPN": 73, "RemoteQPN": 88, "State": "established", "age_ms": 61000, "idle_ms": 250, "Packets": 1400, "Bytes": 2100000}],
  "RXConns": [],
  "NAPI": {"RX": {"polls": 90, "completions": 1500}, "TX": {"polls": 80}},
  "Reaper": {"stale_scans": 2, "reaped": 1},
@@ -71,7 +71,7 @@ func TestFormatShow(t *testing.T) {
 	}
 	// Connection table: preferred columns first, durations rendered.
 	conn := fieldsAfter(t, lines, "PEER ")
-	if strings.Join(conn[0], " ") != "PEER LOCALQPN REMOTEQPN STATE AGE LASTUSE PACKETS BYTES" {
+	if strings.Join(conn[0], " ") != "PEER LOCALQPN REMOTEQPN STATE AGE IDLE PACKETS BYTES" {
 		t.Errorf("conn columns %v", conn[0])
 	}
 	if strings.Join(conn[1], " ") != "10.77.0.2 73 88 established 1m1s 250ms 1400 2100000" {
@@ -83,6 +83,23 @@ func TestFormatShow(t *testing.T) {
 	}
 	if strings.Contains(out, "    cm:") {
 		t.Error("null CM section printed")
+	}
+	// Addresses as plain text, idle time instead of a stamp.
+	neigh := fieldsAfter(t, lines, "IPS ")
+	if strings.Join(neigh[0], " ") != "IPS MAC HWADDR CONNECTED TX_CONN IDLE" ||
+		strings.Join(neigh[1], " ") != "10.77.0.2,fe80::2 02:00:00:00:00:01 80:00:00:49:fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:02 true established 1.5s" {
+		t.Errorf("neighbour table %v", neigh)
+	}
+	// Zero counters are hidden by default and shown with -s.
+	if strings.Contains(out, "tx_vlan") {
+		t.Error("zero drop tx_vlan printed without ShowZero")
+	}
+	var all bytes.Buffer
+	if err := (FormatOptions{ShowZero: true}).Format(&all, InterfaceStats{Interface: InterfaceInfo{Host: "h"}, Stats: json.RawMessage(sampleStats)}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(all.String(), "        tx_vlan: 0\n") {
+		t.Errorf("ShowZero output lacks tx_vlan: 0\n%s", all.String())
 	}
 }
 
@@ -112,6 +129,9 @@ func TestRenderDuration(t *testing.T) {
 	if got := renderValue("age", json.Number("1500000000")); got != (1500 * time.Millisecond).String() {
 		t.Fatalf("age rendered %q", got)
 	}
+	if got := renderValue("idle_ms", json.Number("61000")); got != "1m1s" {
+		t.Fatalf("idle_ms rendered %q", got)
+	}
 	if got := renderValue("packets", json.Number("1500000000")); got != "1500000000" {
 		t.Fatalf("packets rendered %q", got)
 	}
@@ -121,6 +141,11 @@ func FuzzFormat(f *testing.F) {
 	f.Add([]byte(sampleStats))
 	f.Add([]byte(`{"NAPI":{"RX":{"x":[1,{"y":null}]}}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		Format(&bytes.Buffer{}, InterfaceStats{Stats: b}) // must not panic
+		// None may panic.
+		s := InterfaceStats{Stats: b}
+		Format(&bytes.Buffer{}, s)
+		FormatOptions{ShowZero: true}.Format(&bytes.Buffer{}, s)
+		FormatBrief(&bytes.Buffer{}, []InterfaceStats{s})
+		FormatRates(&bytes.Buffer{}, Sample{Stats: []InterfaceStats{s}}, Sample{At: time.Unix(1, 0), Stats: []InterfaceStats{s}})
 	})
 }

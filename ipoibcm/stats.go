@@ -25,30 +25,36 @@ type Counters struct {
 	RxDeadDropped uint64 `json:"rx_dead_dropped"`
 }
 
-// NeighbourInfo describes one neighbour.
+// NeighbourInfo describes one neighbour. Every field is always present in
+// JSON (the schema 'ipoib show --json' promises); durations are integer
+// milliseconds, relative to the snapshot.
 type NeighbourInfo struct {
 	IPs       []netip.Addr `json:"ips"`
-	HWAddr    string       `json:"hwaddr"`
+	HWAddr    string       `json:"hwaddr"` // colon hex, as ip link prints it
 	MAC       string       `json:"mac"`
 	Connected bool         `json:"connected"` // the peer advertises 'C'
 	TXConn    string       `json:"tx_conn"`   // state of the TX connection, "" if none
 	Parked    int          `json:"parked"`
-	LastUse   time.Time    `json:"last_use"`
-	CMBackoff time.Time    `json:"cm_backoff_until,omitzero"`
+	IdleMS    int64        `json:"idle_ms"`       // since the neighbour was last used
+	CMBackoff int64        `json:"cm_backoff_ms"` // left of the CM back-off; 0 when none
 }
 
-// ConnInfo describes one RC connection.
+// ConnInfo describes one RC connection; as NeighbourInfo, every field is
+// always present and durations are integer milliseconds.
 type ConnInfo struct {
-	Peer      string    `json:"peer"`
-	PeerGID   string    `json:"peer_gid"`
-	LocalQPN  hca.QPN   `json:"local_qpn"`
-	RemoteQPN hca.QPN   `json:"remote_qpn"`
-	State     string    `json:"state"`
-	MTU       int       `json:"mtu,omitempty"`
-	Age       string    `json:"age"`
-	LastUse   time.Time `json:"last_use,omitzero"`
-	Packets   uint64    `json:"packets"`
-	Bytes     uint64    `json:"bytes"`
+	Peer      string  `json:"peer"` // the peer's hardware address, colon hex
+	PeerGID   string  `json:"peer_gid"`
+	LocalQPN  hca.QPN `json:"local_qpn"`
+	RemoteQPN hca.QPN `json:"remote_qpn"`
+	State     string  `json:"state"`
+	MTU       int     `json:"mtu"` // the peer's CM MTU (TX); 0 on RX connections
+	AgeMS     int64   `json:"age_ms"`
+	// IdleMS is the time since the LRU stamp the stale scan reads (RX
+	// connections; it is refreshed every StaleUpdate, so it is coarse by
+	// that much). TX connections report 0.
+	IdleMS  int64  `json:"idle_ms"`
+	Packets uint64 `json:"packets"`
+	Bytes   uint64 `json:"bytes"`
 }
 
 // ReaperStats count the teardown machinery's work.
@@ -128,23 +134,27 @@ func (i *Interface) Stats() Stats {
 		Reaper:      i.reaperStats(),
 		Outstanding: i.outstanding.Load(),
 	}
+	// Every reason, zero included: scripts find each key from the start.
 	for r := range numDropReasons {
-		if v := c.drops[r].Load(); v > 0 {
-			s.Drops[r.String()] = v
-		}
+		s.Drops[r.String()] = c.drops[r].Load()
 	}
 	if i.cmm != nil {
 		s.CM = i.cmm.Stats()
 	}
 	now := time.Now()
+	s.Neighbours, s.TXConns, s.RXConns = []NeighbourInfo{}, []ConnInfo{}, []ConnInfo{}
 	i.mu.Lock()
 	if i.srq != nil && i.srq.srq != nil {
 		s.SRQPosted = i.srq.srq.Posted()
 	}
 	for _, n := range i.neigh.byGID {
 		ni := NeighbourInfo{
-			IPs: append([]netip.Addr(nil), n.ips...), HWAddr: n.hw.String(), MAC: n.mac.String(),
-			Connected: n.hw.Connected(), Parked: n.nParked, LastUse: n.lastUse, CMBackoff: n.cmBackoffUntil,
+			IPs: append([]netip.Addr{}, n.ips...), HWAddr: n.hw.ColonString(), MAC: n.mac.String(),
+			Connected: n.hw.Connected(), Parked: n.nParked, IdleMS: millisSince(now, n.lastUse),
+			CMBackoff: -millisSince(now, n.cmBackoffUntil),
+		}
+		if ni.CMBackoff < 0 {
+			ni.CMBackoff = 0
 		}
 		if n.tx != nil {
 			ni.TXConn = n.tx.state.String()
@@ -153,8 +163,8 @@ func (i *Interface) Stats() Stats {
 	}
 	for tc := range i.txConns {
 		ci := ConnInfo{
-			Peer: tc.peer.String(), PeerGID: tc.peer.GID().String(), State: tc.state.String(), MTU: tc.mtu,
-			Age: now.Sub(tc.created).Round(time.Millisecond).String(), Packets: tc.packets.Load(), Bytes: tc.byts.Load(),
+			Peer: tc.peer.ColonString(), PeerGID: tc.peer.GID().String(), State: tc.state.String(), MTU: tc.mtu,
+			AgeMS: millisSince(now, tc.created), Packets: tc.packets.Load(), Bytes: tc.byts.Load(),
 		}
 		if tc.qp != nil {
 			ci.LocalQPN = tc.qp.QPN()
@@ -166,8 +176,8 @@ func (i *Interface) Stats() Stats {
 	}
 	for rc := range i.rxConns {
 		ci := ConnInfo{
-			Peer: rc.peer.String(), PeerGID: rc.peer.GID().String(), LocalQPN: rc.qp.QPN(), State: rc.state.String(),
-			Age: now.Sub(rc.created).Round(time.Millisecond).String(), LastUse: time.Unix(0, rc.stamp.Load()),
+			Peer: rc.peer.ColonString(), PeerGID: rc.peer.GID().String(), LocalQPN: rc.qp.QPN(), State: rc.state.String(),
+			AgeMS: millisSince(now, rc.created), IdleMS: millisSince(now, time.Unix(0, rc.stamp.Load())),
 			Packets: rc.packets.Load(), Bytes: rc.byts.Load(),
 		}
 		if rc.cmConn != nil {
@@ -180,6 +190,14 @@ func (i *Interface) Stats() Stats {
 	sort.Slice(s.TXConns, func(a, b int) bool { return s.TXConns[a].Peer < s.TXConns[b].Peer })
 	sort.Slice(s.RXConns, func(a, b int) bool { return s.RXConns[a].LocalQPN < s.RXConns[b].LocalQPN })
 	return s
+}
+
+// millisSince is now-t in whole milliseconds; 0 for the zero time.
+func millisSince(now, t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return now.Sub(t).Milliseconds()
 }
 
 func (i *Interface) reaperStats() ReaperStats {

@@ -16,7 +16,7 @@ func interfaceInfo(host string, ifc *ipoibcm.Interface, addrs []netip.Prefix) co
 		Name:   ifc.Name(),
 		Mode:   ifc.Mode().String(),
 		MTU:    ifc.MTU(),
-		HWAddr: ifc.HWAddr().String(),
+		HWAddr: ifc.HWAddr().ColonString(),
 		LinkUp: ifc.LinkUp(),
 	}
 	for _, a := range addrs {

@@ -123,18 +123,17 @@ func (c *counters) snapshot() Stats {
 		RejReceived:   make(map[RejectReason]uint64, len(c.rejReceived)),
 		SendErrors:    c.sendErrors,
 	}
+	// Every message type, drop and reject reason is present, zero
+	// included, so the JSON has one schema whatever has happened.
 	for i, t := range msgTypes {
-		if c.sent[i] != 0 {
-			s.Sent[t] = c.sent[i]
-		}
-		if c.received[i] != 0 {
-			s.Received[t] = c.received[i]
-		}
+		s.Sent[t] = c.sent[i]
+		s.Received[t] = c.received[i]
 	}
 	for r, n := range c.dropped {
-		if n != 0 {
-			s.Dropped[DropReason(r)] = n
-		}
+		s.Dropped[DropReason(r)] = n
+	}
+	for r := range rejectNames {
+		s.RejSent[r], s.RejReceived[r] = 0, 0
 	}
 	for r, n := range c.rejSent {
 		s.RejSent[r] = n

@@ -81,6 +81,20 @@ func (a HWAddr) String() string {
 	return string(buf[:])
 }
 
+// ColonString returns the address as ip link prints link/infiniband:
+// twenty colon-separated hex bytes.
+func (a HWAddr) ColonString() string {
+	const hexdig = "0123456789abcdef"
+	buf := make([]byte, 0, 3*HWAddrLen-1)
+	for i, b := range a {
+		if i > 0 {
+			buf = append(buf, ':')
+		}
+		buf = append(buf, hexdig[b>>4], hexdig[b&0xf])
+	}
+	return string(buf)
+}
+
 // UDMTU is the IP MTU of datagram mode on an IB path MTU: the encapsulation
 // header comes out of the single packet a UD message is (IPOIB_UD_MTU).
 func UDMTU(ib hca.MTU) int { return int(ib) - EncapLen }

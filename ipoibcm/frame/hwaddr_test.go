@@ -26,6 +26,9 @@ func TestHWAddrGolden(t *testing.T) {
 	if got := a.String(); got != want {
 		t.Fatalf("String() = %s, want %s", got, want)
 	}
+	if got, want := a.ColonString(), "80:00:00:48:00:00:00:00:00:00:00:00:00:00:ff:ff:7f:00:00:01"; got != want {
+		t.Fatalf("ColonString() = %s, want %s", got, want)
+	}
 	if HWAddr(mustHex(t, want)) != a {
 		t.Fatalf("bytes differ from golden")
 	}

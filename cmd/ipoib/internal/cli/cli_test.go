@@ -189,3 +189,64 @@ func TestShowAndModeOverControlSocket(t *testing.T) {
 		t.Fatalf("show with nothing running: exit %d stderr %q", r.code, r.stderr)
 	}
 }
+
+// countingEndpoint's rx_packets grow by 100 per snapshot, so --watch has
+// a rate to show.
+type countingEndpoint struct {
+	info control.InterfaceInfo
+	mu   sync.Mutex
+	n    int
+}
+
+func (c *countingEndpoint) Info() control.InterfaceInfo { return c.info }
+func (c *countingEndpoint) Stats() any {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n += 100
+	return map[string]any{"counters": map[string]int{"rx_packets": c.n}, "tx_conns": []any{}, "rx_conns": []any{}}
+}
+func (c *countingEndpoint) SetMode(string) error { return nil }
+
+func TestShowBriefAndWatch(t *testing.T) {
+	dir := t.TempDir()
+	var eps []control.Endpoint
+	for _, h := range []string{"ipoib-h10", "ipoib-h2", "ipoib-h1"} {
+		eps = append(eps, &countingEndpoint{info: control.InterfaceInfo{Host: h, Name: "ib0", Mode: "connected", MTU: 65520, LinkUp: true}})
+	}
+	srv, err := control.Listen(dir, eps, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	env := Env{ControlDir: dir}
+
+	r := runCLI(t, env, "show", "--brief")
+	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+	if r.code != ExitOK || len(lines) != 4 || !strings.HasPrefix(lines[1], "ipoib-h1 ") ||
+		!strings.HasPrefix(lines[2], "ipoib-h2 ") || !strings.HasPrefix(lines[3], "ipoib-h10 ") {
+		t.Fatalf("show --brief: exit %d stdout:\n%s\nstderr %q", r.code, r.stdout, r.stderr)
+	}
+
+	r = runCLI(t, env, "show", "--watch", "--interval", "20ms", "--count", "2", "--host", "ipoib-h2")
+	if r.code != ExitOK {
+		t.Fatalf("show --watch: exit %d stderr %q", r.code, r.stderr)
+	}
+	var rates int
+	for _, l := range strings.Split(r.stdout, "\n") {
+		f := strings.Fields(l)
+		if len(f) == 9 && f[0] == "ipoib-h2" {
+			rates++
+			if f[3] == "-" || f[3] == "0.0" {
+				t.Errorf("no RX rate in %q", l)
+			}
+		}
+	}
+	if rates != 2 {
+		t.Fatalf("want 2 rate lines, got %d:\n%s", rates, r.stdout)
+	}
+	for _, args := range [][]string{{"show", "--watch", "--json"}, {"show", "--watch", "--interval", "1ms"}, {"show", "--count", "-1"}} {
+		if r := runCLI(t, env, args...); r.code != ExitUsage {
+			t.Errorf("%v: exit %d", args, r.code)
+		}
+	}
+}

@@ -21,36 +21,56 @@ func controlDirFlag(fs *flag.FlagSet, env *Env) *string {
 }
 
 func showFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
-	asJSON := fs.Bool("json", false, "print JSON (one array of {interface, stats}) for scripts")
+	asJSON := fs.Bool("json", false, "print JSON: an array of {interface, stats} sorted by host, every counter present (schema: README, 'show --json')")
 	host := fs.String("host", "", "show only this host (e.g. ipoib-h1); default all")
+	brief := fs.Bool("brief", false, "one line per interface: mode, MTU, state, packets, drops, connections")
+	all := fs.Bool("s", false, "show every counter, zeros included (default: only those that moved)")
+	watch := fs.Bool("watch", false, "print per-second rates (packets, Mbit/s, drops) every --interval until interrupted")
+	interval := fs.Duration("interval", time.Second, "--watch: time between samples")
+	count := fs.Int("count", 0, "--watch: stop after this many rate lines per interface (0: until interrupted)")
 	dir := controlDirFlag(fs, env)
-	return func(_ context.Context, args []string) int {
+	return func(ctx context.Context, args []string) int {
 		if len(args) > 0 {
 			return usageError(env, "show", fmt.Sprintf("unexpected argument %q", args[0]))
 		}
-		resps, err := control.QueryAll(*dir, control.Request{Op: control.OpStats, Host: *host}, controlTimeout)
-		if err != nil && len(resps) == 0 {
+		if *watch && (*asJSON || *brief) {
+			return usageError(env, "show", "--watch prints rates; it does not combine with --json or --brief")
+		}
+		if *interval < 10*time.Millisecond {
+			return usageError(env, "show", fmt.Sprintf("--interval %v is below 10ms", *interval))
+		}
+		if *count < 0 {
+			return usageError(env, "show", "--count must not be negative")
+		}
+		req := control.Request{Op: control.OpStats, Host: *host}
+		if *watch {
+			return watchRates(ctx, env, *dir, req, *interval, *count)
+		}
+		snaps, err := queryStats(*dir, req)
+		if err != nil && len(snaps) == 0 {
 			return fail(env, "show", err)
 		}
-		var all []control.InterfaceStats
-		for _, r := range resps {
-			all = append(all, r.Stats...)
-		}
-		if *asJSON {
+		var ferr error
+		switch {
+		case *asJSON:
 			enc := json.NewEncoder(env.Stdout)
 			enc.SetIndent("", "  ")
-			if err := enc.Encode(all); err != nil {
-				return fail(env, "show", err)
-			}
-		} else {
-			for i, s := range all {
+			ferr = enc.Encode(snaps)
+		case *brief:
+			ferr = control.FormatBrief(env.Stdout, snaps)
+		default:
+			opts := control.FormatOptions{ShowZero: *all}
+			for i, s := range snaps {
 				if i > 0 {
 					fmt.Fprintln(env.Stdout)
 				}
-				if ferr := control.Format(env.Stdout, s); ferr != nil {
-					return fail(env, "show", ferr)
+				if ferr = opts.Format(env.Stdout, s); ferr != nil {
+					break
 				}
 			}
+		}
+		if ferr != nil {
+			return fail(env, "show", ferr)
 		}
 		if err != nil {
 			// Some process answered, another did not: show what we have,
@@ -59,6 +79,53 @@ func showFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 		}
 		return ExitOK
 	}
+}
+
+// queryStats gathers every process's snapshots, sorted by host. The
+// slice is never nil, so --json prints [] rather than null.
+func queryStats(dir string, req control.Request) ([]control.InterfaceStats, error) {
+	resps, err := control.QueryAll(dir, req, controlTimeout)
+	all := []control.InterfaceStats{}
+	for _, r := range resps {
+		all = append(all, r.Stats...)
+	}
+	control.SortInterfaces(all)
+	return all, err
+}
+
+// watchRates samples every interval and prints the rates since the
+// previous sample, until ctx ends or count rounds are printed.
+func watchRates(ctx context.Context, env *Env, dir string, req control.Request, interval time.Duration, count int) int {
+	sample := func() (control.Sample, error) {
+		all, err := queryStats(dir, req)
+		return control.Sample{At: time.Now(), Stats: all}, err
+	}
+	prev, err := sample()
+	if err != nil {
+		return fail(env, "show", err)
+	}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for n := 0; count == 0 || n < count; n++ {
+		select {
+		case <-ctx.Done():
+			return ExitOK
+		case <-tick.C:
+		}
+		cur, err := sample()
+		if err != nil {
+			return fail(env, "show", err)
+		}
+		if n > 0 {
+			fmt.Fprintln(env.Stdout)
+		}
+		fmt.Fprintf(env.Stdout, "%s  rates over %v\n", cur.At.Format("15:04:05"), cur.At.Sub(prev.At).Round(time.Millisecond))
+		if err := control.FormatRates(env.Stdout, prev, cur); err != nil {
+			return fail(env, "show", err)
+		}
+		prev = cur
+	}
+	return ExitOK
 }
 
 func modeFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
