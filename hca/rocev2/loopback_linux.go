@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -47,5 +48,36 @@ func setUpNetns(addrs []netip.Addr, open func() error) error {
 			return fmt.Errorf("rocev2 loopback: add %v to lo: %w", a, err)
 		}
 	}
+	for _, a := range addrs {
+		if err := awaitLocal(a); err != nil {
+			return err
+		}
+	}
 	return open()
+}
+
+// awaitLocal returns once a datagram sent to a reaches a socket bound to
+// it. IPv6 installs a new address's local route from a work queue, after
+// the netlink request returned, and until then datagrams to the address
+// vanish (the first messages of a fresh fabric were lost one time in
+// ten), so the address is tried rather than trusted.
+func awaitLocal(a netip.Addr) error {
+	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, 0)))
+	if err != nil {
+		return fmt.Errorf("rocev2 loopback: probe %v: %w", a, err)
+	}
+	defer c.Close()
+	to := c.LocalAddr().(*net.UDPAddr)
+	var buf [1]byte
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		_, _ = c.WriteToUDP([]byte{1}, to) // an unreachable address is retried
+		if err := c.SetReadDeadline(time.Now().Add(10 * time.Millisecond)); err != nil {
+			return fmt.Errorf("rocev2 loopback: probe %v: %w", a, err)
+		}
+		if _, err := c.Read(buf[:]); err == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("rocev2 loopback: %v not reachable on lo after 5 s", a)
 }
