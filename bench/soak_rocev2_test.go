@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"testing"
 )
 
@@ -37,6 +38,23 @@ func TestSoakRoCEv2Short(t *testing.T) {
 	f := rep.Fabric
 	if f.UDPDropped == 0 || f.UDPDuplicated == 0 || f.Retransmits == 0 || f.DelayedCompletions == 0 {
 		t.Fatalf("faults or transport recovery not exercised: %+v", f)
+	}
+}
+
+// TestSoakRoCEv2IPv6: the soak passes on IPv6 loopback addresses.
+func TestSoakRoCEv2IPv6(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CAP_SYS_ADMIN) for a private network namespace with IPv6 addresses on its lo")
+	}
+	cfg := shortRoCEv2Soak(t, func(p SoakProgress) bool { return p.Engine.StaleReaped >= 4*minStaleReaps })
+	cfg.Hosts = 6
+	cfg.RoCEv2.IPv6 = true
+	rep := runSoakT(t, cfg)
+	if rep.Violations != 0 || rep.Engine.StaleReaped < minStaleReaps {
+		t.Fatalf("%d violations, %d stale reaps", rep.Violations, rep.Engine.StaleReaped)
+	}
+	if err := soakCarried(rep); err != nil {
+		t.Fatal(err)
 	}
 }
 
