@@ -132,10 +132,13 @@ func (s *soakRun) setUp() error {
 			Device: watch.wrap(dev), Host: h, OnDeadCompletion: watch.reportDead, Name: fmt.Sprintf("ib%d", k), Mode: ipoibcm.ModeConnected,
 			SendQueueSize: cfg.SendQueueSize, RecvQueueSize: cfg.RecvQueueSize,
 			CM: cm.Options{
-				ResponseTimeout: cfg.CMResponseTimeout, MaxRetries: 3, TimeWait: cfg.CMTimeWait,
+				// Packet life time 1 (1 ms) keeps the resend interval near
+				// the response timeout, as before the CM derived it.
+				ResponseTimeout: cfg.CMResponseTimeout, PacketLifeTime: 1, MaxRetries: 3, TimeWait: cfg.CMTimeWait,
 				Seed: cfg.Seed*7919 + int64(k), QueueDepth: 256,
 			},
 			CMBackoff:   cfg.CMBackoff,
+			RCRetry:     s.hca.rcRetry(),
 			StaleUpdate: cfg.StaleUpdate, StaleAfter: cfg.StaleAfter, StaleScan: cfg.StaleScan,
 			NeighbourTimeout: cfg.NeighbourTimeout, DrainTimeout: cfg.DrainTimeout,
 			// The soak's hosts keep ARP entries forever, where Linux lets

@@ -21,6 +21,8 @@ type soakBackend interface {
 	// device returns host k's device; k counts up from 0, once each.
 	device(k int) (hca.Device, error)
 	view() backendView
+	// rcRetry is the RC retry count the engines' CM REQs carry.
+	rcRetry() uint8
 	// close releases the backend: afterwards none of its goroutines or
 	// sockets may be left.
 	close()
@@ -63,11 +65,7 @@ func newSoakBackend(cfg *SoakConfig) (soakBackend, error) {
 		l, err := rocev2.NewLoopback(rocev2.LoopbackConfig{
 			Devices: cfg.Hosts, IPv6: r.IPv6,
 			Device: rocev2.Config{
-				Faults: faults, MinAckTimeout: r.MinAckTimeout, TimeScale: r.TimeScale,
-				// IPoIB-CM asks for retry count 0, right for a lossless
-				// link; over lossy UDP the transport must retry.
-				MinRetryCount: 7,
-				Name:          "soak",
+				Faults: faults, MinAckTimeout: r.MinAckTimeout, TimeScale: r.TimeScale, Name: "soak",
 			},
 		})
 		if err != nil {
@@ -92,6 +90,9 @@ func (b *softBackend) device(k int) (hca.Device, error) {
 }
 
 func (b *softBackend) close() { b.f.Close() }
+
+// rcRetry is Linux IPoIB-CM's 0: the soft fabric loses no RC message.
+func (b *softBackend) rcRetry() uint8 { return 0 }
 
 func (b *softBackend) view() backendView {
 	fs := b.f.Stats()
@@ -120,6 +121,10 @@ func (b *rocev2Backend) device(k int) (hca.Device, error) {
 	}
 	return devs[k], nil
 }
+
+// rcRetry is 7, retry forever: IPoIB-CM's 0 suits a lossless link, and
+// over lossy UDP a timeout or a sequence NAK each spend a retry.
+func (b *rocev2Backend) rcRetry() uint8 { return 7 }
 
 // close closes every device; Device.Close waits for its goroutines.
 func (b *rocev2Backend) close() { _ = b.l.Close() }

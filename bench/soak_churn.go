@@ -56,7 +56,7 @@ func newChurnRig(rc churnRigConfig) (_ *churnRig, err error) {
 	r.ifc, err = ipoibcm.New(ipoibcm.Config{
 		Device: dev, Host: r.host, Name: "ib0", Mode: ipoibcm.ModeConnected,
 		SendQueueSize: 64, RecvQueueSize: rc.recvQueueSize,
-		CM:         cm.Options{ResponseTimeout: 200 * time.Millisecond, MaxRetries: 3, TimeWait: time.Millisecond, Seed: 1},
+		CM:         cm.Options{ResponseTimeout: 200 * time.Millisecond, PacketLifeTime: 1, MaxRetries: 3, TimeWait: time.Millisecond, Seed: 1},
 		StaleAfter: stale, StaleScan: min(stale/4, time.Second), StaleUpdate: stale / 2,
 		DrainTimeout: 10 * time.Second,
 	})
@@ -112,7 +112,7 @@ func newCMPeer(fab *soft.Fabric, slots int) (*cmPeer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cm peer CQ: %w", err)
 	}
-	p.cmm, err = cm.NewManager(dev, cm.Options{ResponseTimeout: 200 * time.Millisecond, MaxRetries: 3, TimeWait: time.Millisecond, Seed: 2})
+	p.cmm, err = cm.NewManager(dev, cm.Options{ResponseTimeout: 200 * time.Millisecond, PacketLifeTime: 1, MaxRetries: 3, TimeWait: time.Millisecond, Seed: 2})
 	if err != nil {
 		return nil, fmt.Errorf("cm peer manager: %w", err)
 	}

@@ -115,11 +115,18 @@ type Port struct {
 	Active    bool // link state: true when PORT_ACTIVE
 }
 
-// Limits are the device capabilities a consumer sizes its queues by.
+// Limits are the device capabilities a consumer sizes its queues by, and
+// the device attributes the CM puts on the wire (Linux ib_device_attr).
 type Limits struct {
 	MaxQP      int
 	MaxQPWR    int // per send or receive queue
 	MaxCQE     int
 	MaxSRQWR   int
 	MaxMsgSize int // largest RC message
+	// LocalCAACKDelay is the IBTA 5-bit code (4.096 us * 2^t) of how long
+	// the device may take to acknowledge a packet: the CM's REP Target ACK
+	// Delay and one input of the REQ's Local ACK Timeout.
+	LocalCAACKDelay uint8
+	// NodeGUID identifies the CA (the CM's Local CA GUID).
+	NodeGUID uint64
 }

@@ -128,9 +128,11 @@ func (i *Interface) connectTX(tc *txConn) {
 		StartingPSN: 0, // Linux sends 0 (FIXME in ipoib_cm_send_req); the REP's PSN is what counts
 		PrivateData: cmPrivateData(i.ud.qp.QPN()),
 		PathMTU:     i.port.ActiveMTU,
-		RetryCount:  0, // "RFC draft warns against retries"
-		RNRRetry:    0,
-		SRQ:         i.srq != nil,
+		RetryCount:  i.cfg.RCRetry, // what the QPs use goes on the wire
+		RNRRetry:    0,             // "RFC draft warns against retries"
+		// ipoib_cm_send_req: "arbitrary defaults".
+		ResponderResources: 4,
+		SRQ:                i.srq != nil,
 	}, func(ev cm.Event) { i.onTXEvent(tc, ev) })
 	if err != nil {
 		i.log.Warn("CM connect", "peer", tc.peer, "err", err)

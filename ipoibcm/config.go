@@ -126,6 +126,11 @@ type Config struct {
 
 	// CM configures the connection manager the Interface creates.
 	CM cm.Options
+	// RCRetry is the transport retry count of the REQ, and so of both
+	// QPs of every connection (0..7, 7 = forever). 0, the default, is
+	// ipoib_cm_send_req's "RFC draft warns against retries"; a lossy
+	// underlay wants more.
+	RCRetry uint8
 
 	// CMBackoff: see DefaultCMBackoff.
 	CMBackoff time.Duration
@@ -208,6 +213,9 @@ func (c Config) withDefaults() (Config, error) {
 			c.NeighbourEvictAfter, c.NeighbourTimeout, hca.ErrInvalidArgument)
 	}
 	setDefault(&c.DrainTimeout, DefaultDrainTimeout)
+	if c.RCRetry > 7 {
+		return c, fmt.Errorf("ipoibcm config: RC retry count %d not in 0..7: %w", c.RCRetry, hca.ErrInvalidArgument)
+	}
 	if c.SendQueueSize < 4 || c.RecvQueueSize < 4 || c.UDRecvQueueSize < 4 {
 		return c, fmt.Errorf("ipoibcm config: queue sizes %d/%d/%d below 4: %w",
 			c.SendQueueSize, c.RecvQueueSize, c.UDRecvQueueSize, hca.ErrInvalidArgument)

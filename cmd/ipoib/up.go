@@ -75,7 +75,6 @@ func runUp(ctx context.Context, o cli.UpOptions, log *slog.Logger) (err error) {
 		MTU:   hca.MTU(o.IBMTU),
 		Faults: rocev2.Faults{Seed: o.Seed, Drop: o.Loss, Duplicate: o.Dup, Reorder: o.Reorder,
 			Delay: o.Delay, DelayTime: o.DelayTime},
-		MinRetryCount: o.RCRetry,
 		MinAckTimeout: o.AckTimeout,
 		DisableGSO:    !o.UDPOffload,
 		DisableGRO:    !o.UDPOffload,
@@ -90,7 +89,8 @@ func runUp(ctx context.Context, o cli.UpOptions, log *slog.Logger) (err error) {
 	if err != nil {
 		return setup(fmt.Errorf("TAP %s: %w", o.Dev, err))
 	}
-	ifc, err := ipoibcm.New(ipoibcm.Config{Device: dev, Host: port, Name: o.Dev, Mode: mode, MTU: o.MTU, Logger: log})
+	ifc, err := ipoibcm.New(ipoibcm.Config{Device: dev, Host: port, Name: o.Dev, Mode: mode, MTU: o.MTU,
+		RCRetry: o.RCRetry, Logger: log})
 	if err != nil {
 		return setup(errors.Join(fmt.Errorf("ipoibcm: %w", err), port.Close()))
 	}

@@ -19,9 +19,16 @@ type ConnectParams struct {
 	// PrivateData goes into the REQ (at most 92 bytes).
 	PrivateData []byte
 	PathMTU     hca.MTU
-	RetryCount  uint8 // 0..7
-	RNRRetry    uint8 // 0..7
-	SRQ         bool
+	// RetryCount and RNRRetry go into the REQ and into both QPs: the
+	// passive side takes them from the REQ, RNR retry back through the
+	// REP (ipoib_cm_send_rep), as cm_init_qp_rts_attr applies them.
+	RetryCount uint8 // 0..7
+	RNRRetry   uint8 // 0..7
+	// ResponderResources and InitiatorDepth are the RDMA read/atomic
+	// depths of the REQ (ipoib_cm_send_req asks for 4 and 0).
+	ResponderResources uint8
+	InitiatorDepth     uint8
+	SRQ                bool
 }
 
 // Connect sends a REQ for p and returns the new connection in REQ_SENT.
@@ -59,13 +66,18 @@ func (m *Manager) Connect(p ConnectParams, h Handler) (*Conn, error) {
 	c.rqPSN = c.reqPSN
 	c.maxRetries = m.opts.MaxRetries
 	code := timeoutCode(m.opts.ResponseTimeout)
+	plt := m.opts.PacketLifeTime
+	// ib_send_cm_req and cm_init_av_by_path.
+	c.respTimeout = 2*convertToMS(plt) + convertToMS(code)
+	c.avTimeout = min(plt+1, 31)
 	req := REQ{
 		TransactionID:           c.tid,
 		LocalCommID:             c.localCommID,
 		ServiceID:               p.ServiceID,
 		LocalCAGUID:             m.caGUID,
 		LocalQPN:                p.QP.QPN(),
-		ResponderResources:      responderResources,
+		ResponderResources:      p.ResponderResources,
+		InitiatorDepth:          p.InitiatorDepth,
 		RemoteCMResponseTimeout: code,
 		TransportServiceType:    TransportRC,
 		StartingPSN:             c.reqPSN,
@@ -77,11 +89,13 @@ func (m *Manager) Connect(p ConnectParams, h Handler) (*Conn, error) {
 		MaxCMRetries:            uint8(m.opts.MaxRetries),
 		SRQ:                     p.SRQ,
 		Primary: Path{
+			LocalLID:        lidPermissive,
+			RemoteLID:       lidPermissive,
 			LocalGID:        m.gid,
 			RemoteGID:       p.DestGID,
 			HopLimit:        hopLimit,
-			SubnetLocal:     true,
-			LocalACKTimeout: localACKTimeout,
+			SubnetLocal:     hopLimit <= 1,
+			LocalACKTimeout: ackTimeout(m.ackDelay, plt),
 		},
 	}
 	copy(req.PrivateData[:], p.PrivateData)
@@ -115,6 +129,10 @@ func (m *Manager) handleREP(r *REP, src hca.GID) {
 	m.clearDeadline(c)
 	c.remoteCommID = r.LocalCommID
 	c.remoteQPN = r.LocalQPN
+	// cm_rep_handler: the QP retries RNR as the REP says and times out
+	// after the peer's ACK delay on top of the path's life time.
+	c.rnrRetry = r.RNRRetryCount
+	c.avTimeout = ackTimeout(r.TargetACKDelay, c.avTimeout-1)
 	if err := m.moveToRTS(c, r.StartingPSN); err != nil {
 		m.log.Warn("cm: REP: QP transition failed", "conn", c, "err", err)
 		c.localRejected = true
@@ -153,8 +171,9 @@ func (m *Manager) sendRTU(c *Conn) {
 	}
 }
 
-// moveToRTS moves c's QP to RTR then RTS with the peer's QPN and the PSNs
-// the two CM messages announced (Linux ib_cm_init_qp_attr).
+// moveToRTS moves c's QP to RTR then RTS with the peer's QPN, the PSNs
+// the two CM messages announced and the timers and retry counts they
+// agreed (cm_init_qp_rtr_attr, cm_init_qp_rts_attr).
 func (m *Manager) moveToRTS(c *Conn, sqPSN uint32) error {
 	if err := c.qp.Modify(hca.QPAttr{
 		State:       hca.QPStateRTR,
@@ -169,7 +188,7 @@ func (m *Manager) moveToRTS(c *Conn, sqPSN uint32) error {
 	if err := c.qp.Modify(hca.QPAttr{
 		State:      hca.QPStateRTS,
 		SQPSN:      sqPSN & 0xFFFFFF,
-		Timeout:    localACKTimeout,
+		Timeout:    c.avTimeout,
 		RetryCount: c.retryCount,
 		RNRRetry:   c.rnrRetry,
 	}); err != nil {

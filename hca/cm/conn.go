@@ -27,13 +27,23 @@ type Conn struct {
 
 	// Path parameters: the active side's from ConnectParams, the passive
 	// side's from the REQ.
-	pathMTU       hca.MTU
-	retryCount    uint8
-	rnrRetry      uint8
-	srq           bool
-	reqPSN        uint32 // StartingPSN of the REQ
-	rqPSN         uint32 // the PSN our receive queue expects
-	maxRetries    int
+	pathMTU    hca.MTU
+	retryCount uint8
+	rnrRetry   uint8
+	srq        bool
+	reqPSN     uint32 // StartingPSN of the REQ
+	rqPSN      uint32 // the PSN our receive queue expects
+	maxRetries int
+	// respTimeout is how long a REQ, REP or DREQ waits for its answer
+	// before it is resent (Linux cm_id_priv->timeout_ms).
+	respTimeout time.Duration
+	// avTimeout is Linux cm_av.timeout: the path's packet life time + 1
+	// until the REP tells the active side the peer's ACK delay, then the
+	// local ACK timeout of the QP; its time-wait too.
+	avTimeout uint8
+	// deferred: the listener left the REQ undecided, so a duplicate REQ
+	// gets an MRA (Linux MRA_REQ_SENT) instead of being dropped.
+	deferred      bool
 	reqPrivate    []byte // passive: REQ private data, for a deferred decision
 	rejectAtREP   RejectReason
 	localRejected bool // the CM rejected a REP it could not apply
@@ -203,17 +213,15 @@ func (m *Manager) onTimeout(c *Conn) {
 			if err := m.sendRaw(c.retx[:], c.retxType, c.remoteGID); err != nil {
 				m.log.Debug("cm: resend", "conn", c, "err", err)
 			}
-			m.setDeadline(c, m.opts.ResponseTimeout)
+			m.setDeadline(c, c.respTimeout)
 			return
 		}
 		m.stats.timeouts++
 		switch c.state {
-		case StateREQSent:
-			m.sendREJTimeout(c, RespondsToOther)
-			m.forget(c)
-			m.queue(Event{Type: EventTimedOut, Conn: c}, nil)
-		case StateREPSent:
-			m.sendREJTimeout(c, RespondsToOther)
+		case StateREQSent, StateREPSent:
+			// Like cm_process_send_error: back to idle and an error
+			// event, nothing on the wire; the peer's own timer ends
+			// its side.
 			m.forget(c)
 			m.queue(Event{Type: EventTimedOut, Conn: c}, nil)
 		case StateDREQSent:
@@ -240,5 +248,5 @@ func (m *Manager) sendTracked(c *Conn, msg Message) {
 	if err := m.sendRaw(c.retx[:], c.retxType, c.remoteGID); err != nil {
 		m.log.Debug("cm: send", "conn", c, "err", err)
 	}
-	m.setDeadline(c, m.opts.ResponseTimeout)
+	m.setDeadline(c, c.respTimeout)
 }

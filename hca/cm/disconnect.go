@@ -1,13 +1,16 @@
 package cm
 
-import "github.com/ipoibcm/ipoib/hca"
+import (
+	"time"
+
+	"github.com/ipoibcm/ipoib/hca"
+)
 
 // sendDREQ starts a disconnect: a fresh TID, DREQ_SENT, retried on
 // timeout. m.mu must be held.
 func (m *Manager) sendDREQ(c *Conn) {
 	m.leaveEstablished(c)
 	c.dreqTID = m.newTID()
-	c.maxRetries = m.opts.MaxRetries
 	c.state = StateDREQSent
 	m.sendTracked(c, &DREQ{
 		TransactionID: c.dreqTID,
@@ -30,7 +33,16 @@ func (m *Manager) sendDREP(r *DREQ, dst hca.GID) {
 func (m *Manager) enterTimeWait(c *Conn) {
 	m.leaveEstablished(c)
 	c.state = StateTimeWait
-	m.setDeadline(c, m.opts.TimeWait)
+	m.setDeadline(c, m.timeWait(c))
+}
+
+// timeWait is cm_enter_timewait's wait: the path's ACK timeout, unless
+// Options.TimeWait replaces it.
+func (m *Manager) timeWait(c *Conn) time.Duration {
+	if m.opts.TimeWait > 0 {
+		return m.opts.TimeWait
+	}
+	return convertToMS(c.avTimeout)
 }
 
 // handleDREQ answers every DREQ with DREP, like Linux cm_issue_drep, even

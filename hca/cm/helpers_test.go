@@ -22,8 +22,16 @@ type node struct {
 	cq  hca.CQ
 }
 
+// testOptions keep the timers short: a 20 ms response timeout (code 13,
+// 32 ms as cm_convert_to_ms counts it) and packet life time 1 (1 ms).
 func testOptions(seed int64) Options {
-	return Options{ResponseTimeout: 20 * time.Millisecond, MaxRetries: 15, TimeWait: 10 * time.Millisecond, Seed: seed}
+	return Options{ResponseTimeout: 20 * time.Millisecond, PacketLifeTime: 1, MaxRetries: 15, TimeWait: 10 * time.Millisecond, Seed: seed}
+}
+
+// reqInterval is how long a REQ (or the active side's DREQ) of a Manager
+// with o waits before it is resent (ib_send_cm_req).
+func reqInterval(o Options) time.Duration {
+	return 2*convertToMS(o.PacketLifeTime) + convertToMS(timeoutCode(o.ResponseTimeout))
 }
 
 func newTestFabric(t testing.TB, faults soft.Faults) *soft.Fabric {

@@ -46,8 +46,10 @@ type Manager struct {
 	opts   Options
 	log    *slog.Logger
 	gid    hca.GID
-	caGUID uint64
-	pkey   hca.PKey
+	caGUID uint64 // the node GUID, as cm_format_req and cm_format_rep send
+	// ackDelay is the device's Local CA ACK Delay (cm_add_one).
+	ackDelay uint8
+	pkey     hca.PKey
 
 	cq      hca.CQ
 	qp      hca.QP
@@ -99,22 +101,31 @@ const recvSlotSize = MADSize + 64
 // Parameters the CM puts in QP attributes and REQs that the consumer does
 // not choose.
 const (
-	minRNRTimer        = 12 // 0.64 ms, Linux IPoIB's choice via ib_cm
-	localACKTimeout    = 14 // 4.096us * 2^14 = 67 ms
-	responderResources = 4  // Linux IPoIB
-	hopLimit           = 64
+	// minRNRTimer is what cm_init_qp_rtr_attr gives every RC QP (code 0,
+	// 655 ms); IPoIB does not change it.
+	minRNRTimer = 0
+	// hopLimit is the REQ's primary path hop limit: over RoCEv2 the IP
+	// TTL of the route, which rdma_cm copies into the path (64 from the
+	// default route). Being above 1 it makes the path routed in
+	// cm_format_req's terms: Subnet Local 0 and permissive LIDs.
+	hopLimit = 64
+	// lidPermissive is IB_LID_PERMISSIVE, cm_format_req's LIDs for a
+	// routed path.
+	lidPermissive = 0xFFFF
 )
 
 // NewManager creates the GSI QP on dev and starts the Manager's goroutine.
 func NewManager(dev hca.Device, opts Options) (*Manager, error) {
 	opts = opts.withDefaults(dev.Limits().MaxQPWR)
 	port := dev.Port()
+	lim := dev.Limits()
 	m := &Manager{
 		dev:         dev,
 		opts:        opts,
 		log:         opts.Logger,
 		gid:         port.GID,
-		caGUID:      binary.BigEndian.Uint64(port.GID[8:]),
+		caGUID:      lim.NodeGUID,
+		ackDelay:    lim.LocalCAACKDelay & 0x1F,
 		pkey:        hca.PKeyDefault,
 		wake:        make(chan struct{}, 1),
 		done:        make(chan struct{}),
@@ -128,6 +139,10 @@ func NewManager(dev hca.Device, opts Options) (*Manager, error) {
 	}
 	if len(port.PKeys) > 0 {
 		m.pkey = port.PKeys[0]
+	}
+	if m.caGUID == 0 {
+		// A device that reports no node GUID: its port GUID names it.
+		m.caGUID = binary.BigEndian.Uint64(port.GID[8:])
 	}
 	m.stats.rejSent = make(map[RejectReason]uint64)
 	m.stats.rejReceived = make(map[RejectReason]uint64)

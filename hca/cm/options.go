@@ -8,15 +8,26 @@ import (
 
 // Options configure a Manager. Zero fields take the defaults below.
 type Options struct {
-	// ResponseTimeout is how long to wait for the answer to a REQ, REP or
-	// DREQ before resending it. Default 2s (Linux IPoIB asks for 2^20 *
-	// 4.096us = 4.3s; 2s keeps setup snappy on a fabric without SMs).
+	// ResponseTimeout is the CM response timeout this side announces in a
+	// REQ (Remote and Local CM Response Timeout), rounded up to the 5-bit
+	// code. Default 4.096us * 2^20 = 4.3 s, ipoib_cm_send_req's 20. The
+	// resend interval follows from it as in Linux: REQ and the active
+	// side's DREQ wait 2 * packet life time + the remote CM response
+	// timeout (ib_send_cm_req), REP and the passive side's DREQ the REQ's
+	// Local CM Response Timeout (cm_req_handler).
 	ResponseTimeout time.Duration
+	// PacketLifeTime is the path's packet life time, an IBTA 5-bit code;
+	// with no subnet administrator to ask, 0 means 16, the
+	// CMA_IBOE_PACKET_LIFETIME Linux's rdma_cm assumes on RoCE. It sets
+	// the REQ's Local ACK Timeout (cm_ack_timeout) and so the RC
+	// transport timeout and the time-wait of both sides.
+	PacketLifeTime uint8
 	// MaxRetries is Max CM Retries: resends before giving up. Default 15,
 	// at most 15 (4 bits on the wire).
 	MaxRetries int
-	// TimeWait is how long a disconnected connection keeps answering late
-	// MADs before it is forgotten. Default 1s.
+	// TimeWait, if non-zero, replaces the time-wait Linux derives from the
+	// path's ACK timeout (cm_enter_timewait): how long a disconnected
+	// connection keeps answering late MADs before it is forgotten.
 	TimeWait time.Duration
 	// Seed seeds the local communication IDs and transaction IDs. Zero
 	// draws a random seed, so a restarted process does not repeat the comm
@@ -32,9 +43,9 @@ type Options struct {
 
 // Defaults.
 const (
-	DefaultResponseTimeout = 2 * time.Second
+	DefaultResponseTimeout = 4096 * time.Nanosecond << 20
+	DefaultPacketLifeTime  = 16
 	DefaultMaxRetries      = 15
-	DefaultTimeWait        = time.Second
 	DefaultQueueDepth      = 1024
 )
 
@@ -48,9 +59,10 @@ func (o Options) withDefaults(maxWR int) Options {
 	if o.MaxRetries > 15 {
 		o.MaxRetries = 15
 	}
-	if o.TimeWait <= 0 {
-		o.TimeWait = DefaultTimeWait
+	if o.PacketLifeTime == 0 {
+		o.PacketLifeTime = DefaultPacketLifeTime
 	}
+	o.PacketLifeTime = min(o.PacketLifeTime, 31)
 	if o.QueueDepth <= 0 {
 		o.QueueDepth = DefaultQueueDepth
 	}
@@ -79,4 +91,32 @@ func timeoutCode(d time.Duration) uint8 {
 // timeoutDuration decodes a 5-bit IBTA timeout.
 func timeoutDuration(t uint8) time.Duration {
 	return 4096 * time.Nanosecond << (t & 0x1F)
+}
+
+// convertToMS is Linux cm_convert_to_ms: 4.096us * 2^t approximated as
+// 2^(t-8) ms, never below 1 ms. The CM's timers use it so that both
+// sides of a connection wait exactly what a Linux peer would.
+func convertToMS(t uint8) time.Duration {
+	return time.Millisecond << max(int(t&0x1F)-8, 0)
+}
+
+// ackTimeout is Linux cm_ack_timeout: 4.096us * 2^t >= the CA's ACK delay
+// + twice the packet life time, taking the larger code and rounding up
+// by one only when the other is within 50% of it.
+func ackTimeout(caACKDelay, packetLifeTime uint8) uint8 {
+	t := int(packetLifeTime) + 1
+	d := int(caACKDelay)
+	if t >= d {
+		t += b2i(d >= t-1)
+	} else {
+		t = d + b2i(t >= d-1)
+	}
+	return uint8(min(31, t))
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

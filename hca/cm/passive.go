@@ -46,6 +46,10 @@ type Decision struct {
 	PrivateData []byte
 	// SRQ sets the REP's SRQ bit: this side receives through an SRQ.
 	SRQ bool
+	// ResponderResources and InitiatorDepth go into the REP;
+	// ipoib_cm_send_rep leaves both 0.
+	ResponderResources uint8
+	InitiatorDepth     uint8
 	// Handler receives the passive connection's events.
 	Handler Handler
 }
@@ -167,6 +171,12 @@ func (m *Manager) handleREQ(r *REQ, src hca.GID) {
 	c.srq = r.SRQ
 	c.reqPSN = r.StartingPSN
 	c.maxRetries = min(int(r.MaxCMRetries), m.opts.MaxRetries)
+	// cm_req_handler: the REP waits for the RTU as long as the requester
+	// said it may take; the QP's ACK timeout and the time-wait are the
+	// REQ's Local ACK Timeout (cm_format_paths_from_req, then
+	// cm_init_av_by_path add and take away the same 1).
+	c.respTimeout = convertToMS(r.LocalCMResponseTimeout)
+	c.avTimeout = max(r.Primary.LocalACKTimeout, 1)
 	m.byRemote[key] = c
 	req := &Request{
 		ServiceID:    r.ServiceID,
@@ -206,8 +216,15 @@ func (m *Manager) staleREQ(old *Conn, r *REQ, src hca.GID) {
 // held.
 func (m *Manager) duplicateREQ(c *Conn, r *REQ) {
 	m.stats.dupREQs++
+	// cm_dup_req_handler: a REQ still being decided is dropped, one whose
+	// decision was deferred gets the MRA again, one in time-wait a REJ;
+	// in every other state (REP_SENT included: the REP has its own timer)
+	// the REQ is old news.
 	switch c.state {
 	case StateREQReceived:
+		if !c.deferred {
+			return
+		}
 		mra := MRA{
 			TransactionID:  r.TransactionID,
 			LocalCommID:    c.localCommID,
@@ -218,14 +235,9 @@ func (m *Manager) duplicateREQ(c *Conn, r *REQ) {
 		if err := m.sendMsg(&mra, c.remoteGID); err != nil {
 			m.log.Debug("cm: send MRA", "conn", c, "err", err)
 		}
-	case StateREPSent:
-		if err := m.sendRaw(c.retx[:], c.retxType, c.remoteGID); err != nil {
-			m.log.Debug("cm: resend REP", "conn", c, "err", err)
-		}
 	case StateTimeWait:
 		m.rejectREQ(r, c.remoteGID, RejectStaleConn)
 	}
-	// Established or disconnecting: the REQ is old news.
 }
 
 // rejectREQ answers a REQ that has no connection with REJ. m.mu must be
@@ -248,6 +260,7 @@ func (m *Manager) applyDecision(c *Conn, d Decision) {
 	c.handler = d.Handler
 	switch {
 	case d.Defer:
+		c.deferred = true
 		return
 	case d.Reject != 0:
 		m.sendREJ(c, d.Reject, RespondsToREQ)
@@ -273,7 +286,9 @@ func (m *Manager) applyDecision(c *Conn, d Decision) {
 		RemoteCommID:       c.remoteCommID,
 		LocalQPN:           d.QP.QPN(),
 		StartingPSN:        c.rqPSN,
-		ResponderResources: responderResources,
+		ResponderResources: d.ResponderResources,
+		InitiatorDepth:     d.InitiatorDepth,
+		TargetACKDelay:     m.ackDelay,
 		RNRRetryCount:      c.rnrRetry,
 		SRQ:                d.SRQ,
 		LocalCAGUID:        m.caGUID,

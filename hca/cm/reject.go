@@ -21,7 +21,7 @@ func (m *Manager) sendREJ(c *Conn, reason RejectReason, rejected MsgResponse) {
 }
 
 // sendREJTimeout sends REJ TIMEOUT with our CA GUID as the additional
-// rejection information, as Linux does when it gives up on a REQ or REP:
+// rejection information, as cm_destroy_id does for a REQ still pending:
 // the peer may not know our comm ID yet and finds the connection by
 // (our comm ID, our GID). m.mu must be held.
 func (m *Manager) sendREJTimeout(c *Conn, rejected MsgResponse) {
@@ -80,7 +80,8 @@ func (m *Manager) handleMRA(r *MRA) {
 		if c.state == StateREQSent {
 			c.remoteCommID = r.LocalCommID
 		}
-		m.setDeadline(c, m.opts.ResponseTimeout+timeoutDuration(r.ServiceTimeout))
+		// cm_mra_handler: the service time asked for plus the path's.
+		m.setDeadline(c, convertToMS(r.ServiceTimeout)+convertToMS(c.avTimeout))
 	default:
 		m.stats.dropped[DropUnexpected]++
 	}

@@ -111,16 +111,18 @@ func TestTimedOutNoAnswer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		settle(3*opts.ResponseTimeout + opts.ResponseTimeout/2)
+		iv := reqInterval(opts)
+		settle(3*iv + iv/2)
 		if c.State() != StateREQSent || len(rec.types(c)) != 0 {
 			t.Fatalf("gave up early: %s %v", c.State(), rec.types(c))
 		}
-		settle(opts.ResponseTimeout)
+		settle(iv)
 		if got := rec.types(c); !eq(got, []EventType{EventTimedOut}) {
 			t.Fatalf("events %v", got)
 		}
+		// cm_process_send_error: giving up sends nothing.
 		s := a.m.Stats()
-		if s.Sent[MsgREQ] != 4 || s.Retries != 3 || s.Timeouts != 1 || s.RejSent[RejectTimeout] != 1 || s.LiveConns != 0 {
+		if s.Sent[MsgREQ] != 4 || s.Retries != 3 || s.Timeouts != 1 || s.Sent[MsgREJ] != 0 || s.LiveConns != 0 {
 			t.Fatalf("stats %+v", s)
 		}
 	})
@@ -146,11 +148,11 @@ func TestDeferredDecisionSendsMRA(t *testing.T) {
 		}
 		rec := newRecorder()
 		c, _ := a.connect(b, ietfSID, rec.handle)
-		settle(opts.ResponseTimeout + time.Millisecond) // one retry: duplicate REQ -> MRA
+		settle(reqInterval(opts) + time.Millisecond) // one retry: duplicate REQ -> MRA
 		if b.m.Stats().Sent[MsgMRA] != 1 || a.m.Stats().Received[MsgMRA] != 1 {
 			t.Fatalf("MRA: b %+v a %+v", b.m.Stats(), a.m.Stats())
 		}
-		settle(5 * opts.ResponseTimeout) // past the retry budget without the MRA
+		settle(5 * reqInterval(opts)) // past the retry budget without the MRA
 		if c.State() != StateREQSent || len(rec.types(c)) != 0 {
 			t.Fatalf("active side gave up despite MRA: %s %v", c.State(), rec.types(c))
 		}
@@ -186,7 +188,7 @@ func TestLossyFabricThousandConnections(t *testing.T) {
 			conns[i], _ = a.connect(b, ietfSID, rec.handle)
 		}
 		// Worst case: 16 attempts of REQ, then of REP, then time-wait.
-		settle(3 * 16 * 25 * time.Millisecond)
+		settle(3 * 16 * reqInterval(testOptions(1)))
 		var established, timedOut int
 		for _, c := range conns {
 			got := rec.types(c)
@@ -596,7 +598,8 @@ func (r *rawGSI) send(dst hca.GID, mad []byte) {
 }
 
 // TestPassiveREPTimeout: the requester vanishes after its REQ; the REP is
-// retried, then the passive side times out and sends REJ TIMEOUT.
+// resent every Local CM Response Timeout of the REQ, then the passive side
+// gives up silently (cm_process_send_error).
 func TestPassiveREPTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newTestFabric(t, soft.Faults{})
@@ -615,13 +618,18 @@ func TestPassiveREPTimeout(t *testing.T) {
 			t.Fatal(err)
 		}
 		raw.send(b.dev.GID(), buf)
-		settle(3*opts.ResponseTimeout + time.Millisecond)
+		iv := convertToMS(req.LocalCMResponseTimeout)
+		settle(3*iv - time.Millisecond)
 		pc := acc.conns()[0]
+		if got := acc.rec.types(pc); len(got) != 0 || b.m.Stats().Sent[MsgREP] != 3 {
+			t.Fatalf("before the last timeout: events %v, stats %+v", got, b.m.Stats())
+		}
+		settle(2 * time.Millisecond)
 		if got := acc.rec.types(pc); !eq(got, []EventType{EventTimedOut}) {
 			t.Fatalf("events %v", got)
 		}
 		s := b.m.Stats()
-		if s.Sent[MsgREP] != 3 || s.Retries != 2 || s.RejSent[RejectTimeout] != 1 || s.LiveConns != 0 {
+		if s.Sent[MsgREP] != 3 || s.Retries != 2 || s.Sent[MsgREJ] != 0 || s.LiveConns != 0 {
 			t.Fatalf("stats %+v", s)
 		}
 	})

@@ -33,7 +33,9 @@ type Config struct {
 	// least this (0..7, 7 = retry forever); 0 keeps what the consumer
 	// asked. IPoIB-CM asks for 0, right for a lossless IB link; over UDP
 	// one lost datagram would then fail the connection, since a timeout
-	// and a sequence NAK each spend a retry.
+	// and a sequence NAK each spend a retry. The CM cannot see this
+	// floor, so a REQ then announces a count the QP does not use; ipoib
+	// up asks for its count through the CM instead (ipoibcm RCRetry).
 	MinRetryCount uint8
 	// TimeScale multiplies the transport timeout (4.096 us * 2^Timeout)
 	// and the RNR timer so tests can run the real code in milliseconds;

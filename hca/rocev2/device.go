@@ -21,6 +21,9 @@ const (
 	maxSRQWR   = 1 << 14
 	maxMsgSize = 1 << 20
 	firstQPN   = 0x10 // like rxe: QPNs below are reserved, 1 is GSI
+	// localCAACKDelay is rxe's RXE_LOCAL_CA_ACK_DELAY (4.096 us * 2^15,
+	// 134 ms): a software HCA's acknowledgements wait on a scheduler.
+	localCAACKDelay = 15
 )
 
 // Device is one RoCEv2 HCA bound to a UDP address. It implements
@@ -29,9 +32,11 @@ type Device struct {
 	cfg   Config
 	hooks hooks
 	gid   hca.GID
-	local netip.AddrPort
-	sock  *udpSocket
-	ctr   counters
+	// nodeGUID is fixed at creation (see nodeGUIDFor).
+	nodeGUID uint64
+	local    netip.AddrPort
+	sock     *udpSocket
+	ctr      counters
 	// maxPacket is the largest UDP payload the device sends or accepts.
 	maxPacket int
 
@@ -122,6 +127,7 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 		cfg:       cfg,
 		hooks:     h,
 		gid:       hca.GIDFromAddr(cfg.Bind.Addr()),
+		nodeGUID:  nodeGUIDFor(cfg.Bind.Addr()),
 		local:     netip.AddrPortFrom(cfg.Bind.Addr(), sock.port),
 		sock:      sock,
 		tx:        tx,
@@ -166,7 +172,8 @@ func (d *Device) Port() hca.Port {
 
 // Limits implements hca.Device.
 func (d *Device) Limits() hca.Limits {
-	return hca.Limits{MaxQP: maxQP, MaxQPWR: maxQPWR, MaxCQE: maxCQE, MaxSRQWR: maxSRQWR, MaxMsgSize: maxMsgSize}
+	return hca.Limits{MaxQP: maxQP, MaxQPWR: maxQPWR, MaxCQE: maxCQE, MaxSRQWR: maxSRQWR, MaxMsgSize: maxMsgSize,
+		LocalCAACKDelay: localCAACKDelay, NodeGUID: d.nodeGUID}
 }
 
 // Stats returns a snapshot of the device's counters.

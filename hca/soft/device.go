@@ -1,6 +1,7 @@
 package soft
 
 import (
+	"encoding/binary"
 	"fmt"
 	"slices"
 
@@ -15,6 +16,8 @@ const (
 	maxSRQWR   = 1 << 14
 	maxMsgSize = 1 << 20
 	maxAlloc   = 1 << 30
+	// localCAACKDelay is rxe's RXE_LOCAL_CA_ACK_DELAY (4.096 us * 2^15).
+	localCAACKDelay = 15
 
 	firstQPN       hca.QPN = 0x10
 	defaultQueueWR         = 256
@@ -79,7 +82,10 @@ func (d *Device) Port() hca.Port {
 
 // Limits returns the device capabilities.
 func (d *Device) Limits() hca.Limits {
-	return hca.Limits{MaxQP: maxQP, MaxQPWR: maxQPWR, MaxCQE: maxCQE, MaxSRQWR: maxSRQWR, MaxMsgSize: maxMsgSize}
+	return hca.Limits{MaxQP: maxQP, MaxQPWR: maxQPWR, MaxCQE: maxCQE, MaxSRQWR: maxSRQWR, MaxMsgSize: maxMsgSize,
+		// A software HCA like rxe (RXE_LOCAL_CA_ACK_DELAY); with one port
+		// its node GUID is its port GUID.
+		LocalCAACKDelay: localCAACKDelay, NodeGUID: binary.BigEndian.Uint64(d.gid[8:])}
 }
 
 // SetPKeyTable replaces the port's P_Key table (index 0 first). QPs keep

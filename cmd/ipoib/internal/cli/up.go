@@ -31,7 +31,8 @@ type UpOptions struct {
 	Loss, Dup, Reorder, Delay float64
 	DelayTime                 time.Duration
 	Seed                      uint64
-	// RCRetry floors the RC transport retry count (IPoIB asks for 0);
+	// RCRetry is the RC transport retry count the REQ carries and both
+	// QPs use (Linux IPoIB asks for 0);
 	// AckTimeout floors the RC transport timeout.
 	RCRetry    uint8
 	AckTimeout time.Duration
@@ -61,7 +62,7 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	delay := fs.Float64("delay", 0, "fault injection: probability of holding a datagram back by --delay-time")
 	delayTime := fs.Duration("delay-time", time.Millisecond, "fault injection: how long --delay holds a datagram")
 	seed := fs.Uint64("seed", 1, "fault injection random seed")
-	rcRetry := fs.Uint("rc-retry", 6, "RC transport retries at least (0..7, 7 = forever): IPoIB-CM asks for 0, which one lost UDP datagram would turn into a dropped connection")
+	rcRetry := fs.Uint("rc-retry", 6, "RC transport retry count the CM REQ asks for and both QPs use (0..7, 7 = forever): Linux IPoIB-CM asks for 0, which one lost UDP datagram would turn into a dropped connection")
 	ackTimeout := fs.Duration("ack-timeout", 50*time.Millisecond, "RC transport (ACK) timeout at least: the go-back-N retransmit delay when a datagram is lost")
 	udpOffload := fs.Bool("udp-offload", true, "use UDP GSO/GRO on the RoCEv2 socket where the kernel has them (false: one datagram per send and receive)")
 	host := fs.String("host", "", "name on the control socket (ipoib show/mode --host); default <dev>@<bind>")
