@@ -10,7 +10,9 @@ import (
 	"os"
 	"time"
 
+	"github.com/ipoibcm/ipoib/hca/rocev2"
 	"github.com/ipoibcm/ipoib/hca/soft"
+	"github.com/ipoibcm/ipoib/internal/flagcheck"
 )
 
 // Exit statuses of SoakMain.
@@ -19,6 +21,12 @@ const (
 	SoakExitViolation = 1 // violations found, or the soak could not run
 	SoakExitUsage     = 2
 )
+
+// SoakSummary is the one-line description of 'ipoib soak'.
+const SoakSummary = "stale-connection reaping soak with fault injection"
+
+// soakMaxHosts bounds --hosts as RunSoak does (250 × 250 addresses).
+const soakMaxHosts = 250 * 250
 
 // SoakMain is `ipoib soak`: it parses args, runs the soak with a progress
 // line on stderr (rewritten in place on a terminal), prints the table (or
@@ -60,20 +68,64 @@ func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	quiet := fs.Bool("quiet", false, "no progress line")
 	verbose := fs.Bool("v", false, "log engine warnings to stderr")
+	// As every ipoib command: usage on -h to stdout, one line on stderr for
+	// a bad flag, and every value checked before the fabric exists.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stdout, "usage: ipoib soak [flags]\n\n%s\n\nflags:\n", SoakSummary)
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
 			return SoakExitOK
 		}
-		return SoakExitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "ipoib soak: unexpected argument %q\n", fs.Arg(0))
+		fmt.Fprintln(stderr, flagcheck.Usage("soak", err.Error()))
 		return SoakExitUsage
 	}
 	set := make(map[string]bool)
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if err := applyBackendFlags(&cfg, set, *delayProb, *delayMax); err != nil {
-		fmt.Fprintf(stderr, "ipoib soak: %v\n", err)
+	maxHosts := soakMaxHosts
+	if cfg.HCA == SoakHCARoCEv2 {
+		maxHosts = rocev2.MaxLoopbackDevices
+	}
+	msg := flagcheck.First(
+		func() string {
+			if fs.NArg() > 0 {
+				return fmt.Sprintf("unexpected argument %q", fs.Arg(0))
+			}
+			return ""
+		}(),
+		applyBackendFlags(&cfg, set, *delayProb, *delayMax),
+		flagcheck.Duration("duration", cfg.Duration, time.Millisecond),
+		flagcheck.IntRange("hosts", cfg.Hosts, 2, maxHosts),
+		flagcheck.Probability("delay-prob", *delayProb),
+		flagcheck.Duration("delay-max", *delayMax, 0),
+		flagcheck.Probability("udp-loss", cfg.RoCEv2.Faults.Drop),
+		flagcheck.Probability("udp-dup", cfg.RoCEv2.Faults.Duplicate),
+		flagcheck.Probability("udp-reorder", cfg.RoCEv2.Faults.Reorder),
+		flagcheck.Probability("udp-delay", cfg.RoCEv2.Faults.Delay),
+		flagcheck.Duration("udp-delay-time", cfg.RoCEv2.Faults.DelayTime, 0),
+		flagcheck.Probability("rnr", cfg.Faults.RNR),
+		flagcheck.Probability("ud-loss", cfg.Faults.UDLoss),
+		flagcheck.Probability("spurious", cfg.Faults.SpuriousCompletionEvents),
+		flagcheck.Duration("lastwqe-delay", cfg.Faults.LastWQEDelay, 0),
+		flagcheck.Duration("stale-after", cfg.StaleAfter, time.Millisecond),
+		flagcheck.Duration("stale-scan", cfg.StaleScan, time.Millisecond),
+		flagcheck.Duration("stale-update", cfg.StaleUpdate, 0),
+		flagcheck.Duration("neigh-timeout", cfg.NeighbourTimeout, time.Millisecond),
+		flagcheck.IntRange("sendq", cfg.SendQueueSize, 4, 1<<16),
+		flagcheck.IntRange("recvq", cfg.RecvQueueSize, 4, 1<<16),
+		flagcheck.IntRange("burst", cfg.BurstMax, 1, 1<<16),
+		flagcheck.IntRange("max-packet", cfg.MaxPacket, soakMinIP, flagcheck.MaxConnectedMTU),
+		func() string {
+			if !(cfg.HeapGrowth >= 1) {
+				return fmt.Sprintf("--heap-growth %v: want at least 1", cfg.HeapGrowth)
+			}
+			return ""
+		}(),
+	)
+	if msg != "" {
+		fmt.Fprintln(stderr, flagcheck.Usage("soak", msg))
 		return SoakExitUsage
 	}
 	if *purge {
@@ -115,22 +167,28 @@ var (
 	rocev2OnlyFlags = []string{"ipv6", "udp-loss", "udp-dup", "udp-reorder", "udp-delay", "udp-delay-time"}
 )
 
-// applyBackendFlags refuses flags of the other backend and points the
-// completion hold-back flags at the chosen one: the soft fabric's
-// completion delay or the RoCEv2 devices' held completions.
-func applyBackendFlags(cfg *SoakConfig, set map[string]bool, delayProb float64, delayMax time.Duration) error {
-	other := rocev2OnlyFlags
-	if cfg.HCA == SoakHCARoCEv2 {
+// applyBackendFlags refuses an unknown backend and flags of the other
+// backend, and points the completion hold-back flags at the chosen one:
+// the soft fabric's completion delay or the RoCEv2 devices' held
+// completions. It returns the usage message, "" if none.
+func applyBackendFlags(cfg *SoakConfig, set map[string]bool, delayProb float64, delayMax time.Duration) string {
+	var other []string
+	switch cfg.HCA {
+	case SoakHCASoft:
+		other = rocev2OnlyFlags
+	case SoakHCARoCEv2:
 		other = softOnlyFlags
+	default:
+		return fmt.Sprintf("--hca %q: want %s or %s", cfg.HCA, SoakHCASoft, SoakHCARoCEv2)
 	}
 	for _, name := range other {
 		if set[name] {
-			return fmt.Errorf("-%s does not apply to --hca %s", name, cfg.HCA)
+			return fmt.Sprintf("--%s does not apply to --hca %s", name, cfg.HCA)
 		}
 	}
-	if cfg.HCA != SoakHCARoCEv2 {
+	if cfg.HCA == SoakHCASoft {
 		cfg.Faults.CompletionDelay.Probability, cfg.Faults.CompletionDelay.Max = delayProb, delayMax
-		return nil
+		return ""
 	}
 	if set["delay-prob"] {
 		cfg.RoCEv2.Faults.HoldCompletion = delayProb
@@ -138,7 +196,7 @@ func applyBackendFlags(cfg *SoakConfig, set map[string]bool, delayProb float64, 
 	if set["delay-max"] {
 		cfg.RoCEv2.Faults.HoldCompletionMax = delayMax
 	}
-	return nil
+	return ""
 }
 
 // isTerminal reports whether w is a character device (a terminal), where

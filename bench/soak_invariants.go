@@ -40,6 +40,10 @@ const (
 	// violQuiesce: traffic did not drain within the quiescence timeout
 	// (something is wedged).
 	violQuiesce
+	// violNoTraffic: the soak delivered nothing, or established no
+	// connection: a run that exercised nothing proves nothing (ud-loss 1
+	// once reported "PASS 0 violations" after 0 connects).
+	violNoTraffic
 	numViolKinds
 )
 
@@ -56,6 +60,7 @@ var violNames = [numViolKinds]string{
 	violCQOverflow:    "cq_overflow",
 	violHeap:          "heap_bounded",
 	violQuiesce:       "quiescence_reached",
+	violNoTraffic:     "traffic_carried",
 }
 
 var violDescriptions = [numViolKinds]string{
@@ -71,6 +76,7 @@ var violDescriptions = [numViolKinds]string{
 	violCQOverflow:    "no CQ overflow / CQ_ERR",
 	violHeap:          "heap in use below its limit",
 	violQuiesce:       "traffic drains once the senders stop",
+	violNoTraffic:     "packets delivered over established connections",
 }
 
 func (k violKind) String() string {

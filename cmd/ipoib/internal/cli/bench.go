@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ipoibcm/ipoib/bench"
+	"github.com/ipoibcm/ipoib/internal/flagcheck"
 	"github.com/ipoibcm/ipoib/tap"
 )
 
@@ -37,8 +38,8 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 	runs := fs.Int("runs", 1, "in-process: runs per row, the report shows the median")
 	prof := addProfileFlags(fs)
 	return func(ctx context.Context, args []string) (code int) {
-		if len(args) > 0 {
-			return usageError(env, "bench", fmt.Sprintf("unexpected argument %q", args[0]))
+		if msg := checkBench(args, flagcheck.Set(fs), *iperf, *hcaName, *modes, *duration, *streams, *mtuCM, *mtuUD, *size, *mtu, *runs); msg != "" {
+			return usageError(env, "bench", msg)
 		}
 		stopProfile, err := prof.start()
 		if err != nil {
@@ -50,9 +51,6 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 			}
 		}()
 		if !*iperf {
-			if *size <= 0 || *mtu < 1280 || *mtuUD < 1280 || *runs < 1 {
-				return usageError(env, "bench", "--bytes and --runs must be positive, --mtu and --mtu-datagram at least 1280")
-			}
 			if env.InProc == nil {
 				return fail(env, "bench", errors.New("in-process benchmark not built into this binary (hook: Env.InProc, bench.InProcTCP)"))
 			}
@@ -63,30 +61,18 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 			return ExitOK
 		}
 		modeList := strings.Split(*modes, ",")
-		for _, m := range modeList {
-			if !validMode(m) {
-				return usageError(env, "bench", fmt.Sprintf("--modes: %q is not connected or datagram", m))
-			}
-		}
-		if *duration < time.Second || *streams < 1 || *mtuCM < 576 || *mtuUD < 576 {
-			return usageError(env, "bench", "--duration must be at least 1s, --streams at least 1, MTUs at least 576")
-		}
 		if env.Euid() != 0 {
 			return fail(env, "bench", errors.New("--iperf needs root (network namespaces, TAP devices); 'ipoib bench' without --iperf runs in-process without root"))
 		}
 		if err := bench.CheckIperfTools(); err != nil {
 			return fail(env, "bench", err)
 		}
-		switch *hcaName {
-		case "soft":
-		case "rocev2":
+		if *hcaName == "rocev2" {
 			return benchRoCEv2(ctx, env, bench.RoCEv2SuiteConfig{
 				Modes: modeList, MTU: map[string]int{"connected": *mtuCM, "datagram": *mtuUD},
 				Duration: *duration, Streams: *streams,
 				Owner: &tap.Owner{MarkerDir: env.MarkerDir}, Progress: env.Stderr,
 			}, *asJSON)
-		default:
-			return usageError(env, "bench", fmt.Sprintf("--hca %q: want soft or rocev2", *hcaName))
 		}
 		cfg := bench.IperfSuiteConfig{
 			Modes:    modeList,
@@ -105,6 +91,51 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 		}
 		return writeReport(env, rep, *asJSON)
 	}
+}
+
+// Flags that only one kind of bench run reads. Given to the other kind
+// they would be ignored and the user would believe they measured what
+// they asked for.
+var (
+	iperfOnlyFlags  = []string{"hca", "duration", "streams", "modes", "mtu-connected", "seed"}
+	inProcOnlyFlags = []string{"bytes", "mtu", "runs"}
+)
+
+// checkBench validates the bench command line; "" means valid.
+func checkBench(args []string, set map[string]bool, iperf bool, hcaName, modes string, duration time.Duration, streams, mtuCM, mtuUD int, size int64, mtu, runs int) string {
+	if len(args) > 0 {
+		return fmt.Sprintf("unexpected argument %q", args[0])
+	}
+	for _, f := range iperfOnlyFlags {
+		if set[f] && !iperf {
+			return fmt.Sprintf("--%s applies to --iperf runs only", f)
+		}
+	}
+	for _, f := range inProcOnlyFlags {
+		if set[f] && iperf {
+			return fmt.Sprintf("--%s applies to in-process runs only (without --iperf)", f)
+		}
+	}
+	if !iperf {
+		if size <= 0 || mtu < 1280 || mtuUD < 1280 || runs < 1 {
+			return "--bytes and --runs must be positive, --mtu and --mtu-datagram at least 1280"
+		}
+		return ""
+	}
+	for _, m := range strings.Split(modes, ",") {
+		if !validMode(m) {
+			return fmt.Sprintf("--modes: %q is not connected or datagram", m)
+		}
+	}
+	if hcaName != "soft" && hcaName != "rocev2" {
+		return fmt.Sprintf("--hca %q: want soft or rocev2", hcaName)
+	}
+	return flagcheck.First(
+		flagcheck.Duration("duration", duration, time.Second),
+		flagcheck.IntRange("streams", streams, 1, 128),
+		flagcheck.IntRange("mtu-connected", mtuCM, flagcheck.MinIPMTU, flagcheck.MaxConnectedMTU),
+		flagcheck.IntRange("mtu-datagram", mtuUD, flagcheck.MinIPMTU, fabricIBMTU-flagcheck.IPoIBHeaderLen),
+	)
 }
 
 // benchReport is what every iperf suite's report can do: print itself

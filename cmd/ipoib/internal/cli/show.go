@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"time"
@@ -129,20 +130,18 @@ func watchRates(ctx context.Context, env *Env, dir string, req control.Request, 
 }
 
 func modeFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
-	host := fs.String("host", "", "switch only this host; required when a process runs several")
+	host := fs.String("host", "", "switch only this host; default every interface of every running process, all or none")
 	dir := controlDirFlag(fs, env)
 	return func(_ context.Context, args []string) int {
 		if len(args) != 1 || !validMode(args[0]) {
 			return usageError(env, "mode", "want exactly one of: connected, datagram")
 		}
-		resps, err := control.QueryAll(*dir, control.Request{Op: control.OpMode, Host: *host, Mode: args[0]}, controlTimeout)
-		for _, r := range resps {
-			for _, i := range r.Interfaces {
-				fmt.Fprintf(env.Stdout, "%s: %s: mode %s mtu %d\n", i.Host, i.Name, i.Mode, i.MTU)
-			}
-		}
+		infos, err := control.SetModeAll(*dir, *host, args[0], controlTimeout)
 		if err != nil {
-			return fail(env, "mode", err)
+			return fail(env, "mode", errors.New(oneLine(err)))
+		}
+		for _, i := range infos {
+			fmt.Fprintf(env.Stdout, "%s: %s: mode %s mtu %d\n", i.Host, i.Name, i.Mode, i.MTU)
 		}
 		return ExitOK
 	}
