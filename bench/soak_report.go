@@ -146,7 +146,7 @@ func (s *soakRun) report(elapsed time.Duration, before, after soakTotals, fs bac
 			HCA: cfg.HCA, Hosts: cfg.Hosts, Duration: cfg.Duration.String(), Seed: cfg.Seed,
 			StaleAfter: cfg.StaleAfter.String(), StaleScan: cfg.StaleScan.String(),
 			NeighbourTimeout:   cfg.NeighbourTimeout.String(),
-			UnsafeSkipDeadFlag: cfg.UnsafeSkipDeadFlag, UnsafeSkipDrain: cfg.UnsafeSkipDrain,
+			UnsafeSkipDeadFlag: cfg.Mutations.SkipDeadFlag, UnsafeSkipDrain: cfg.Mutations.SkipDrain,
 		},
 		Elapsed: elapsed,
 		Traffic: SoakTraffic{

@@ -66,8 +66,8 @@ func TestSoakRoCEv2CatchesMutations(t *testing.T) {
 		mutate func(*SoakConfig)
 		want   violKind
 	}{
-		{"skip dead flag", func(c *SoakConfig) { c.UnsafeSkipDeadFlag = true }, violDeadDelivered},
-		{"skip drain", func(c *SoakConfig) { c.UnsafeSkipDrain = true }, violAfterReap},
+		{"skip dead flag", func(c *SoakConfig) { c.Mutations.SkipDeadFlag = true }, violDeadDelivered},
+		{"skip drain", func(c *SoakConfig) { c.Mutations.SkipDrain = true }, violAfterReap},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := shortRoCEv2Soak(t, untilViolated(tc.want.String()))

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,8 @@ type Device struct {
 
 	nlMu sync.Mutex // a netlink.Handle is not safe for concurrent requests
 	nl   *netlink.Handle
+	// linkLocal is the IPv6 link-local address SetLinkLocal chose; nlMu.
+	linkLocal netip.Addr
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -215,6 +218,9 @@ func (d *Device) SetLinkUp(up bool) error {
 	}
 	if err != nil {
 		return fmt.Errorf("tap %s: set link up=%t: %w", d.name, up, err)
+	}
+	if up {
+		return d.applyLinkLocal(l)
 	}
 	return nil
 }

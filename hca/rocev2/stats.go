@@ -62,6 +62,13 @@ type Stats struct {
 	// lose.
 	UDDropped uint64 `json:"ud_dropped"`
 
+	// SourcePorts is the number of per-QP source-port sockets open;
+	// SourcePortFallbacks counts QPs that send from the fabric port
+	// because their port could not be bound or the device has
+	// maxSourcePorts already.
+	SourcePorts         uint64 `json:"source_ports"`
+	SourcePortFallbacks uint64 `json:"source_port_fallbacks"`
+
 	FaultDropped    uint64 `json:"fault_dropped"`
 	FaultDuplicated uint64 `json:"fault_duplicated"`
 	FaultReordered  uint64 `json:"fault_reordered"`
@@ -117,6 +124,7 @@ type counters struct {
 	completionsAfterDestroy, destroyedQPOps          atomic.Uint64
 	completionsHeld, udDropped                       atomic.Uint64
 	rcMessages, udMessages                           atomic.Uint64
+	sourcePorts, sourcePortFallbacks                 atomic.Uint64
 }
 
 func (c *counters) drop(r wire.DropReason) { c.drops[r].Add(1) }
@@ -142,6 +150,7 @@ func (c *counters) snapshot() Stats {
 		CompletionsAfterDestroy: c.completionsAfterDestroy.Load(), DestroyedQPOps: c.destroyedQPOps.Load(),
 		CompletionsHeld: c.completionsHeld.Load(), UDDropped: c.udDropped.Load(),
 		RCMessages: c.rcMessages.Load(), UDMessages: c.udMessages.Load(),
+		SourcePorts: c.sourcePorts.Load(), SourcePortFallbacks: c.sourcePortFallbacks.Load(),
 	}
 	for i := range c.drops {
 		s.Drops[i] = c.drops[i].Load()

@@ -73,9 +73,6 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	dir := controlDirFlag(fs, env)
 	prof := addProfileFlags(fs)
 	return func(ctx context.Context, args []string) int {
-		if env.Up == nil {
-			return fail(env, "up", errors.New("not built into this binary (hook: Env.Up in cmd/ipoib/main.go)"))
-		}
 		o, msg := parseUp(args, upRaw{*dev, *addr, *hcaName, *bind, *port, *peers, *mode, *mtu, *ibMTU})
 		if msg != "" {
 			return usageError(env, "up", msg)
@@ -104,7 +101,7 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 		if err != nil {
 			return fail(env, "up", err)
 		}
-		err = errors.Join(env.Up(ctx, o, newLogger(env.Stderr, lvl.level)), stopProfile())
+		err = errors.Join(runUp(ctx, o, newLogger(env.Stderr, lvl.level)), stopProfile())
 		switch {
 		case err == nil:
 			return ExitOK
