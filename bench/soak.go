@@ -16,6 +16,7 @@ import (
 // interfaces, each with a soakHost and a traffic generator.
 type soakRun struct {
 	cfg   SoakConfig
+	open  func(*SoakConfig) (soakBackend, error)
 	hca   soakBackend
 	hosts []*soakHost
 	ifcs  []*ipoibcm.Interface
@@ -38,11 +39,16 @@ type soakRun struct {
 // report, whose Violations field is what decides pass or fail. An error
 // means the soak could not run at all.
 func RunSoak(ctx context.Context, cfg SoakConfig) (*SoakReport, error) {
+	return runSoak(ctx, cfg, newSoakBackend)
+}
+
+// runSoak is RunSoak on the backend open returns.
+func runSoak(ctx context.Context, cfg SoakConfig, open func(*SoakConfig) (soakBackend, error)) (*SoakReport, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	s := &soakRun{cfg: cfg, flows: newSoakFlows(cfg.Hosts), goroutines: runtime.NumGoroutine(), sockets: openSockets()}
+	s := &soakRun{cfg: cfg, open: open, flows: newSoakFlows(cfg.Hosts), goroutines: runtime.NumGoroutine(), sockets: openSockets()}
 	if err := s.setUp(); err != nil {
 		s.closeAll()
 		return nil, err
@@ -116,7 +122,7 @@ func (s *soakRun) progressNow() SoakProgress {
 // setUp creates the fabric and starts every interface.
 func (s *soakRun) setUp() error {
 	cfg := &s.cfg
-	b, err := newSoakBackend(cfg)
+	b, err := s.open(cfg)
 	if err != nil {
 		return err
 	}
