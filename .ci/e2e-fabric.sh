@@ -152,7 +152,7 @@ remove_leftovers() {
 		ip netns delete "$(ns "$i")" 2>/dev/null || true
 		rm -f "$MARKER_DIR/$(ns "$i")"
 	done
-	[[ -n "${FABRIC_SEEN_PID:-}" ]] && rm -f "$CONTROL_DIR/$FABRIC_SEEN_PID.sock"
+	[[ -n "${FABRIC_SEEN_PID:-}" ]] && rm -f "$CONTROL_DIR/$FABRIC_SEEN_PID"-*.sock
 	return 0
 }
 
@@ -436,6 +436,7 @@ done
 for s in "$CONTROL_DIR"/*.sock; do
 	[[ -e "$s" ]] || continue
 	pid=$(basename "$s" .sock)
+	pid=${pid%%-*} # <pid>-<start time>.sock
 	if [[ -d /proc/$pid ]]; then
 		ci_fail "ipoib process $pid is serving $s; 'ipoib show' would mix its interfaces into the checks"
 	fi
@@ -461,8 +462,8 @@ if ! ci_wait_until 30 "$HOSTS interfaces with link up" ready; then
 	fi
 	ci_fail "fabric not ready in 30 s" "$(show_json 2>&1 | jq -c '[.[] | .interface] ' 2>&1 || true)"
 fi
-ci_pass "$HOSTS interfaces report link up; control socket $CONTROL_DIR/$FABRIC_PID.sock"
-ci_check "control socket belongs to the fabric" test -S "$CONTROL_DIR/$FABRIC_PID.sock"
+ci_pass "$HOSTS interfaces report link up; control socket $CONTROL_DIR/$FABRIC_PID-<start>.sock"
+ci_check "control socket belongs to the fabric" compgen -G "$CONTROL_DIR/$FABRIC_PID-*.sock"
 check_mode connected "$CONNECTED_MTU"
 
 step "3. ping (connected)"
