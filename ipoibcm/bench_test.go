@@ -104,7 +104,7 @@ func (p *enginePair) await(tb testing.TB, what string, cond func() bool) {
 		case <-deadline.C:
 			st := p.a.Stats()
 			tb.Fatalf("timed out waiting for %s; a: outstanding %d, %+v, %+v, drops %v",
-				what, p.a.outstanding.Load(), st.Counters, st.Reaper, st.Drops)
+				what, p.a.tx.outstanding.Load(), st.Counters, st.Reaper, st.Drops)
 		case <-tick.C:
 		}
 	}
@@ -202,7 +202,7 @@ func TestTXCreditsStopAndWake(t *testing.T) {
 			p := newEnginePairBatch(t, mode, 3000, 1, func(c *Config) { c.SendQueueSize = sendQueue })
 			p.send(t, 1, 1) // connection up (one parked frame)
 			p.await(t, "the warm-up send's credit back", func() bool {
-				return p.a.outstanding.Load() == 0 && p.a.Stats().Counters.TxPackets == 1
+				return p.a.tx.outstanding.Load() == 0 && p.a.Stats().Counters.TxPackets == 1
 			})
 			sent := uint64(1) // frames whose completion was reaped
 			// check asserts the stopped state: nothing moves while the
@@ -210,10 +210,10 @@ func TestTXCreditsStopAndWake(t *testing.T) {
 			check := func(cycle int, what string, outstanding, unread int, stops, wakes, txPackets uint64) {
 				t.Helper()
 				st := p.a.Stats()
-				if !p.a.txStopped.Load() {
+				if !p.a.tx.stopped.Load() {
 					t.Fatalf("cycle %d, %s: reader not stopped", cycle, what)
 				}
-				if got := p.a.outstanding.Load(); got != int64(outstanding) {
+				if got := p.a.tx.outstanding.Load(); got != int64(outstanding) {
 					t.Fatalf("cycle %d, %s: %d outstanding, want %d", cycle, what, got, outstanding)
 				}
 				if got := len(p.pa.in); got != unread {
@@ -237,7 +237,7 @@ func TestTXCreditsStopAndWake(t *testing.T) {
 					p.pa.in <- p.frame
 				}
 				p.await(t, "the reader to stop the queue", func() bool {
-					return p.a.Stats().Reaper.TXQueueStops > base.TXQueueStops && p.a.txStopped.Load()
+					return p.a.Stats().Reaper.TXQueueStops > base.TXQueueStops && p.a.tx.stopped.Load()
 				})
 				check(cycle, "at the limit", limit, frames-limit, base.TXQueueStops+1, base.TXQueueWakes, sent)
 				if fs := p.fab.Stats(); fs.PendingCompletion != limit {
@@ -253,9 +253,9 @@ func TestTXCreditsStopAndWake(t *testing.T) {
 				}
 				p.await(t, "the passed completions' credits back", func() bool {
 					// A wake ends the wait too: check then says what went wrong.
-					return p.a.outstanding.Load() == half+1 || p.a.Stats().Reaper.TXQueueWakes != base.TXQueueWakes
+					return p.a.tx.outstanding.Load() == half+1 || p.a.Stats().Reaper.TXQueueWakes != base.TXQueueWakes
 				})
-				p.a.txNAPI.Sync(func() {})
+				p.a.tx.napi.Sync(func() {})
 				check(cycle, "above half", half+1, frames-limit, base.TXQueueStops+1, base.TXQueueWakes, sent+limit-half-1)
 
 				// Down to half: woken. The completions are still held, so
@@ -265,7 +265,7 @@ func TestTXCreditsStopAndWake(t *testing.T) {
 				}
 				p.await(t, "the reader to be woken and stop again", func() bool {
 					r := p.a.Stats().Reaper
-					return r.TXQueueWakes > base.TXQueueWakes && r.TXQueueStops > base.TXQueueStops+1 && p.a.txStopped.Load()
+					return r.TXQueueWakes > base.TXQueueWakes && r.TXQueueStops > base.TXQueueStops+1 && p.a.tx.stopped.Load()
 				})
 				refill := limit - half
 				check(cycle, "stopped again", limit, frames-limit-refill, base.TXQueueStops+2, base.TXQueueWakes+1, sent+limit-half)
@@ -275,7 +275,7 @@ func TestTXCreditsStopAndWake(t *testing.T) {
 				sent += frames
 				p.await(t, "every frame sent and every credit back", func() bool {
 					c := p.a.Stats().Counters
-					return c.TxPackets+c.TxDropped == sent && p.a.outstanding.Load() == 0 && len(p.pa.in) == 0
+					return c.TxPackets+c.TxDropped == sent && p.a.tx.outstanding.Load() == 0 && len(p.pa.in) == 0
 				})
 				p.awaitDelivered(t, int64(sent))
 				if st := p.a.Stats(); st.Counters.TxDropped != 0 || nonZero(st.Drops) != 0 {
@@ -313,7 +313,7 @@ func TestTXCreditsUnderCompletionDelay(t *testing.T) {
 			}
 			p.await(t, "every frame accounted for and every credit back", func() bool {
 				c := p.a.Stats().Counters
-				return c.TxPackets+c.TxDropped == frames+1 && p.a.outstanding.Load() == 0
+				return c.TxPackets+c.TxDropped == frames+1 && p.a.tx.outstanding.Load() == 0
 			})
 			st := p.a.Stats()
 			t.Logf("stops %d wakes %d, delivered %d of %d, drops %v", st.Reaper.TXQueueStops, st.Reaper.TXQueueWakes, p.delivered.Load(), frames+1, st.Drops)

@@ -40,7 +40,7 @@ func ParseMode(s string) (Mode, error) {
 }
 
 // Defaults for zero Config fields. Queue sizes and the stale-reaper times
-// are Linux's (kernel-ipoib.md §1).
+// are Linux's (docs/linux.md §1).
 const (
 	DefaultSendQueueSize = 128
 	DefaultRecvQueueSize = 256
@@ -65,7 +65,7 @@ const (
 
 	// DefaultCMBackoff is how long a peer that advertises 'C' but rejects
 	// or never answers a REQ is reached over UD. Linux retries CM on the
-	// next packet forever (kernel-ipoib.md §10 #11), so such a peer costs
+	// next packet forever (docs/linux.md §10 row 11), so such a peer costs
 	// one CM timeout (~4 s of stalled traffic) per neighbour rebuild. A
 	// minute keeps that cost below 10% of the time while still noticing a
 	// peer that fixed itself within a neighbour lifetime.

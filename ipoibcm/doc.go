@@ -3,16 +3,27 @@
 // on top of any hca.Device, with the host on the other side speaking
 // Ethernet through a HostPort.
 //
-// Goroutines per Interface: the host reader (ReadFrames batch -> translate
-// -> post sends, under one global TX credit count), the RX and TX napi
-// pollers, and one ordered control loop (CM events, connection start,
-// stale scan, passive teardown and reaping, neighbour aging, mode switch).
-// The data path hands work to the control loop without blocking.
+// Data flows one way through each path:
 //
-// Passive connections are torn down as DESIGN.md prescribes: dead flag
-// under the RX poll lock, QP to Error, LAST_WQE_REACHED, one drain WR per
-// CQ covering every connection that reached LAST_WQE, destroy from the
-// control loop when the drain completion is polled (reaper.go).
+//	host → hostReader (hostreader.go) → txFrameLocked (txframe.go)
+//	     → poster.post (txpath.go) → HCA
+//	HCA  → rxPath.handleRX (rxpath.go) → hostWriter.write (hostport.go) → host
+//
+// Goroutines per Interface: the host reader (it also busy-polls the TX
+// CQ), the RX and TX napi pollers, and one ordered control loop
+// (control.go: CM events, connection set-up and teardown, the stale scan,
+// neighbour aging, the mode switch, shutdown). The data paths hand work to
+// the control loop without blocking; the pollers' handlers never call
+// napi's Sync or Stop (structure_test.go checks it).
+//
+// Where the state lives: txPath (credits, the TX buffer pool, the one
+// post function), rxPath (the RX poller's batch), neighbour (neighbour.go:
+// the MAC ↔ port mapping and the frames parked for a connection), txConn
+// (txconn.go: an active connection's set-up, REP, teardown), rxConn
+// (rxconn.go: accepting a passive connection) and its state machine
+// (rxteardown.go: dead flag under the RX poll lock, QP to Error,
+// LAST_WQE_REACHED, one drain WR per batch, destroy once the drain
+// completion is polled). docs/ in the repository explains the design.
 //
 // Neighbours are keyed by port GID, each mapped one-to-one to a locally
 // administered MAC the host sees; a peer restarting with a new UD QPN keeps

@@ -32,22 +32,22 @@ func FuzzEngineInput(f *testing.F) {
 	f.Add(buildIGMPv2([4]byte{239, 0, 0, 1}), []byte{0x08, 0x06, 0, 0, 0, 32})
 	peer := hca.GID{0xfe, 0x80, 15: 0x77}
 	t := &txScratch{}
-	t.init(4)
+	t.init(&ifc.tx, 4)
 	f.Fuzz(func(tt *testing.T, host, wire []byte) {
 		var idx [1]int
-		if ifc.pool.take(idx[:]) == 1 {
-			n := copy(ifc.pool.bufs[idx[0]], host)
+		if ifc.tx.pool.take(idx[:]) == 1 {
+			n := copy(ifc.tx.pool.bufs[idx[0]], host)
 			t.replies = t.replies[:0]
 			ifc.mu.Lock()
 			used := ifc.txFrameLocked(t, idx[0], n, time.Now())
 			ifc.mu.Unlock()
 			if !used {
-				ifc.pool.put1(idx[0])
+				ifc.tx.pool.put1(idx[0])
 			}
 		}
 		b := ifc.ud.bufs[0]
 		n := copy(b[headroom:], wire)
 		wcs := []hca.WC{{ID: wrID(wrKindUDRecv, 0), Opcode: hca.WCRecv, ByteLen: n, SrcQPN: 0x77, SrcGID: peer, Context: &udQP{}}}
-		ifc.rxNAPI.Sync(func() { ifc.handleRX(wcs) })
+		ifc.rxNAPI.Sync(func() { ifc.rx.handleRX(wcs) })
 	})
 }

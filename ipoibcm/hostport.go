@@ -1,6 +1,9 @@
 package ipoibcm
 
-import "net"
+import (
+	"net"
+	"sync"
+)
 
 // HostPort is the host side of an Interface: a device that moves whole
 // Ethernet frames (no FCS) in batches. The kernel TAP (package tap) and the
@@ -29,4 +32,28 @@ type HostPort interface {
 	SetLinkUp(up bool) error
 	// Close unblocks ReadFrames and releases the device.
 	Close() error
+}
+
+// hostWriter is the end of the flow HCA → host, and where the engine's own
+// answers to the host (ICMP too-big from the TX side) go too: the RX
+// poller, the host reader and the REP handler all write, so writes are
+// serialised.
+type hostWriter struct {
+	i  *Interface
+	mu sync.Mutex
+}
+
+// write hands frames to the host; the ones it does not take are counted
+// rx_host_write.
+func (w *hostWriter) write(frames [][]byte) {
+	i := w.i
+	w.mu.Lock()
+	n, err := i.host.WriteFrames(frames)
+	w.mu.Unlock()
+	for range len(frames) - n {
+		i.ctr.drop(dropRxHostWrite)
+	}
+	if err != nil && ifState(i.state.Load()) == ifRunning {
+		i.log.Debug("host write", "err", err)
+	}
 }

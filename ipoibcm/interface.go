@@ -1,7 +1,6 @@
 package ipoibcm
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -61,24 +60,18 @@ type Interface struct {
 	link  atomic.Bool
 	state atomic.Int32 // ifState
 
-	rxCQ, txCQ     hca.CQ
-	rxNAPI, txNAPI *napi.Context
-	ud             *udPath
-	srq            *srqRing // nil without SRQ
-	drainBuf       []byte
-	cmm            *cm.Manager
-	listener       *cm.Listener
+	rxCQ, txCQ hca.CQ
+	rxNAPI     *napi.Context // the RX poller; its poll lock orders the dead flag
+	ud         *udPath
+	srq        *srqRing // nil without SRQ
+	drainBuf   []byte
+	cmm        *cm.Manager
+	listener   *cm.Listener
 
-	// TX credits: sends posted or parked, across UD and all connections.
-	outstanding atomic.Int64
-	// parkedCredits counts the credits parked frames hold (under mu);
-	// capped by parkedCreditCap so peers that never answer a REQ cannot
-	// hold every credit for the CM timeout and stall healthy traffic.
-	parkedCredits int
-	txStopped     atomic.Bool
-	txWake        chan struct{}
-	pool          *txPool
-	txFree        []int // TX poller scratch
+	// The two data flows: host → TX path → HCA and HCA → RX path → host.
+	tx      txPath
+	rx      rxPath // owned by the RX poller
+	hostOut hostWriter
 
 	// mu guards the neighbour table, multicast groups, connection sets
 	// and connection states. Never held across napi Sync or CM calls that
@@ -100,10 +93,6 @@ type Interface struct {
 	// hostMTUStale: the last mode switch could not set the host's MTU
 	// (control loop), so SetMode to the same mode tries again.
 	hostMTUStale bool
-
-	rx rxScratch // owned by the RX poller
-
-	hostWriteMu sync.Mutex
 
 	// mut are the soak's mutations (internal/mutation), found on the
 	// device; the zero value everywhere else.
@@ -165,7 +154,6 @@ func New(cfg Config) (_ *Interface, err error) {
 		host:    cfg.Host,
 		log:     cfg.Logger.With("if", cfg.Name),
 		port:    cfg.Device.Port(),
-		txWake:  make(chan struct{}, 1),
 		neigh:   newNeighbourTable(),
 		mcast:   make(map[hca.GID]*mcastGroup),
 		txConns: make(map[*txConn]struct{}),
@@ -173,6 +161,9 @@ func New(cfg Config) (_ *Interface, err error) {
 		rng:     newPSNSource(cfg.CM.Seed),
 		stop:    make(chan struct{}),
 	}
+	i.tx = txPath{i: i, wake: make(chan struct{}, 1)}
+	i.rx.i = i
+	i.hostOut.i = i
 	i.ctl.init()
 	if c, ok := cfg.Device.(mutation.Carrier); ok {
 		i.mut = c.SoakMutations()
@@ -209,23 +200,7 @@ func New(cfg Config) (_ *Interface, err error) {
 	return i, nil
 }
 
-// modeMTU is the IP MTU of mode m: the configured MTU, capped by what the
-// mode can carry.
-func (i *Interface) modeMTU(m Mode) int {
-	mtu := i.cfg.MTU
-	if m == ModeConnected {
-		if mtu <= 0 || mtu > frame.CMMTU {
-			mtu = frame.CMMTU
-		}
-		return mtu
-	}
-	if mtu <= 0 || mtu > i.udMTU {
-		mtu = i.udMTU
-	}
-	return mtu
-}
-
-// rxCQSize is Linux's recv_cq size (kernel-ipoib.md §4.3): the UD ring
+// rxCQSize is Linux's recv_cq size (docs/linux.md §4.3): the UD ring
 // plus one, the sends of passive QPs (the drain WR) bounded by the send
 // queue, and the SRQ plus one spare for the drain completion, or every
 // non-SRQ ring.
@@ -255,18 +230,18 @@ func (i *Interface) createQueues() error {
 	}
 	i.txCQ, err = i.dev.CreateCQ(hca.CQConfig{
 		Size:             cfg.SendQueueSize,
-		OnCompletion:     func() { i.txNAPI.Schedule() },
+		OnCompletion:     func() { i.tx.napi.Schedule() },
 		InlineCompletion: true,
 		OnEvent:          i.onCQEvent,
 	})
 	if err != nil {
 		return fmt.Errorf("create TX CQ: %w", err)
 	}
-	i.rxNAPI, err = napi.New(napi.Config{Name: cfg.Name + "-rx", CQ: i.rxCQ, Budget: cfg.RXBudget, Handle: i.handleRX})
+	i.rxNAPI, err = napi.New(napi.Config{Name: cfg.Name + "-rx", CQ: i.rxCQ, Budget: cfg.RXBudget, Handle: i.rx.handleRX})
 	if err != nil {
 		return fmt.Errorf("rx napi: %w", err)
 	}
-	i.txNAPI, err = napi.New(napi.Config{Name: cfg.Name + "-tx", CQ: i.txCQ, Budget: cfg.TXBudget, Handle: i.handleTX})
+	i.tx.napi, err = napi.New(napi.Config{Name: cfg.Name + "-tx", CQ: i.txCQ, Budget: cfg.TXBudget, Handle: i.tx.handleTX})
 	if err != nil {
 		return fmt.Errorf("tx napi: %w", err)
 	}
@@ -282,7 +257,7 @@ func (i *Interface) createQueues() error {
 	if i.drainBuf, err = i.dev.Alloc(64); err != nil {
 		return fmt.Errorf("drain buffer: %w", err)
 	}
-	if i.pool, err = newTXPool(i.dev, cfg.SendQueueSize+i.host.BatchSize(), txBufSize); err != nil {
+	if i.tx.pool, err = newTXPool(i.dev, cfg.SendQueueSize+i.host.BatchSize(), txBufSize); err != nil {
 		return err
 	}
 	return nil
@@ -306,7 +281,7 @@ func (i *Interface) Start() error {
 		return ErrClosed
 	}
 	i.rxNAPI.Start()
-	i.txNAPI.Start()
+	i.tx.napi.Start()
 	i.ctlWG.Add(1)
 	go i.controlLoop()
 	if i.cmm != nil {
@@ -338,89 +313,6 @@ func (i *Interface) Start() error {
 	go i.hostReader()
 	i.log.Info("up", "hwaddr", i.hw, "mode", i.Mode(), "mtu", i.MTU())
 	return nil
-}
-
-// Close stops the interface: the host reader, then every connection
-// through the teardown protocol (bounded by DrainTimeout), then the
-// pollers, the control loop, the CM and every queue. The host port is
-// closed too. Close is idempotent.
-func (i *Interface) Close() error {
-	i.closeMu.Lock()
-	defer i.closeMu.Unlock()
-	st := ifState(i.state.Load())
-	switch st {
-	case ifClosed:
-		return i.closeErr
-	case ifCreated:
-		i.state.Store(int32(ifClosed))
-		i.destroyResources()
-		i.closeErr = i.host.Close()
-		return i.closeErr
-	}
-	i.state.Store(int32(ifClosing))
-	i.link.Store(false)
-	_ = i.host.SetLinkUp(false)
-	if i.listener != nil {
-		i.listener.Close()
-	}
-	// The reader ends when the port closes; it may be parked waiting for
-	// credits, which stop releases.
-	hostErr := i.host.Close()
-	close(i.stop)
-	i.readerWG.Wait()
-
-	done := make(chan struct{})
-	i.ctl.post(func() { i.beginShutdown(done) })
-	<-done
-
-	i.rxNAPI.Stop()
-	i.txNAPI.Stop()
-	i.ctl.stopLoop()
-	i.ctlWG.Wait()
-	i.destroyResources()
-	i.state.Store(int32(ifClosed))
-	if hostErr != nil && !errors.Is(hostErr, errAlreadyClosed) {
-		i.closeErr = fmt.Errorf("%s: close host port: %w", i.cfg.Name, hostErr)
-	}
-	i.log.Info("closed")
-	return i.closeErr
-}
-
-var errAlreadyClosed = errors.New("already closed")
-
-// destroyResources releases whatever New created, in dependency order.
-// Connections are gone by now (Close reaped or forced them).
-func (i *Interface) destroyResources() {
-	if i.cmm != nil {
-		i.cmm.Close()
-	}
-	if i.ud != nil {
-		i.ud.destroy()
-	}
-	if i.srq != nil {
-		i.srq.destroy()
-	}
-	for _, g := range i.mcast {
-		if g.ah != nil {
-			g.ah.Destroy()
-		}
-	}
-	for _, n := range i.neigh.byGID {
-		if n.ah != nil {
-			n.ah.Destroy()
-			n.ah = nil
-		}
-	}
-	if i.rxCQ != nil {
-		if err := i.rxCQ.Destroy(); err != nil {
-			i.log.Warn("destroy RX CQ", "err", err)
-		}
-	}
-	if i.txCQ != nil {
-		if err := i.txCQ.Destroy(); err != nil {
-			i.log.Warn("destroy TX CQ", "err", err)
-		}
-	}
 }
 
 // Mode is the current mode.

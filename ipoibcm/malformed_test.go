@@ -128,7 +128,7 @@ func TestMalformedInputCountedAndDropped(t *testing.T) {
 			t.Fatalf("drop %q not counted once (%v), or Linux counters not fed: %+v", missing, st.Drops, st.Counters)
 		}
 		ifc.rxNAPI.Sync(func() {}) // let the pollers catch up, then look again
-		ifc.txNAPI.Sync(func() {})
+		ifc.tx.napi.Sync(func() {})
 	}
 	select {
 	case f := <-written:

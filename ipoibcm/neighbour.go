@@ -125,3 +125,196 @@ func (n *neighbour) addIP(a netip.Addr) {
 	}
 	n.ips = append(n.ips, a)
 }
+
+// park keeps a frame for a connection being set up (at most maxParked per
+// neighbour); under Interface.mu. A parked frame holds a TX credit so the
+// REP handler can post it without overrunning a send queue; all parked
+// frames together hold at most parkedCreditCap credits. Linux does not
+// count neigh->queue against tx_outstanding at all, but there a parked skb
+// costs no send slot; here it holds a pool buffer, so the cap keeps a
+// crowd of unresponsive 'C' peers (each parking 3 frames for a ~30 s CM
+// timeout) from stopping the reader for everyone else.
+func (n *neighbour) park(tx *txPath, bufIdx, size int) bool {
+	if n.nParked == maxParked || tx.parkedCredits >= tx.parkedCreditCap() {
+		tx.i.ctr.drop(dropTxNeighQueueFull)
+		return false
+	}
+	n.parked[n.nParked] = parkedFrame{buf: bufIdx, n: size}
+	n.nParked++
+	tx.parkedCredits++
+	tx.outstanding.Add(1)
+	return true
+}
+
+// unpark forgets n's parked frames once they were posted or dropped;
+// their credits are returned by the caller or the completions.
+func (n *neighbour) unpark(tx *txPath) {
+	tx.parkedCredits -= n.nParked
+	n.nParked = 0
+}
+
+// dropParked drops n's parked frames, counted under reason.
+func (n *neighbour) dropParked(tx *txPath, reason dropReason) {
+	for k := range n.nParked {
+		tx.pool.put1(n.parked[k].buf)
+		tx.i.ctr.drop(reason)
+	}
+	cnt := n.nParked
+	n.unpark(tx)
+	tx.returnCredits(cnt)
+}
+
+// noteHostIPLocked remembers an address the host uses.
+func (i *Interface) noteHostIPLocked(a netip.Addr) {
+	if !a.IsValid() || a.IsUnspecified() {
+		return
+	}
+	for _, b := range i.hostIPs {
+		if a == b {
+			return
+		}
+	}
+	if len(i.hostIPs) < 64 {
+		i.hostIPs = append(i.hostIPs, a)
+	}
+}
+
+// learnLocked records that hw is the current hardware address of its port
+// (seen in ARP, ND, a UD source or a CM REQ) and returns its neighbour. A
+// changed QPN means the peer restarted: its TX connection went to a QP
+// that no longer exists and is flushed at once.
+func (i *Interface) learnLocked(hw frame.HWAddr, ip netip.Addr, now time.Time) *neighbour {
+	if hw.IsMulticast() || hw.GID() == i.hw.GID() {
+		return nil
+	}
+	_, known := i.neigh.byGID[hw.GID()]
+	n, err := i.neigh.lookupOrCreate(hw, now)
+	if err != nil {
+		i.log.Error("neighbour table", "err", err)
+		return nil
+	}
+	if !known {
+		i.log.Debug("neighbour", "ip", ip, "hw", hw, "mac", n.mac)
+	}
+	n.addIP(ip)
+	n.lastSeen = now
+	if n.hw != hw {
+		old := n.hw
+		n.hw = hw
+		i.log.Debug("neighbour", "ip", ip, "hw", hw, "was", old, "mac", n.mac)
+		if old.QPN() != hw.QPN() || (old.Connected() && !hw.Connected()) {
+			i.rs.neighRestarts.Add(1)
+			n.cmBackoffUntil = time.Time{}
+			if tc := n.tx; tc != nil {
+				tc.detachLocked(dropTxNeighFlushed)
+				i.ctl.post(tc.teardown)
+			}
+		}
+	}
+	return n
+}
+
+// reresolve asks ARP again for a neighbour's IPv4 addresses, from the
+// engine itself (sender = our hardware address and a host address), so a
+// peer that came back with a new UD QPN is relearnt without waiting for
+// the host's ARP cache to expire. The reply also reaches the host, which
+// takes it as a confirmation. Control loop.
+func (i *Interface) reresolve(n *neighbour) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	var src netip.Addr
+	for _, a := range i.hostIPs {
+		if a.Is4() {
+			src = a
+			break
+		}
+	}
+	if !src.IsValid() {
+		return
+	}
+	p := poster{tx: &i.tx}
+	for _, ip := range n.ips {
+		if !ip.Is4() || i.tx.creditsFree() < 2 {
+			continue
+		}
+		var idx [1]int
+		if i.tx.pool.take(idx[:]) == 0 {
+			return
+		}
+		b := i.tx.pool.bufs[idx[0]]
+		req := frame.IPoIBARP{ARP: frame.ARP{Op: arpOpRequest, SenderIP: src, TargetIP: ip}, SenderHW: i.hw}
+		size := frame.EthHdrLen + req.Marshal(b[frame.EthHdrLen:])
+		ah, err := i.groupAHLocked(i.bcast)
+		if err != nil || !p.post(sendDest{ah: ah, qpn: hca.QPNMulticast}, idx[0], size, frame.EtherTypeARP) {
+			i.tx.pool.put1(idx[0])
+			return
+		}
+		i.rs.reresolves.Add(1)
+	}
+}
+
+// ageNeighbours disconnects the TX connection of neighbours unused for
+// sending for NeighbourTimeout (control loop). The MAC mapping stays: the
+// host's ARP cache still names it, and the next frame rebuilds the
+// connection. Neighbours silent in both directions for
+// NeighbourEvictAfter, with nothing left that refers to them, are
+// forgotten (evictNeighboursLocked).
+func (i *Interface) ageNeighbours(now time.Time) {
+	var idle []*txConn
+	i.mu.Lock()
+	for _, n := range i.neigh.byGID {
+		if now.Sub(n.lastUse) < i.cfg.NeighbourTimeout {
+			continue
+		}
+		if n.tx != nil {
+			idle = append(idle, n.tx)
+			n.tx.detachLocked(dropTxNeighFlushed)
+			i.rs.neighAged.Add(1)
+		}
+	}
+	i.evictNeighboursLocked(now)
+	i.mu.Unlock()
+	for _, tc := range idle {
+		tc.teardown()
+	}
+}
+
+// evictNeighboursLocked removes neighbours idle for NeighbourEvictAfter
+// that nothing refers to: no TX connection (not even one still closing,
+// whose teardown writes to its neighbour), no parked frame, no passive
+// connection from the port (its packets reach the host under the
+// neighbour's MAC). Their address handle is destroyed and their MAC index
+// freed. Without this the table would grow with every peer ever seen.
+func (i *Interface) evictNeighboursLocked(now time.Time) {
+	var busy map[*neighbour]bool
+	var rxPeers map[hca.GID]bool
+	for _, n := range i.neigh.byGID {
+		if now.Sub(n.idleSince()) < i.cfg.NeighbourEvictAfter || n.tx != nil || n.nParked > 0 {
+			continue
+		}
+		if busy == nil {
+			// Built once per pass, and only when some neighbour is
+			// idle long enough: most passes allocate nothing.
+			busy = make(map[*neighbour]bool, len(i.txConns))
+			for tc := range i.txConns {
+				busy[tc.neigh] = true
+			}
+			rxPeers = make(map[hca.GID]bool, len(i.rxConns))
+			for rc := range i.rxConns {
+				rxPeers[rc.peer.GID()] = true
+			}
+		}
+		if busy[n] || rxPeers[n.gid] {
+			continue
+		}
+		if n.ah != nil {
+			if err := n.ah.Destroy(); err != nil {
+				i.log.Warn("destroy neighbour AH", "peer", n.hw, "err", err)
+			}
+			n.ah = nil
+		}
+		i.neigh.remove(n)
+		i.rs.neighEvicted.Add(1)
+		i.log.Debug("neighbour evicted", "peer", n.hw, "mac", n.mac, "idle", now.Sub(n.idleSince()))
+	}
+}

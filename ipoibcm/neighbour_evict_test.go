@@ -29,17 +29,17 @@ func rvOnControlLoop(t *testing.T, ifc *Interface, fn func()) {
 func rvHostFrame(t *testing.T, ifc *Interface, f []byte, now time.Time) bool {
 	t.Helper()
 	var idx [1]int
-	if ifc.pool.take(idx[:]) != 1 {
+	if ifc.tx.pool.take(idx[:]) != 1 {
 		t.Fatal("no TX buffer")
 	}
-	copy(ifc.pool.bufs[idx[0]], f)
+	copy(ifc.tx.pool.bufs[idx[0]], f)
 	ts := &txScratch{}
-	ts.init(1)
+	ts.init(&ifc.tx, 1)
 	ifc.mu.Lock()
 	ok := ifc.txFrameLocked(ts, idx[0], len(f), now)
 	ifc.mu.Unlock()
 	if !ok {
-		ifc.pool.put1(idx[0])
+		ifc.tx.pool.put1(idx[0])
 	}
 	return ok
 }

@@ -49,7 +49,7 @@ func TestParkedCreditsCappedHealthyPeerFlows(t *testing.T) {
 	}
 
 	capCredits := a.cfg.SendQueueSize / 4
-	if got := a.parkedCreditCap(); got != capCredits {
+	if got := a.tx.parkedCreditCap(); got != capCredits {
 		t.Fatalf("parkedCreditCap %d, want SendQueueSize/4 = %d", got, capCredits)
 	}
 	st := a.Stats()
@@ -61,7 +61,7 @@ func TestParkedCreditsCappedHealthyPeerFlows(t *testing.T) {
 		t.Fatalf("%d frames parked, want the cap %d", parked, capCredits)
 	}
 	a.mu.Lock()
-	held := a.parkedCredits
+	held := a.tx.parkedCredits
 	a.mu.Unlock()
 	if held != capCredits || st.Outstanding < int64(capCredits) {
 		t.Fatalf("parked credits %d, outstanding %d; want %d held", held, st.Outstanding, capCredits)

@@ -18,7 +18,7 @@ import (
 )
 
 // The tests in this file force one teardown race each (issue 5,
-// kernel-ipoib.md §10 rows 1, 3, 4 and 8) by holding completions in the
+// docs/linux.md §10 rows 1, 3, 4 and 8) by holding completions in the
 // soft fabric, by hooks at the engine's decision points and by the host
 // port's own record of what the reader has handled. Nothing waits for a
 // moment to pass: every step waits for the event that makes the next one
@@ -390,7 +390,7 @@ func runCompletionAfterDestroy(t *testing.T, mut mutation.Soak) afterDestroyRun 
 	return run
 }
 
-// TestRaceCompletionAfterDestroy (kernel-ipoib.md §10 row 1): a receive
+// TestRaceCompletionAfterDestroy (docs/linux.md §10 row 1): a receive
 // completion of a passive connection is still queued when the connection
 // is torn down. It must be recycled to the SRQ and counted
 // rx_dead_dropped, never delivered, and the QP must be destroyed only once
@@ -458,7 +458,7 @@ func TestRaceCompletionAfterDestroy(t *testing.T) {
 	})
 }
 
-// TestRaceLastWQEBeforeLive (kernel-ipoib.md §10 row 3): the passive QP
+// TestRaceLastWQEBeforeLive (docs/linux.md §10 row 3): the passive QP
 // errors while the REQ handler still runs, before the connection joins the
 // engine's connection set, and its LAST_WQE is handled there and then. The
 // connection is reaped exactly once, nothing is left behind, and the peer
@@ -632,7 +632,7 @@ func testLastWQEBeforeLive(t *testing.T, reapFirst bool) {
 	}
 }
 
-// TestRacePacketsQueuedDuringConnect (kernel-ipoib.md §3.6, §10 row 4, the
+// TestRacePacketsQueuedDuringConnect (docs/linux.md §3.6, §10 row 4, the
 // 2018 start_xmit vs REP handler race): three frames sent while the REP is
 // held are parked; frames the host reader has already read when the REP
 // handler marks the connection up wait for it, and go out behind the
@@ -721,7 +721,7 @@ func TestRacePacketsQueuedDuringConnect(t *testing.T) {
 	}
 }
 
-// TestRaceQPNReusedWhileCompletionsQueued (kernel-ipoib.md §10 row 8): an
+// TestRaceQPNReusedWhileCompletionsQueued (docs/linux.md §10 row 8): an
 // old passive connection's receive completion is still queued when its QP
 // is gone and a new connection from the same peer got the same QPN. The
 // old completion carries the old connection's context: it is dropped as

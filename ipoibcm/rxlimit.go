@@ -123,5 +123,5 @@ func (i *Interface) rxLimitStats() RXLimits {
 // replaceRX tears down a connection admitRXLocked chose to replace
 // (control loop).
 func (i *Interface) replaceRX(old *rxConn) {
-	i.ctl.post(func() { i.teardownRX(old, "replaced by a new REQ from its GID") })
+	i.postRX(old, rxEvReplaced)
 }

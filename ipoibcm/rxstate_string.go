@@ -12,13 +12,12 @@ func _() {
 	_ = x[rxError-1]
 	_ = x[rxFlush-2]
 	_ = x[rxDrain-3]
-	_ = x[rxReap-4]
-	_ = x[rxDestroyed-5]
+	_ = x[rxDestroyed-4]
 }
 
-const _rxState_name = "liveerrorflushdrainreapdestroyed"
+const _rxState_name = "liveerrorflushdraindestroyed"
 
-var _rxState_index = [...]uint8{0, 4, 9, 14, 19, 23, 32}
+var _rxState_index = [...]uint8{0, 4, 9, 14, 19, 28}
 
 func (i rxState) String() string {
 	idx := int(i) - 0

@@ -3,6 +3,7 @@ package ipoibcm
 import (
 	"net/netip"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -133,10 +134,10 @@ func (i *Interface) Stats() Stats {
 			Multicast: c.multicast.Load(), RxDeadDropped: c.rxDeadDropped.Load(),
 		},
 		Drops:       make(map[string]uint64),
-		NAPI:        NAPIStats{RX: i.rxNAPI.Stats(), TX: i.txNAPI.Stats()},
+		NAPI:        NAPIStats{RX: i.rxNAPI.Stats(), TX: i.tx.napi.Stats()},
 		Reaper:      i.reaperStats(),
 		RXLimits:    i.rxLimitStats(),
-		Outstanding: i.outstanding.Load(),
+		Outstanding: i.tx.outstanding.Load(),
 	}
 	// Every reason, zero included: scripts find each key from the start.
 	for r := range numDropReasons {
@@ -229,4 +230,21 @@ func (i *Interface) Drop(name string) uint64 {
 		}
 	}
 	return 0
+}
+
+// reaperCounters are exported through Stats.Reaper.
+type reaperCounters struct {
+	staleScans, staleReaped, movedToError            atomic.Uint64
+	lastWQESeen, drainsPosted, drainsCompleted       atomic.Uint64
+	drainPostFailures, reaped, forcedAtStop          atomic.Uint64
+	cqErrors, mcastJoins, tooBigSent                 atomic.Uint64
+	txStops, txWakes, txConnects, txEstablished      atomic.Uint64
+	txConnectFailures, txTeardowns, txDestroyed      atomic.Uint64
+	rxAccepted, rxRejectedNoQP, neighRestarts        atomic.Uint64
+	neighAged, modeSwitches, lateLastWQE, reresolves atomic.Uint64
+	neighEvicted                                     atomic.Uint64
+	// rxRejectedMTU: REQs whose path MTU is above our port's, refused
+	// with REJ INVALID_MTU; txMTUDowngrades: REQs resent one IB MTU
+	// lower after such a REJ (cmpathmtu.go).
+	rxRejectedMTU, txMTUDowngrades atomic.Uint64
 }

@@ -26,7 +26,7 @@ func killPassive(nd *testNode) <-chan int {
 		}
 		nd.ifc.mu.Unlock()
 		for _, rc := range rcs {
-			nd.ifc.teardownRX(rc, "test")
+			nd.ifc.rxTransition(rc, rxEvShutdown)
 		}
 		moved <- len(rcs)
 	})

@@ -38,15 +38,15 @@ func TestReaderStopForBuffersNoLostWakeup(t *testing.T) {
 	defer ifc.Close()
 
 	// Every buffer in flight before the reader starts.
-	held := make([]int, len(ifc.pool.bufs))
-	if n := ifc.pool.take(held); n != len(held) {
+	held := make([]int, len(ifc.tx.pool.bufs))
+	if n := ifc.tx.pool.take(held); n != len(held) {
 		t.Fatalf("took %d of %d buffers", n, len(held))
 	}
 	var once sync.Once
 	stops := make(chan stopReason, 4)
 	ifc.hooks.beforeTXStop = func(why stopReason) {
 		stops <- why
-		once.Do(func() { ifc.pool.put(held...) })
+		once.Do(func() { ifc.tx.pool.put(held...) })
 	}
 	if err := ifc.Start(); err != nil {
 		t.Fatal(err)
@@ -64,7 +64,7 @@ func TestReaderStopForBuffersNoLostWakeup(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("reader never read again after the buffers came back: lost wake-up")
 	}
-	if got := ifc.txStopped.Load(); got {
+	if got := ifc.tx.stopped.Load(); got {
 		t.Fatal("queue still marked stopped while reading")
 	}
 }

@@ -10,7 +10,7 @@
 // go-back-N retransmission on the transport timer, one PSN sequence NAK
 // per gap, re-ACK of duplicates, and RNR NAKs with the IBTA timer table.
 //
-// UD multicast uses head-end replication (wire-formats.md §6 option C):
+// UD multicast uses head-end replication (docs/wire.md §6):
 // a send to an MGID becomes one unicast copy with DestQP 0xFFFFFF to every
 // known member: the configured peers, every address heard from, and the
 // device itself. The MGID is not in a RoCEv2 packet sent to a unicast IP
@@ -47,7 +47,7 @@
 // The sending socket is unconnected and has IP_MTU_DISCOVER set to
 // IP_PMTUDISC_DO, so Linux sends IPv4 ID 0 with DF set (0..n-1 across a
 // GSO send), the IP header a receiver reconstructs to check the ICRC
-// (wire-formats.md §4.6). All
+// (docs/wire.md §4.6). All
 // devices of one fabric bind the same UDP port (4791 by default): the
 // peer's endpoint is its GID's address and that port, with no table.
 // Datagrams leave from per-QP source ports (srcport.go): RoCEv2's ECMP

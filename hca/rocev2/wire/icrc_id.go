@@ -119,7 +119,7 @@ func SetICRCID(pkt []byte, ipHdrLen int, id uint16, c *IDShiftCache) {
 // socket, which hides the sender's IPv4 ID: ipHdr is the reconstructed
 // header with ID 0, and the packet passes if its ICRC is right for
 // exactly one ID in [0, MaxGSOSegments), which it returns. A GSO sender
-// numbers its segments that way (wire-formats.md §4.6); any other ID, or
+// numbers its segments that way (docs/wire.md §4.6); any other ID, or
 // any corruption, fails with DropBadICRC.
 func CheckICRCGSO(ipHdr, udpHdr, pkt []byte, c *IDShiftCache) (uint16, error) {
 	if len(pkt) < BTHLen+ICRCLen {

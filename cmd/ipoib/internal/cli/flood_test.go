@@ -215,14 +215,14 @@ const mib = 1 << 20
 // Flood bounds, stated: the engine's passive state is at most
 // max-rx-conns QPs and max-half-open handshakes whatever the REQ rate,
 // so the live heap may grow by their cost and no more, and the resident
-// set stays far below the 110 MB that 20,000 REQs took before the
+// set grows far less than the 96 MB that 20,000 REQs added before the
 // limits.
 const (
 	floodREQs        = 100000
 	floodSources     = 64
 	floodWindow      = 512 // REQs in flight beyond what the victim has read
 	floodHeapGrowth  = 32 * mib
-	floodRSSCeiling  = 160 * mib
+	floodRSSGrowth   = 64 * mib
 	floodAmplifyRate = 2
 )
 
@@ -365,14 +365,26 @@ func TestUpREQFlood(t *testing.T) {
 	t.Logf("to the flood's sources: %d datagrams, %d bytes (%.2fx the bytes they sent)",
 		fl.gotPackets.Load(), fl.gotBytes.Load(), float64(fl.gotBytes.Load())/float64(fl.sentBytes.Load()))
 
-	// Every REQ explained: dropped before the CM and counted (by the
-	// kernel for the socket, by the device for a full GSI receive queue),
-	// or received and counted under one outcome; each one handed to the
-	// engine accepted or rejected for a counted reason.
+	// Every REQ explained. Before the CM, datagrams are dropped and
+	// counted by the kernel (socket full) or the device (GSI receive
+	// queue full, no_buffer), which does not tell a REQ from the peer's
+	// other MADs; so the MADs balance exactly (all of them are well
+	// formed), and every REQ the CM received is under one outcome.
 	lost := ds.SocketDrops + ds.Dropped(wire.DropNoBuffer)
-	if outcomes != c.Received[cm.MsgREQ] || c.Received[cm.MsgREQ]+lost != total+legitREQs {
-		t.Errorf("REQs: %d sent (%d flood + %d peer), %d counted lost before the CM, %d received, %d under an outcome",
-			total+legitREQs, total, legitREQs, lost, c.Received[cm.MsgREQ], outcomes)
+	var peerMADs, received uint64
+	for _, n := range ps.CM.Sent {
+		peerMADs += n
+	}
+	for _, n := range c.Received {
+		received += n
+	}
+	if received+lost != total+peerMADs {
+		t.Errorf("MADs: %d sent (%d flood REQs + %d from the peer), %d counted lost before the CM, %d received",
+			total+peerMADs, total, peerMADs, lost, received)
+	}
+	if outcomes != c.Received[cm.MsgREQ] || c.Received[cm.MsgREQ] > total+legitREQs {
+		t.Errorf("REQs: %d sent (%d flood + %d peer), %d received, %d under an outcome",
+			total+legitREQs, total, legitREQs, c.Received[cm.MsgREQ], outcomes)
 	}
 	if rxExplained != c.REQs[cm.REQToListener] {
 		t.Errorf("%d REQs handed to the engine, %d accepted or rejected with a counted reason", c.REQs[cm.REQToListener], rxExplained)
@@ -386,9 +398,9 @@ func TestUpREQFlood(t *testing.T) {
 		t.Errorf("%d REPs for %d REQs", c.Sent[cm.MsgREP], c.Received[cm.MsgREQ])
 	}
 	// Memory bounded whatever the REQ count.
-	if peak.heapInuse > before.heapInuse+floodHeapGrowth || !raceEnabled && peak.rss > floodRSSCeiling {
-		t.Errorf("memory: heap %d -> %d MiB (bound +%d), RSS peak %d MiB (bound %d)",
-			before.heapInuse/mib, peak.heapInuse/mib, floodHeapGrowth/mib, peak.rss/mib, floodRSSCeiling/mib)
+	if peak.heapInuse > before.heapInuse+floodHeapGrowth || !raceEnabled && peak.rss > before.rss+floodRSSGrowth {
+		t.Errorf("memory: heap %d -> %d MiB (bound +%d), RSS %d -> %d MiB (bound +%d)",
+			before.heapInuse/mib, peak.heapInuse/mib, floodHeapGrowth/mib, before.rss/mib, peak.rss/mib, floodRSSGrowth/mib)
 	}
 	if n := len(victim.dev.Members()); n > floodSources+2 {
 		t.Errorf("broadcast group of %d members", n)

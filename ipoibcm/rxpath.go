@@ -8,8 +8,16 @@ import (
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 )
 
-// rxScratch is the RX poller's reusable state for one Handle call.
-type rxScratch struct {
+// rxPath is the flow HCA → host: the RX poller's Handle takes receive
+// completions of the UD QP, of passive connections (SRQ or their own
+// rings) and the drain WR, turns IPoIB messages into Ethernet frames in
+// place (or translated, for ARP and ND) and writes them to the host in one
+// batch per Handle call. It hands connection events to the control loop
+// and never calls back into the TX side. Its fields are the poller's
+// reusable state.
+type rxPath struct {
+	i *Interface
+
 	frames     [][]byte
 	udRepost   []hca.RecvWR
 	srqRepost  []hca.RecvWR
@@ -33,7 +41,7 @@ type connRepost struct {
 
 const transBufSize = 2048
 
-func (r *rxScratch) init(batch int) {
+func (r *rxPath) init(batch int) {
 	r.frames = make([][]byte, 0, batch)
 	r.udRepost = make([]hca.RecvWR, 0, batch)
 	r.srqRepost = make([]hca.RecvWR, 0, batch)
@@ -44,14 +52,14 @@ func (r *rxScratch) init(batch int) {
 	}
 }
 
-func (r *rxScratch) clock() time.Time {
+func (r *rxPath) clock() time.Time {
 	if !r.haveNow {
 		r.now, r.haveNow = time.Now(), true
 	}
 	return r.now
 }
 
-func (r *rxScratch) transBuf() []byte {
+func (r *rxPath) transBuf() []byte {
 	if r.nTrans == len(r.trans) {
 		return nil
 	}
@@ -60,7 +68,8 @@ func (r *rxScratch) transBuf() []byte {
 }
 
 // lock takes Interface.mu once per Handle call, on first need.
-func (i *Interface) rxLock(r *rxScratch) {
+func (r *rxPath) lock() {
+	i := r.i
 	if !r.locked {
 		i.mu.Lock()
 		r.locked = true
@@ -69,8 +78,8 @@ func (i *Interface) rxLock(r *rxScratch) {
 
 // handleRX is the RX poller's Handle: UD receives, passive-connection
 // receives (SRQ or own ring) and the drain completion.
-func (i *Interface) handleRX(wcs []hca.WC) {
-	r := &i.rx
+func (r *rxPath) handleRX(wcs []hca.WC) {
+	i := r.i
 	for k := range wcs {
 		wc := &wcs[k]
 		if wc.ID == wrDrain {
@@ -80,24 +89,25 @@ func (i *Interface) handleRX(wcs []hca.WC) {
 		}
 		switch wrKind(wc.ID) {
 		case wrKindUDRecv:
-			i.rxUD(r, wc)
+			r.rxUD(wc)
 		case wrKindSRQRecv:
-			i.rxSRQ(r, wc)
+			r.rxSRQ(wc)
 		case wrKindConnRecv:
-			i.rxConnRing(r, wc)
+			r.rxConnRing(wc)
 		}
 	}
-	i.flushRX(r)
+	r.flushRX()
 }
 
 // flushRX hands the batch to the host, then gives the buffers back.
-func (i *Interface) flushRX(r *rxScratch) {
+func (r *rxPath) flushRX() {
+	i := r.i
 	if r.locked {
 		i.mu.Unlock()
 		r.locked = false
 	}
 	if len(r.frames) > 0 {
-		i.writeHost(r.frames)
+		i.hostOut.write(r.frames)
 		clear(r.frames)
 		r.frames = r.frames[:0]
 	}
@@ -117,7 +127,7 @@ func (i *Interface) flushRX(r *rxScratch) {
 		wr := [1]hca.RecvWR{c.rc.recvWR(c.idx)}
 		if n, err := c.rc.qp.PostRecv(wr[:]); err != nil || n != 1 {
 			// The receive is gone for good: count it as flushed.
-			i.ringReceiveGone(c.rc)
+			r.ringReceiveGone(c.rc)
 		}
 	}
 	clear(r.connRepost)
@@ -126,7 +136,8 @@ func (i *Interface) flushRX(r *rxScratch) {
 	r.haveNow = false
 }
 
-func (i *Interface) rxUD(r *rxScratch, wc *hca.WC) {
+func (r *rxPath) rxUD(wc *hca.WC) {
+	i := r.i
 	idx := wrIndex(wc.ID)
 	if idx >= len(i.ud.bufs) {
 		return
@@ -153,9 +164,9 @@ func (i *Interface) rxUD(r *rxScratch, wc *hca.WC) {
 		i.ctr.drop(dropRxTruncatedHeader)
 		return
 	}
-	i.rxLock(r)
+	r.lock()
 	if et == frame.EtherTypeARP {
-		i.rxARPLocked(r, msg[frame.EncapLen:])
+		r.rxARPLocked(msg[frame.EncapLen:])
 		return
 	}
 	if et != frame.EtherTypeIPv4 && et != frame.EtherTypeIPv6 {
@@ -174,10 +185,11 @@ func (i *Interface) rxUD(r *rxScratch, wc *hca.WC) {
 		i.ctr.drop(dropRxBadIP)
 		return
 	}
-	i.deliverIP(r, b, wc.ByteLen, et, n.mac, src, true)
+	r.deliverIP(b, wc.ByteLen, et, n.mac, src, true)
 }
 
-func (i *Interface) rxSRQ(r *rxScratch, wc *hca.WC) {
+func (r *rxPath) rxSRQ(wc *hca.WC) {
+	i := r.i
 	idx := wrIndex(wc.ID)
 	if i.srq == nil || idx >= len(i.srq.bufs) {
 		return
@@ -189,7 +201,7 @@ func (i *Interface) rxSRQ(r *rxScratch, wc *hca.WC) {
 		return
 	}
 	if rc.dead.Load() {
-		i.deadCompletion(wc)
+		r.deadCompletion(wc)
 		return
 	}
 	if wc.Status != hca.StatusSuccess {
@@ -198,10 +210,11 @@ func (i *Interface) rxSRQ(r *rxScratch, wc *hca.WC) {
 		}
 		return
 	}
-	i.rxConnPacket(r, rc, i.srq.bufs[idx], idx, wc.ByteLen)
+	r.rxConnPacket(rc, i.srq.bufs[idx], idx, wc.ByteLen)
 }
 
-func (i *Interface) rxConnRing(r *rxScratch, wc *hca.WC) {
+func (r *rxPath) rxConnRing(wc *hca.WC) {
+	i := r.i
 	rc, _ := wc.Context.(*rxConn)
 	idx := wrIndex(wc.ID)
 	if rc == nil || idx >= len(rc.ring) {
@@ -210,13 +223,13 @@ func (i *Interface) rxConnRing(r *rxScratch, wc *hca.WC) {
 	}
 	if rc.dead.Load() || wc.Status == hca.StatusWRFlushErr {
 		if rc.dead.Load() {
-			i.deadCompletion(wc)
+			r.deadCompletion(wc)
 		}
 		if !rc.dead.Load() {
 			// Flushed while live: the QP errored under us; tear down.
-			i.ctl.post(func() { i.teardownRX(rc, "flushed") })
+			i.postRX(rc, rxEvFlushedLive)
 		}
-		i.ringReceiveGone(rc)
+		r.ringReceiveGone(rc)
 		return
 	}
 	r.connRepost = append(r.connRepost, connRepost{rc: rc, idx: idx})
@@ -224,18 +237,19 @@ func (i *Interface) rxConnRing(r *rxScratch, wc *hca.WC) {
 		i.ctr.drop(dropRxError)
 		return
 	}
-	i.rxConnPacket(r, rc, rc.ring[idx], idx, wc.ByteLen)
+	r.rxConnPacket(rc, rc.ring[idx], idx, wc.ByteLen)
 }
 
 // ringReceiveGone counts down a non-SRQ connection's posted receives; at
 // zero nothing of it can be in the CQ any more and it is reaped.
-func (i *Interface) ringReceiveGone(rc *rxConn) {
+func (r *rxPath) ringReceiveGone(rc *rxConn) {
 	if rc.recvCount.Add(-1) == 0 && rc.reapPosted.CompareAndSwap(false, true) {
-		i.ctl.post(func() { i.onRingFlushed(rc) })
+		r.i.postRX(rc, rxEvRingFlushed)
 	}
 }
 
-func (i *Interface) deadCompletion(wc *hca.WC) {
+func (r *rxPath) deadCompletion(wc *hca.WC) {
+	i := r.i
 	i.ctr.rxDeadDropped.Add(1)
 	if h := i.hooks.deadCompletion; h != nil {
 		h(wc)
@@ -243,7 +257,8 @@ func (i *Interface) deadCompletion(wc *hca.WC) {
 }
 
 // rxConnPacket delivers one message received on a passive connection.
-func (i *Interface) rxConnPacket(r *rxScratch, rc *rxConn, b []byte, idx, byteLen int) {
+func (r *rxPath) rxConnPacket(rc *rxConn, b []byte, idx, byteLen int) {
+	i := r.i
 	if !rc.established.Load() && rc.established.CompareAndSwap(false, true) {
 		// First receive before the RTU: tell the CM (IBTA COMM_EST), from
 		// the control loop, never holding the poll lock into the CM.
@@ -273,14 +288,15 @@ func (i *Interface) rxConnPacket(r *rxScratch, rc *rxConn, b []byte, idx, byteLe
 	}
 	rc.packets.Add(1)
 	rc.byts.Add(uint64(byteLen))
-	i.deliverIP(r, b, byteLen, et, rc.mac, rc.peer, false)
+	r.deliverIP(b, byteLen, et, rc.mac, rc.peer, false)
 }
 
 // deliverIP turns the IPoIB message at b[headroom:headroom+byteLen] into
 // an Ethernet frame for the host: in place (the Ethernet header is written
 // over the headroom and the IPoIB header), or, for neighbour discovery,
 // translated into a scratch buffer.
-func (i *Interface) deliverIP(r *rxScratch, b []byte, byteLen int, et uint16, srcMAC frame.MAC, peer frame.HWAddr, ud bool) {
+func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, peer frame.HWAddr, ud bool) {
+	i := r.i
 	pkt := b[frame.EthHdrLen : headroom+byteLen]
 	dst := i.hostMACNow()
 	switch et {
@@ -299,7 +315,7 @@ func (i *Interface) deliverIP(r *rxScratch, b []byte, byteLen int, et uint16, sr
 			return
 		}
 		if frame.IsND(pkt) {
-			i.deliverND(r, pkt, byteLen, srcMAC, peer)
+			r.deliverND(pkt, byteLen, srcMAC, peer)
 			return
 		}
 	}
@@ -320,13 +336,14 @@ func (i *Interface) deliverIP(r *rxScratch, b []byte, byteLen int, et uint16, sr
 
 // deliverND rewrites IPoIB link-layer options to the neighbours' MACs,
 // learning the hardware addresses they carry.
-func (i *Interface) deliverND(r *rxScratch, pkt []byte, byteLen int, srcMAC frame.MAC, peer frame.HWAddr) {
+func (r *rxPath) deliverND(pkt []byte, byteLen int, srcMAC frame.MAC, peer frame.HWAddr) {
+	i := r.i
 	out := r.transBuf()
 	if out == nil {
 		i.ctr.drop(dropRxBadND)
 		return
 	}
-	i.rxLock(r)
+	r.lock()
 	if r.macOf == nil {
 		r.macOf = func(hw frame.HWAddr) (frame.MAC, bool) {
 			if hw.GID() == i.hw.GID() {
@@ -370,7 +387,8 @@ func (i *Interface) deliverND(r *rxScratch, pkt []byte, byteLen int, srcMAC fram
 // rxARPLocked answers nothing itself: it learns the sender and hands the
 // host an Ethernet ARP with the sender's MAC (and the host's own MAC when
 // the target is us).
-func (i *Interface) rxARPLocked(r *rxScratch, body []byte) {
+func (r *rxPath) rxARPLocked(body []byte) {
+	i := r.i
 	a, err := frame.ParseIPoIBARP(body)
 	if err != nil {
 		i.ctr.drop(dropRxBadARP)

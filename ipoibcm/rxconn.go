@@ -11,32 +11,13 @@ import (
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 )
 
-// rxState is the life of a passive (receive-only) connection, Linux's
-// passive_ids / rx_error / rx_flush / rx_drain / rx_reap lists as states
-// (kernel-ipoib.md §4.1).
-//
-//go:generate go tool stringer -type=rxState -linecomment
-type rxState int
-
-const (
-	// rxLive: receiving; on the LRU
-	rxLive rxState = iota // live
-	// rxError: dead, QP in Error, waiting for LAST_WQE (or the flushed ring)
-	rxError // error
-	// rxFlush: LAST_WQE seen, waiting for a drain WR
-	rxFlush // flush
-	// rxDrain: covered by the outstanding drain WR
-	rxDrain // drain
-	// rxReap: drained: the control loop destroys it
-	rxReap // reap
-	// rxDestroyed: QP and CM id gone
-	rxDestroyed // destroyed
-)
-
-// rxConn is a passive RC connection (Linux ipoib_cm_rx). The RX poller
-// reads dead, stamp and the counters without a lock; everything else is
-// owned by the control loop (state also readable under Interface.mu).
+// rxConn is a passive RC connection (Linux ipoib_cm_rx): accepted on the
+// CM goroutine, received on by the RX poller, and taken through its state
+// machine (rxteardown.go) on the control loop. The RX poller reads dead,
+// stamp and the counters without a lock; state is changed only by
+// rxTransition (readable under Interface.mu).
 type rxConn struct {
+	i       *Interface
 	qp      hca.QP
 	cmConn  *cm.Conn
 	peer    frame.HWAddr
@@ -84,7 +65,7 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		peerQPN = 0
 	}
 	now := time.Now()
-	rc := &rxConn{peer: frame.NewHWAddr(frame.FlagRC, peerQPN, req.RemoteGID), created: now, cmConn: req.Conn}
+	rc := &rxConn{i: i, peer: frame.NewHWAddr(frame.FlagRC, peerQPN, req.RemoteGID), created: now, cmConn: req.Conn}
 	rc.stamp.Store(now.UnixNano())
 
 	i.mu.Lock()
@@ -125,7 +106,7 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		RecvCQ:    i.rxCQ,
 		MaxSendWR: 2,
 		Context:   rc,
-		OnEvent:   func(ev hca.AsyncEvent) { i.onRXQPEvent(rc, ev) },
+		OnEvent:   rc.onQPEvent,
 	}
 	if i.srq != nil {
 		cfg.SRQ = i.srq.srq
@@ -167,7 +148,7 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		StartingPSN: psn,
 		PrivateData: cmPrivateData(i.ud.qp.QPN()),
 		SRQ:         i.srq != nil,
-		Handler:     func(ev cm.Event) { i.onRXEvent(rc, ev) },
+		Handler:     rc.onCMEvent,
 	}
 }
 
@@ -209,25 +190,26 @@ func (i *Interface) initRXQP(rc *rxConn) error {
 	return nil
 }
 
-// onRXEvent runs on the CM goroutine: hand everything to the control loop.
-func (i *Interface) onRXEvent(rc *rxConn, ev cm.Event) {
-	i.log.Debug("CM RX event", "event", ev.Type, "peer", rc.peer, "reject", ev.RejectReason, "err", ev.Err)
+// onCMEvent runs on the CM goroutine: everything but the RTU becomes an
+// event of the connection's state machine, on the control loop.
+func (rc *rxConn) onCMEvent(ev cm.Event) {
+	rc.i.log.Debug("CM RX event", "event", ev.Type, "peer", rc.peer, "reject", ev.RejectReason, "err", ev.Err)
 	switch ev.Type {
 	case cm.EventEstablished:
 		rc.established.Store(true)
 	case cm.EventDisconnectRequested, cm.EventRejected, cm.EventStale, cm.EventTimedOut:
-		// DREQ and REJ take the teardown path (kernel-ipoib.md §3.5).
-		i.ctl.post(func() { i.teardownRX(rc, "cm "+ev.Type.String()) })
+		// DREQ and REJ take the teardown path (docs/linux.md §3.5).
+		rc.i.postRX(rc, rxEvDisconnected)
 	}
 }
 
-// onRXQPEvent runs on a backend goroutine, outside its locks.
-func (i *Interface) onRXQPEvent(rc *rxConn, ev hca.AsyncEvent) {
+// onQPEvent runs on a backend goroutine, outside its locks.
+func (rc *rxConn) onQPEvent(ev hca.AsyncEvent) {
 	switch ev.Type {
 	case hca.EventQPLastWQEReached:
-		i.rs.lastWQESeen.Add(1)
-		i.ctl.post(func() { i.onLastWQE(rc) })
+		rc.i.rs.lastWQESeen.Add(1)
+		rc.i.postRX(rc, rxEvLastWQE)
 	case hca.EventQPFatal:
-		i.ctl.post(func() { i.teardownRX(rc, "qp fatal") })
+		rc.i.postRX(rc, rxEvQPFatal)
 	}
 }

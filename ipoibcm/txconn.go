@@ -2,7 +2,6 @@ package ipoibcm
 
 import (
 	"encoding/binary"
-	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -10,30 +9,6 @@ import (
 	"github.com/ipoibcm/ipoib/hca/cm"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 )
-
-// Service IDs (wire-formats.md §2): Linux/OFED's IETF base, which we
-// connect to, and the RFC 4755 form illumos uses, which we also accept.
-const (
-	serviceIDIETF uint64 = 0x1000000000000000
-	serviceIDRFC  uint64 = 0x0100000000000000
-)
-
-// cmPrivateData is struct ipoib_cm_data: {UD QPN, receive MTU}, big-endian.
-func cmPrivateData(qpn hca.QPN) []byte {
-	b := make([]byte, 8)
-	binary.BigEndian.PutUint32(b[0:4], uint32(qpn&hca.QPNMask))
-	binary.BigEndian.PutUint32(b[4:8], frame.CMBufSize)
-	return b
-}
-
-// parseCMPrivateData reads {UD QPN, MTU}; the QPN's high byte is ignored
-// on receive (RFC 4755 §6).
-func parseCMPrivateData(b []byte) (hca.QPN, int, error) {
-	if len(b) < 8 {
-		return 0, 0, fmt.Errorf("CM private data of %d bytes: %w", len(b), hca.ErrInvalidArgument)
-	}
-	return hca.QPN(binary.BigEndian.Uint32(b[0:4])) & hca.QPNMask, int(binary.BigEndian.Uint32(b[4:8])), nil
-}
 
 // txState is the life of an active (send-only) connection.
 //
@@ -46,12 +21,17 @@ const (
 	// txUp: REP applied (OPER_UP); frames go out
 	txUp // up
 	// txClosing: QP in Error, waiting for its sends to flush
-	txClosing   // closing
+	txClosing // closing
+	// txDestroyed: QP gone, out of Interface.txConns
 	txDestroyed // destroyed
 )
 
-// txConn is an active RC connection to one neighbour (Linux ipoib_cm_tx).
+// txConn is an active RC connection to one neighbour (Linux ipoib_cm_tx):
+// set up from the control loop, made usable by the REP on the CM
+// goroutine, sent on by the host reader, torn down from the control loop
+// once its sends flushed.
 type txConn struct {
+	i      *Interface
 	neigh  *neighbour
 	peer   frame.HWAddr
 	qp     hca.QP
@@ -71,20 +51,21 @@ type txConn struct {
 // startTXLocked creates the TX connection of n and hands the REQ to the
 // control loop. The frame that triggered it is parked by the caller.
 func (i *Interface) startTXLocked(n *neighbour, now time.Time) *txConn {
-	tc := &txConn{neigh: n, peer: n.hw, state: txConnecting, created: now}
+	tc := &txConn{i: i, neigh: n, peer: n.hw, state: txConnecting, created: now}
 	n.tx = tc
 	i.txConns[tc] = struct{}{}
-	i.ctl.post(func() { i.connectTX(tc) })
+	i.ctl.post(tc.connect)
 	return tc
 }
 
-// connectTX creates the RC QP and sends the REQ (control loop).
-func (i *Interface) connectTX(tc *txConn) {
+// connect creates the RC QP and sends the REQ (control loop).
+func (tc *txConn) connect() {
+	i := tc.i
 	i.mu.Lock()
 	live := tc.state == txConnecting && ifState(i.state.Load()) == ifRunning
 	i.mu.Unlock()
 	if !live {
-		i.teardownTX(tc)
+		tc.teardown()
 		return
 	}
 	qp, err := i.dev.CreateQP(hca.QPConfig{
@@ -98,13 +79,13 @@ func (i *Interface) connectTX(tc *txConn) {
 	})
 	if err != nil {
 		i.log.Warn("create TX QP", "peer", tc.peer, "err", err)
-		i.failTX(tc, false)
+		tc.fail(false)
 		return
 	}
 	if err := qp.Modify(hca.QPAttr{State: hca.QPStateInit, PKeyIndex: 0}); err != nil {
 		qp.Destroy()
 		i.log.Warn("TX QP to Init", "peer", tc.peer, "err", err)
-		i.failTX(tc, false)
+		tc.fail(false)
 		return
 	}
 	// Under mu: Stats reads qp and cmConn (the soak's race run caught it).
@@ -123,10 +104,10 @@ func (i *Interface) connectTX(tc *txConn) {
 		// ipoib_cm_send_req: "arbitrary defaults".
 		ResponderResources: 4,
 		SRQ:                i.srq != nil,
-	}, func(ev cm.Event) { i.onTXEvent(tc, ev) })
+	}, tc.onCMEvent)
 	if err != nil {
 		i.log.Warn("CM connect", "peer", tc.peer, "err", err)
-		i.failTX(tc, true)
+		tc.fail(true)
 		return
 	}
 	i.mu.Lock()
@@ -135,19 +116,20 @@ func (i *Interface) connectTX(tc *txConn) {
 	i.rs.txConnects.Add(1)
 }
 
-// onTXEvent runs on the CM goroutine. Only the REP is handled here (it
+// onCMEvent runs on the CM goroutine. Only the REP is handled here (it
 // must be synchronous: the parked frames leave before the RTU, the 2018
 // start_xmit/REP race); everything else goes to the control loop.
-func (i *Interface) onTXEvent(tc *txConn, ev cm.Event) {
+func (tc *txConn) onCMEvent(ev cm.Event) {
+	i := tc.i
 	i.log.Debug("CM TX event", "event", ev.Type, "peer", tc.peer, "reject", ev.RejectReason, "err", ev.Err)
 	switch ev.Type {
 	case cm.EventREPReceived:
 		if h := i.hooks.repReceived; h != nil {
 			h(tc)
 		}
-		if !i.applyREP(tc, ev.PrivateData) {
+		if !tc.applyREP(ev.PrivateData) {
 			ev.Conn.Reject(cm.RejectConsumerDefined)
-			i.ctl.post(func() { i.failTX(tc, true) })
+			i.ctl.post(func() { tc.fail(true) })
 		}
 	case cm.EventEstablished:
 		i.rs.txEstablished.Add(1)
@@ -160,24 +142,25 @@ func (i *Interface) onTXEvent(tc *txConn, ev cm.Event) {
 		stale := ev.Type == cm.EventRejected && ev.RejectReason == cm.RejectStaleConn
 		gone := ev.Type == cm.EventRejected && ev.RejectReason == cm.RejectInvalidServiceID
 		if ev.Type == cm.EventRejected && ev.RejectReason == cm.RejectInvalidMTU {
-			i.ctl.post(func() { i.failTX(tc, !i.lowerPathMTU(tc)) })
+			i.ctl.post(func() { tc.fail(!i.lowerPathMTU(tc)) })
 			return
 		}
 		i.ctl.post(func() {
-			i.failTX(tc, !stale && !gone)
+			tc.fail(!stale && !gone)
 			if gone || ev.Type == cm.EventTimedOut {
 				i.reresolve(tc.neigh)
 			}
 		})
 	case cm.EventDisconnectRequested, cm.EventDisconnected, cm.EventStale, cm.EventTimeWaitExit:
-		i.ctl.post(func() { i.teardownTX(tc) })
+		i.ctl.post(tc.teardown)
 	}
 }
 
 // applyREP takes the peer's MTU from the REP private data, marks the
 // connection up and posts the parked frames, all under Interface.mu so the
 // host reader cannot park a frame behind them.
-func (i *Interface) applyREP(tc *txConn, pd []byte) bool {
+func (tc *txConn) applyREP(pd []byte) bool {
+	i := tc.i
 	_, mtu, err := parseCMPrivateData(pd)
 	if err != nil || mtu <= frame.EncapLen {
 		i.log.Warn("REP private data", "peer", tc.peer, "mtu", mtu, "err", err)
@@ -199,39 +182,45 @@ func (i *Interface) applyREP(tc *txConn, pd []byte) bool {
 	if h := i.hooks.repApplying; h != nil {
 		h(tc)
 	}
-	var wr [1]hca.SendWR
+	tx := &i.tx
+	p := poster{tx: tx}
 	pathMTU := min(tc.mtu-frame.EncapLen, i.MTU())
 	for k := range n.nParked {
-		p := n.parked[k]
-		b := i.pool.bufs[p.buf]
+		pf := n.parked[k]
+		b := tx.pool.bufs[pf.buf]
 		et := binary.BigEndian.Uint16(b[12:14])
-		switch {
-		case p.n-frame.EthHdrLen > pathMTU:
+		if pf.n-frame.EthHdrLen > pathMTU {
 			// The peer's MTU turned out smaller than the packet: PMTU
 			// feedback as on the steady-state path, never a silent drop.
 			// Rare (only at connection set-up), so the reply buffer is
 			// allocated here rather than kept.
-			if reply := i.answerTooBig(make([]byte, replyBufSize), n, b[frame.EthHdrLen:p.n], pathMTU); reply != nil {
+			if reply := i.answerTooBig(make([]byte, replyBufSize), n, b[frame.EthHdrLen:pf.n], pathMTU); reply != nil {
 				replies = append(replies, reply)
 			}
-		case i.postConnLocked(&wr, tc, p.buf, p.n, et):
-			continue // its parked credit is now the send's
+			tx.pool.put1(pf.buf)
+			tx.returnCredits(1)
+			continue
 		}
-		// Dropped; postConnLocked counted a failed post itself.
-		i.pool.put1(p.buf)
-		i.returnCredits(1)
+		tx.handOverParked()
+		if !p.post(sendDest{tc: tc}, pf.buf, pf.n, et) {
+			// Counted by post; the parked credit is already given up.
+			tx.pool.put1(pf.buf)
+			tx.wakeIfResumed(tx.outstanding.Load())
+		}
 	}
-	i.unparkLocked(n)
+	n.unpark(tx)
 	i.mu.Unlock()
 	if len(replies) > 0 {
-		i.writeHost(replies)
+		i.hostOut.write(replies)
 	}
 	return true
 }
 
-// failTX ends a connection that could not be set up; backoff sends the
-// neighbour over UD for CMBackoff (a peer advertising 'C' that refuses).
-func (i *Interface) failTX(tc *txConn, backoff bool) {
+// fail ends a connection that could not be set up (control loop); backoff
+// sends the neighbour over UD for CMBackoff (a peer advertising 'C' that
+// refuses).
+func (tc *txConn) fail(backoff bool) {
+	i := tc.i
 	if backoff {
 		i.mu.Lock()
 		if tc.neigh.tx == tc || tc.neigh.tx == nil {
@@ -240,29 +229,31 @@ func (i *Interface) failTX(tc *txConn, backoff bool) {
 		i.mu.Unlock()
 		i.rs.txConnectFailures.Add(1)
 	}
-	i.teardownTX(tc)
+	tc.teardown()
 }
 
-// txConnFailed is called from the data path (send error): teardown once.
-func (i *Interface) txConnFailed(tc *txConn) {
+// sendFailed is the data path's report of a send the connection refused
+// or completed in error: teardown, once.
+func (tc *txConn) sendFailed() {
 	if tc.failed.CompareAndSwap(false, true) {
-		i.ctl.post(func() { i.teardownTX(tc) })
+		tc.i.ctl.post(tc.teardown)
 	}
 }
 
-// detachTXLocked unhooks tc from its neighbour so the next frame starts a
+// detachLocked unhooks tc from its neighbour so the next frame starts a
 // new connection, dropping frames parked for it.
-func (i *Interface) detachTXLocked(tc *txConn, reason dropReason) {
+func (tc *txConn) detachLocked(reason dropReason) {
 	if tc.neigh.tx == tc {
 		tc.neigh.tx = nil
-		i.dropParkedLocked(tc.neigh, reason)
+		tc.neigh.dropParked(&tc.i.tx, reason)
 	}
 }
 
-// teardownTX moves tc's QP to Error so its posted sends flush, destroys
-// the CM id (DREQ when established), and destroys the QP once every send
+// teardown moves tc's QP to Error so its posted sends flush, destroys the
+// CM id (DREQ when established), and destroys the QP once every send
 // completed (control loop). Idempotent.
-func (i *Interface) teardownTX(tc *txConn) {
+func (tc *txConn) teardown() {
+	i := tc.i
 	i.mu.Lock()
 	if tc.state == txClosing || tc.state == txDestroyed {
 		i.mu.Unlock()
@@ -270,7 +261,7 @@ func (i *Interface) teardownTX(tc *txConn) {
 	}
 	tc.state = txClosing
 	tc.closing.Store(true)
-	i.detachTXLocked(tc, dropTxNeighFlushed)
+	tc.detachLocked(dropTxNeighFlushed)
 	i.mu.Unlock()
 	i.rs.txTeardowns.Add(1)
 	if tc.cmConn != nil {
@@ -282,12 +273,13 @@ func (i *Interface) teardownTX(tc *txConn) {
 		}
 	}
 	if tc.outstanding.Load() == 0 {
-		i.destroyTX(tc)
+		tc.destroy()
 	}
 }
 
-// destroyTX destroys tc's QP exactly once (control loop).
-func (i *Interface) destroyTX(tc *txConn) {
+// destroy destroys tc's QP exactly once (control loop).
+func (tc *txConn) destroy() {
+	i := tc.i
 	if !tc.destroyClaim.CompareAndSwap(false, true) {
 		return
 	}
@@ -306,10 +298,10 @@ func (i *Interface) destroyTX(tc *txConn) {
 	}
 }
 
-// txSendDone accounts one completed send of tc; it reports whether the
-// send still held a global credit (false after a forced destroy returned
-// them all).
-func (i *Interface) txSendDone(tc *txConn) bool {
+// sendDone accounts one completed send of tc (TX poller); it reports
+// whether the send still held a global credit (false after a forced
+// destroy returned them all).
+func (tc *txConn) sendDone() bool {
 	for {
 		v := tc.outstanding.Load()
 		if v <= 0 {
@@ -317,7 +309,7 @@ func (i *Interface) txSendDone(tc *txConn) bool {
 		}
 		if tc.outstanding.CompareAndSwap(v, v-1) {
 			if v == 1 && tc.closing.Load() {
-				i.ctl.post(func() { i.destroyTX(tc) })
+				tc.i.ctl.post(tc.destroy)
 			}
 			return true
 		}

@@ -84,7 +84,7 @@ func TestPollHandlersNeverSyncOrStop(t *testing.T) {
 
 // collectCalls records the names body calls, skipping closures handed to
 // the control loop (post), and reports calls of Sync or Stop on a napi
-// context (a selector ending in NAPI).
+// context (a selector ending in napi or NAPI).
 func collectCalls(body ast.Node, into map[string]bool, sync func()) {
 	ast.Inspect(body, func(n ast.Node) bool {
 		call, ok := n.(*ast.CallExpr)
@@ -100,11 +100,56 @@ func collectCalls(body ast.Node, into map[string]bool, sync func()) {
 				return false // its argument runs on the control loop
 			}
 			if fn.Sel.Name == "Sync" || fn.Sel.Name == "Stop" {
-				if recv, ok := fn.X.(*ast.SelectorExpr); ok && strings.HasSuffix(recv.Sel.Name, "NAPI") {
+				if recv, ok := fn.X.(*ast.SelectorExpr); ok && strings.HasSuffix(strings.ToLower(recv.Sel.Name), "napi") {
 					sync()
 				}
 			}
 		}
 		return true
 	})
+}
+
+// TestRXStateChangesOnlyInTheStateMachine: a passive connection's state is
+// assigned only in rxteardown.go (rxTransition and the destroy it runs),
+// so the teardown route can be read in one file.
+func TestRXStateChangesOnlyInTheStateMachine(t *testing.T) {
+	fset := token.NewFileSet()
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		af, err := parser.ParseFile(fset, f, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(af, func(n ast.Node) bool {
+			as, ok := n.(*ast.AssignStmt)
+			if !ok {
+				return true
+			}
+			for k, lhs := range as.Lhs {
+				sel, ok := lhs.(*ast.SelectorExpr)
+				if !ok || sel.Sel.Name != "state" || k >= len(as.Rhs) {
+					continue
+				}
+				rhs, ok := as.Rhs[k].(*ast.Ident)
+				if !ok || !strings.HasPrefix(rhs.Name, "rx") {
+					continue
+				}
+				found++
+				if f != "rxteardown.go" {
+					t.Errorf("%s: passive connection state set to %s outside rxteardown.go", fset.Position(as.Pos()), rhs.Name)
+				}
+			}
+			return true
+		})
+	}
+	if found == 0 {
+		t.Fatal("no rxConn state assignment found at all: the check has gone blind")
+	}
 }

@@ -1,0 +1,266 @@
+package ipoibcm
+
+import (
+	"time"
+
+	"github.com/ipoibcm/ipoib/hca"
+)
+
+// This file is the passive-connection state machine: how a connection the
+// peer opened is torn down while its completions may still be in flight
+// (docs/teardown.md; Linux ipoib_cm_rx_event_handler, ipoib_cm_start_rx_drain,
+// ipoib_cm_rx_reap). Every change of rxConn.state goes through
+// rxTransition, on the control loop; other goroutines post events to it
+// with postRX. The route of a stale connection, top to bottom:
+//
+//	rxLive  --rxEvStale (scan) / rxEvDisconnected / rxEvQPFatal / rxEvShutdown-->
+//	        mark dead under the RX poll lock, QP to Error
+//	rxError --rxEvLastWQE (the SRQ's last WQE of the QP is consumed)-->
+//	        join the flush list; startDrain posts one drain WR
+//	rxFlush --rxEvDrainPosted-->
+//	rxDrain --rxEvDrained (the RX poller polled the drain WR's flush
+//	        completion: nothing of the QP is left in the RX CQ)-->
+//	        destroy QP and CM id
+//	rxDestroyed
+//
+// Without SRQ the connection's own ring replaces LAST_WQE and the drain:
+// rxEvRingFlushed, when its last posted receive has completed, destroys it.
+// rxEvForce (Close's DrainTimeout ran out) destroys whatever is left.
+
+// rxState is the life of a passive (receive-only) connection: Linux's
+// passive_ids / rx_error / rx_flush / rx_drain lists as states
+// (docs/linux.md §4.1).
+//
+//go:generate go tool stringer -type=rxState -linecomment
+type rxState int
+
+const (
+	// rxLive: receiving; on the LRU
+	rxLive rxState = iota // live
+	// rxError: dead, QP in Error, waiting for LAST_WQE (or the flushed ring)
+	rxError // error
+	// rxFlush: LAST_WQE seen, waiting for a drain WR
+	rxFlush // flush
+	// rxDrain: covered by the outstanding drain WR
+	rxDrain // drain
+	// rxDestroyed: QP and CM id gone, out of Interface.rxConns
+	rxDestroyed // destroyed
+)
+
+// rxEvent is what happens to a passive connection.
+//
+//go:generate go tool stringer -type=rxEvent -linecomment
+type rxEvent int
+
+const (
+	// rxEvStale: the stale scan found it idle longer than StaleAfter.
+	rxEvStale rxEvent = iota // stale
+	// rxEvDisconnected: the CM reported DREQ, REJ, a stale connection or
+	// a time-out.
+	rxEvDisconnected // cm-disconnect
+	// rxEvQPFatal: the QP hit a fatal error.
+	rxEvQPFatal // qp-fatal
+	// rxEvFlushedLive: a receive of its own ring completed flushed while
+	// it was live: the QP errored under us.
+	rxEvFlushedLive // flushed-while-live
+	// rxEvReplaced: a new REQ from its GID found the per-GID limit full
+	// and takes its place (rxlimit.go).
+	rxEvReplaced // replaced
+	// rxEvShutdown: Close tears every connection down.
+	rxEvShutdown // shutdown
+	// rxEvLastWQE: LAST_WQE_REACHED: the QP's last SRQ WQE has its
+	// completion queued.
+	rxEvLastWQE // last-wqe
+	// rxEvDrainPosted: a drain WR covering it was posted.
+	rxEvDrainPosted // drain-posted
+	// rxEvDrained: the drain WR's completion was polled.
+	rxEvDrained // drained
+	// rxEvRingFlushed: without SRQ, its last posted receive completed.
+	rxEvRingFlushed // ring-flushed
+	// rxEvForce: Close's DrainTimeout ran out.
+	rxEvForce // force
+)
+
+// teardown reports whether ev asks for a live connection to go.
+func (ev rxEvent) teardown() bool { return ev <= rxEvShutdown }
+
+// reaper is the control loop's state of the passive teardown.
+type reaper struct {
+	flush []*rxConn // LAST_WQE seen, waiting for a drain
+	drain []*rxConn // covered by the outstanding drain WR
+
+	shuttingDown  bool
+	shutdownDone  chan struct{}
+	shutdownTimer *time.Timer
+}
+
+// postRX hands ev for rc to the control loop; it never blocks (CM
+// goroutine, backend event goroutines, the RX poller).
+func (i *Interface) postRX(rc *rxConn, ev rxEvent) {
+	i.ctl.post(func() { i.rxTransition(rc, ev) })
+}
+
+// rxTransition applies ev to rc (control loop): the one place rc.state
+// changes. Events that do not apply to the current state are ignored:
+// duplicates, and late ones for a connection already on its way out.
+func (i *Interface) rxTransition(rc *rxConn, ev rxEvent) {
+	i.mu.Lock()
+	from := rc.state
+	i.mu.Unlock()
+	if from == rxDestroyed {
+		return
+	}
+	switch {
+	case ev.teardown():
+		if from != rxLive {
+			return
+		}
+		i.markDead(rc)
+		i.setRXState(rc, rxError)
+		i.rs.movedToError.Add(1)
+		i.log.Debug("passive teardown", "peer", rc.peer, "qpn", rc.qp.QPN(), "why", ev)
+		if err := rc.qp.Modify(hca.QPAttr{State: hca.QPStateError}); err != nil {
+			i.log.Warn("RX QP to Error", "peer", rc.peer, "err", err)
+		}
+		if i.mut.SkipDrain || (i.srq == nil && rc.recvCount.Load() == 0) {
+			i.reapRX(rc)
+		}
+
+	case ev == rxEvLastWQE:
+		switch from {
+		case rxLive:
+			// The backend errored the QP by itself (or it raced the
+			// REP): dead first.
+			i.rs.lateLastWQE.Add(1)
+			i.markDead(rc)
+		case rxError:
+		default:
+			return // a duplicate
+		}
+		if i.mut.SkipDrain {
+			i.reapRX(rc)
+			return
+		}
+		i.setRXState(rc, rxFlush)
+		i.reaper.flush = append(i.reaper.flush, rc)
+		i.startDrain()
+
+	case ev == rxEvDrainPosted:
+		if from == rxFlush {
+			i.setRXState(rc, rxDrain)
+		}
+
+	case ev == rxEvDrained:
+		i.reapRX(rc)
+
+	case ev == rxEvRingFlushed:
+		if from == rxLive {
+			// The QP errored without us: dead before reaping.
+			i.markDead(rc)
+		}
+		i.reapRX(rc)
+
+	case ev == rxEvForce:
+		i.rxNAPI.Sync(func() { rc.dead.Store(true) })
+		i.rs.forcedAtStop.Add(1)
+		i.reapRX(rc)
+	}
+}
+
+func (i *Interface) setRXState(rc *rxConn, s rxState) {
+	i.mu.Lock()
+	rc.state = s
+	i.mu.Unlock()
+}
+
+// markDead sets rc's dead flag under the RX poll lock: no poll that began
+// before is still running, and every later one sees the flag, so no
+// completion of the connection reaches the host from now on.
+func (i *Interface) markDead(rc *rxConn) {
+	if i.mut.SkipDeadFlag {
+		return
+	}
+	i.rxNAPI.Sync(func() { rc.dead.Store(true) })
+}
+
+// startDrain posts the drain WR for every connection on the flush list,
+// unless one is already outstanding (the RX CQ has one spare slot). The WR
+// goes on one errored QP of the batch; its flush completion lands on the
+// RX CQ behind every earlier completion of every QP in the batch.
+func (i *Interface) startDrain() {
+	r := &i.reaper
+	if len(r.drain) > 0 || len(r.flush) == 0 {
+		return
+	}
+	wr := [1]hca.SendWR{{ID: wrDrain, Data: i.drainBuf[:0]}}
+	for _, rc := range r.flush {
+		if n, err := rc.qp.PostSend(wr[:]); err == nil && n == 1 {
+			i.rs.drainsPosted.Add(1)
+			r.drain, r.flush = r.flush, r.drain[:0]
+			for _, d := range r.drain {
+				i.rxTransition(d, rxEvDrainPosted)
+			}
+			return
+		}
+		i.rs.drainPostFailures.Add(1)
+	}
+	// No QP of the batch took the drain WR; Close's deadline forces them.
+	i.log.Warn("drain WR refused by every flushed QP", "count", len(r.flush))
+}
+
+// onDrainDone runs when the RX poller polled the drain completion: every
+// connection it covers has no completion left in the RX CQ.
+func (i *Interface) onDrainDone() {
+	r := &i.reaper
+	covered := r.drain
+	r.drain = nil
+	for _, rc := range covered {
+		i.rxTransition(rc, rxEvDrained)
+	}
+	i.startDrain()
+}
+
+// reapRX destroys the QP and the CM id (control loop, never the poller).
+func (i *Interface) reapRX(rc *rxConn) {
+	i.mu.Lock()
+	if rc.state == rxDestroyed {
+		i.mu.Unlock()
+		return
+	}
+	rc.state = rxDestroyed
+	delete(i.rxConns, rc)
+	i.releaseRXLocked(rc)
+	if i.srq == nil {
+		i.nonSRQ--
+	}
+	i.mu.Unlock()
+	if rc.cmConn != nil {
+		rc.cmConn.Destroy()
+	}
+	if err := rc.qp.Destroy(); err != nil {
+		i.log.Warn("destroy RX QP", "peer", rc.peer, "err", err)
+	}
+	i.rs.reaped.Add(1)
+	if h := i.hooks.rxReaped; h != nil {
+		h(rc)
+	}
+}
+
+// staleScan moves passive connections idle longer than StaleAfter to
+// teardown (Linux ipoib_cm_stale_task).
+func (i *Interface) staleScan(now time.Time) {
+	i.rs.staleScans.Add(1)
+	limit := now.Add(-i.cfg.StaleAfter).UnixNano()
+	var stale []*rxConn
+	i.mu.Lock()
+	for rc := range i.rxConns {
+		if rc.state == rxLive && rc.stamp.Load() < limit {
+			stale = append(stale, rc)
+		}
+	}
+	i.mu.Unlock()
+	for _, rc := range stale {
+		i.rs.staleReaped.Add(1)
+		i.rxTransition(rc, rxEvStale)
+	}
+}

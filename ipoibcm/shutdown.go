@@ -1,0 +1,175 @@
+package ipoibcm
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Shutdown: Close stops the host reader, then takes every connection
+// through its normal teardown on the control loop (beginShutdown), bounded
+// by DrainTimeout (forceShutdown), then stops the pollers and the control
+// loop and destroys every queue.
+
+// Close stops the interface: the host reader, then every connection
+// through the teardown protocol (bounded by DrainTimeout), then the
+// pollers, the control loop, the CM and every queue. The host port is
+// closed too. Close is idempotent.
+func (i *Interface) Close() error {
+	i.closeMu.Lock()
+	defer i.closeMu.Unlock()
+	st := ifState(i.state.Load())
+	switch st {
+	case ifClosed:
+		return i.closeErr
+	case ifCreated:
+		i.state.Store(int32(ifClosed))
+		i.destroyResources()
+		i.closeErr = i.host.Close()
+		return i.closeErr
+	}
+	i.state.Store(int32(ifClosing))
+	i.link.Store(false)
+	_ = i.host.SetLinkUp(false)
+	if i.listener != nil {
+		i.listener.Close()
+	}
+	// The reader ends when the port closes; it may be parked waiting for
+	// credits, which stop releases.
+	hostErr := i.host.Close()
+	close(i.stop)
+	i.readerWG.Wait()
+
+	done := make(chan struct{})
+	i.ctl.post(func() { i.beginShutdown(done) })
+	<-done
+
+	i.rxNAPI.Stop()
+	i.tx.napi.Stop()
+	i.ctl.stopLoop()
+	i.ctlWG.Wait()
+	i.destroyResources()
+	i.state.Store(int32(ifClosed))
+	if hostErr != nil && !errors.Is(hostErr, errAlreadyClosed) {
+		i.closeErr = fmt.Errorf("%s: close host port: %w", i.cfg.Name, hostErr)
+	}
+	i.log.Info("closed")
+	return i.closeErr
+}
+
+var errAlreadyClosed = errors.New("already closed")
+
+// destroyResources releases whatever New created, in dependency order.
+// Connections are gone by now (Close reaped or forced them).
+func (i *Interface) destroyResources() {
+	if i.cmm != nil {
+		i.cmm.Close()
+	}
+	if i.ud != nil {
+		i.ud.destroy()
+	}
+	if i.srq != nil {
+		i.srq.destroy()
+	}
+	for _, g := range i.mcast {
+		if g.ah != nil {
+			g.ah.Destroy()
+		}
+	}
+	for _, n := range i.neigh.byGID {
+		if n.ah != nil {
+			n.ah.Destroy()
+			n.ah = nil
+		}
+	}
+	if i.rxCQ != nil {
+		if err := i.rxCQ.Destroy(); err != nil {
+			i.log.Warn("destroy RX CQ", "err", err)
+		}
+	}
+	if i.txCQ != nil {
+		if err := i.txCQ.Destroy(); err != nil {
+			i.log.Warn("destroy TX CQ", "err", err)
+		}
+	}
+}
+
+// beginShutdown tears everything down through the normal protocol
+// (control loop); done closes when all is reaped or DrainTimeout forced.
+func (i *Interface) beginShutdown(done chan struct{}) {
+	r := &i.reaper
+	r.shuttingDown = true
+	r.shutdownDone = done
+	r.shutdownTimer = time.NewTimer(i.cfg.DrainTimeout)
+	rx, tx := i.snapshotConns()
+	for _, rc := range rx {
+		i.rxTransition(rc, rxEvShutdown)
+	}
+	for _, tc := range tx {
+		tc.teardown()
+	}
+}
+
+// snapshotConns copies the RX and TX connection sets under mu, so the
+// shutdown paths can tear connections down (which takes mu itself and
+// removes them from the sets) while walking the copies.
+func (i *Interface) snapshotConns() ([]*rxConn, []*txConn) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	rx := make([]*rxConn, 0, len(i.rxConns))
+	for rc := range i.rxConns {
+		rx = append(rx, rc)
+	}
+	tx := make([]*txConn, 0, len(i.txConns))
+	for tc := range i.txConns {
+		tx = append(tx, tc)
+	}
+	return rx, tx
+}
+
+// checkShutdown finishes Close once nothing is left.
+func (i *Interface) checkShutdown() {
+	r := &i.reaper
+	if !r.shuttingDown || r.shutdownDone == nil {
+		return
+	}
+	i.mu.Lock()
+	left := len(i.rxConns) + len(i.txConns)
+	i.mu.Unlock()
+	if left == 0 {
+		i.finishShutdown()
+	}
+}
+
+// forceShutdown: the drain did not finish within DrainTimeout (a wedged
+// backend, Linux's "RX drain timing out"): destroy what is left.
+func (i *Interface) forceShutdown() {
+	rx, tx := i.snapshotConns()
+	i.log.Warn("drain timed out; forcing", "rx", len(rx), "tx", len(tx))
+	for _, rc := range rx {
+		i.rxTransition(rc, rxEvForce)
+	}
+	for _, tc := range tx {
+		// Return the credits its unflushed sends hold; late completions
+		// then find outstanding at zero and return none.
+		if v := tc.outstanding.Swap(0); v > 0 {
+			i.tx.returnCredits(int(v))
+		}
+		i.rs.forcedAtStop.Add(1)
+		tc.destroy()
+	}
+	i.reaper.flush, i.reaper.drain = nil, nil
+	i.finishShutdown()
+}
+
+func (i *Interface) finishShutdown() {
+	r := &i.reaper
+	if r.shutdownTimer != nil {
+		r.shutdownTimer.Stop()
+		r.shutdownTimer = nil
+	}
+	if r.shutdownDone != nil {
+		close(r.shutdownDone)
+		r.shutdownDone = nil
+	}
+}

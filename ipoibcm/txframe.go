@@ -1,0 +1,250 @@
+package ipoibcm
+
+import (
+	"errors"
+	"time"
+
+	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/ipoibcm/frame"
+)
+
+// This file is the middle of the flow host → HCA: one host Ethernet frame,
+// read into a TX pool buffer, becomes an IPoIB send (posted through the
+// reader's poster), a parked frame waiting for its connection, a local
+// answer to the host (ICMP too-big), or a counted drop.
+
+// txFrameLocked translates one host frame in pool buffer bufIdx and posts
+// or parks it. It reports whether the buffer was consumed (posted or
+// parked); otherwise the frame was dropped, counted, or answered locally.
+func (i *Interface) txFrameLocked(t *txScratch, bufIdx, size int, now time.Time) bool {
+	b := i.tx.pool.bufs[bufIdx]
+	// A frame that filled its whole buffer was truncated by the host port.
+	// A frame merely above our MTU (the host's MTU may be larger: a user
+	// raised it, or segments queued before a mode switch) goes on to the
+	// path check, which answers it with ICMP as Linux's ipoib_send does
+	// through ipoib_cm_skb_too_long, instead of losing it silently.
+	if size >= len(b) {
+		i.ctr.txErrors.Add(1)
+		i.ctr.drop(dropTxOversize)
+		return false
+	}
+	f := b[:size]
+	h, err := frame.ParseEthernet(f)
+	if err != nil {
+		if errors.Is(err, frame.ErrVLAN) {
+			i.ctr.drop(dropTxVLAN)
+		} else {
+			i.ctr.drop(dropTxTruncated)
+		}
+		return false
+	}
+	payload := f[frame.EthHdrLen:]
+	switch h.EtherType {
+	case frame.EtherTypeARP:
+		return i.txARPLocked(t, bufIdx, h, payload, now)
+	case frame.EtherTypeIPv4:
+		if !validIPv4(payload) {
+			i.ctr.drop(dropTxNotIP)
+			return false
+		}
+		if g, ok := igmpReportGroups(payload, i.mcastScratch[:0]); ok {
+			for _, a := range g {
+				i.joinIPLocked(a)
+			}
+		}
+	case frame.EtherTypeIPv6:
+		if !validIPv6(payload) {
+			i.ctr.drop(dropTxNotIP)
+			return false
+		}
+		if g, ok := mldReportGroups(payload, i.mcastScratch[:0]); ok {
+			for _, a := range g {
+				i.joinIPLocked(a)
+			}
+		}
+		if frame.IsND(payload) {
+			n, ok := i.txNDLocked(t, payload)
+			if !ok {
+				return false
+			}
+			size = frame.EthHdrLen + n
+			payload = b[frame.EthHdrLen:size]
+		}
+	default:
+		i.ctr.drop(dropTxUnknownEthertype)
+		return false
+	}
+	if h.Dst.IsMulticast() {
+		return i.txMulticastLocked(t, bufIdx, size, h.EtherType, i.mgidFor(h, payload))
+	}
+	n := i.neigh.lookupMAC(h.Dst)
+	if n == nil {
+		i.ctr.drop(dropTxUnknownNeighbour)
+		return false
+	}
+	return i.txNeighLocked(t, n, bufIdx, size, h.EtherType, now)
+}
+
+// mgidFor maps a host multicast/broadcast frame to its group: IP multicast
+// destinations to their MGID (from the IP address: the MAC lost bits),
+// everything else (broadcast, ARP) to the broadcast group.
+func (i *Interface) mgidFor(h frame.EthHeader, payload []byte) hca.GID {
+	switch h.EtherType {
+	case frame.EtherTypeIPv4:
+		if dst := ipv4Dst(payload); dst.IsMulticast() {
+			return frame.MulticastMGID(dst, i.cfg.PKey)
+		}
+	case frame.EtherTypeIPv6:
+		if dst := ipv6Dst(payload); dst.IsMulticast() {
+			return frame.MulticastMGID(dst, i.cfg.PKey)
+		}
+	}
+	return i.bcast
+}
+
+// txNDLocked rewrites a host neighbour-discovery packet to IPoIB form (our
+// hardware address in the link-layer options) in place, and joins the
+// solicited-node group of the host address it reveals.
+func (i *Interface) txNDLocked(t *txScratch, payload []byte) (int, bool) {
+	n, info, err := frame.NDToIPoIB(t.nd, payload, i.hw)
+	if err != nil {
+		i.ctr.drop(dropTxBadND)
+		return 0, false
+	}
+	src := ipv6Src(payload)
+	if src.IsUnspecified() && info.Type == ndNeighborSolicit {
+		src = info.Target // duplicate address detection: the tentative address
+	}
+	if src.IsValid() && !src.IsUnspecified() && !src.IsMulticast() {
+		i.noteHostIPLocked(src)
+		i.joinIPLocked(solicitedNode(src))
+	}
+	copy(payload[:cap(payload)][:n], t.nd[:n])
+	return n, true
+}
+
+// txARPLocked turns a host Ethernet ARP packet into IPoIB ARP (hardware
+// type 32, 20-byte addresses) in place and sends it over UD: to the
+// broadcast group for requests the host broadcast, unicast to the
+// neighbour behind the destination MAC otherwise.
+func (i *Interface) txARPLocked(t *txScratch, bufIdx int, h frame.EthHeader, payload []byte, now time.Time) bool {
+	a, err := frame.ParseEthARP(payload)
+	if err != nil {
+		i.ctr.drop(dropTxBadARP)
+		return false
+	}
+	i.noteHostIPLocked(a.SenderIP)
+	var target frame.HWAddr
+	if a.TargetMAC != (frame.MAC{}) {
+		if n := i.neigh.lookupMAC(a.TargetMAC); n != nil {
+			target = n.hw
+		}
+	}
+	ib := a.ToIPoIB(i.hw, target)
+	b := i.tx.pool.bufs[bufIdx]
+	size := frame.EthHdrLen + ib.Marshal(b[frame.EthHdrLen:])
+	var n *neighbour
+	if !h.Dst.IsMulticast() {
+		n = i.neigh.lookupMAC(h.Dst)
+	}
+	if n == nil {
+		// A unicast request to a MAC we no longer map is the host
+		// re-probing a stale ARP entry of an evicted neighbour: asking the
+		// broadcast group instead lets the peer answer at once, with the
+		// MAC it maps to now, rather than after the host gives up on
+		// unicast probes. Anything else to an unknown MAC has no target.
+		if !h.Dst.IsMulticast() && a.Op != frame.ARPRequest {
+			i.ctr.drop(dropTxUnknownNeighbour)
+			return false
+		}
+		ah, err := i.groupAHLocked(i.bcast)
+		if err != nil {
+			i.ctr.drop(dropTxNoAH)
+			return false
+		}
+		return t.post.post(sendDest{ah: ah, qpn: hca.QPNMulticast}, bufIdx, size, frame.EtherTypeARP)
+	}
+	n.lastUse = now
+	ah, err := i.neighAHLocked(n)
+	if err != nil {
+		i.ctr.drop(dropTxNoAH)
+		return false
+	}
+	return t.post.post(sendDest{ah: ah, qpn: n.hw.QPN()}, bufIdx, size, frame.EtherTypeARP)
+}
+
+func (i *Interface) txMulticastLocked(t *txScratch, bufIdx, size int, etherType uint16, mgid hca.GID) bool {
+	if size-frame.EthHdrLen > i.udMTU {
+		i.ctr.txErrors.Add(1)
+		i.ctr.drop(dropTxTooBig)
+		return false
+	}
+	ah, err := i.groupAHLocked(mgid)
+	if err != nil {
+		i.ctr.drop(dropTxNoAH)
+		return false
+	}
+	return t.post.post(sendDest{ah: ah, qpn: hca.QPNMulticast}, bufIdx, size, etherType)
+}
+
+// txNeighLocked sends a unicast frame to neighbour n: over its RC
+// connection in connected mode when it has the 'C' flag (starting the
+// connection and parking the frame if needed), else over UD.
+func (i *Interface) txNeighLocked(t *txScratch, n *neighbour, bufIdx, size int, etherType uint16, now time.Time) bool {
+	n.lastUse = now
+	ipLen := size - frame.EthHdrLen
+	if i.useCMLocked(n, now) {
+		tc := n.tx
+		if tc == nil {
+			tc = i.startTXLocked(n, now)
+		}
+		if tc != nil {
+			switch tc.state {
+			case txUp:
+				if pathMTU := min(tc.mtu-frame.EncapLen, i.MTU()); ipLen > pathMTU {
+					i.tooBigLocked(t, n, bufIdx, size, pathMTU)
+					return false
+				}
+				return t.post.post(sendDest{tc: tc}, bufIdx, size, etherType)
+			case txConnecting:
+				return n.park(&i.tx, bufIdx, size)
+			}
+		}
+	}
+	if pathMTU := min(i.udMTU, i.MTU()); ipLen > pathMTU {
+		i.tooBigLocked(t, n, bufIdx, size, pathMTU)
+		return false
+	}
+	ah, err := i.neighAHLocked(n)
+	if err != nil {
+		i.ctr.drop(dropTxNoAH)
+		return false
+	}
+	return t.post.post(sendDest{ah: ah, qpn: n.hw.QPN()}, bufIdx, size, etherType)
+}
+
+// tooBigLocked drops an IP packet larger than the path and answers the
+// host with ICMP frag-needed / ICMPv6 packet-too-big carrying mtu.
+func (i *Interface) tooBigLocked(t *txScratch, n *neighbour, bufIdx, size, mtu int) {
+	b := i.tx.pool.bufs[bufIdx]
+	if reply := i.answerTooBig(t.replyBuf(), n, b[frame.EthHdrLen:size], mtu); reply != nil {
+		t.replies = append(t.replies, reply)
+	}
+}
+
+// answerTooBig counts an IP packet too big for the path to n and builds
+// the ICMP frag-needed / packet-too-big for the host into dst (nil: no
+// room, counted all the same). It returns the reply, or nil.
+func (i *Interface) answerTooBig(dst []byte, n *neighbour, pkt []byte, mtu int) []byte {
+	i.ctr.txErrors.Add(1)
+	i.ctr.drop(dropTxTooBig)
+	if dst == nil {
+		return nil
+	}
+	m := frame.BuildTooBig(dst, i.hostMACNow(), n.mac, pkt, mtu)
+	if m == 0 {
+		return nil
+	}
+	i.rs.tooBigSent.Add(1)
+	return dst[:m]
+}
