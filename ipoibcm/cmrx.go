@@ -14,34 +14,24 @@ import (
 // rxState is the life of a passive (receive-only) connection, Linux's
 // passive_ids / rx_error / rx_flush / rx_drain / rx_reap lists as states
 // (kernel-ipoib.md §4.1).
+//
+//go:generate go tool stringer -type=rxState -linecomment
 type rxState int
 
 const (
-	rxLive      rxState = iota // receiving; on the LRU
-	rxError                    // dead, QP in Error, waiting for LAST_WQE (or the flushed ring)
-	rxFlush                    // LAST_WQE seen, waiting for a drain WR
-	rxDrain                    // covered by the outstanding drain WR
-	rxReap                     // drained: the control loop destroys it
-	rxDestroyed                // QP and CM id gone
+	// rxLive: receiving; on the LRU
+	rxLive rxState = iota // live
+	// rxError: dead, QP in Error, waiting for LAST_WQE (or the flushed ring)
+	rxError // error
+	// rxFlush: LAST_WQE seen, waiting for a drain WR
+	rxFlush // flush
+	// rxDrain: covered by the outstanding drain WR
+	rxDrain // drain
+	// rxReap: drained: the control loop destroys it
+	rxReap // reap
+	// rxDestroyed: QP and CM id gone
+	rxDestroyed // destroyed
 )
-
-func (s rxState) String() string {
-	switch s {
-	case rxLive:
-		return "live"
-	case rxError:
-		return "error"
-	case rxFlush:
-		return "flush"
-	case rxDrain:
-		return "drain"
-	case rxReap:
-		return "reap"
-	case rxDestroyed:
-		return "destroyed"
-	}
-	return fmt.Sprintf("rxState(%d)", int(s))
-}
 
 // rxConn is a passive RC connection (Linux ipoib_cm_rx). The RX poller
 // reads dead, stamp and the counters without a lock; everything else is
@@ -80,6 +70,7 @@ func (rc *rxConn) recvWR(idx int) hca.RecvWR {
 // or its own ring, and answer with {UD QPN, 65524} and a random PSN.
 func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	if ifState(i.state.Load()) != ifRunning {
+		i.rxLimitCtr.rejectedDown.Add(1)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	peerQPN, _, err := parseCMPrivateData(req.PrivateData)
@@ -98,6 +89,12 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		i.rs.rxRejectedNoQP.Add(1)
 		return cm.Decision{Reject: cm.RejectNoQP}
 	}
+	// Limits before anything is learnt or created from the REQ.
+	old, ok := i.admitRXLocked(rc)
+	if !ok {
+		i.mu.Unlock()
+		return cm.Decision{Reject: cm.RejectNoQP}
+	}
 	var n *neighbour
 	if peerQPN != 0 {
 		n = i.learnLocked(rc.peer, netip.Addr{}, now)
@@ -109,8 +106,11 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		i.nonSRQ++
 	}
 	i.mu.Unlock()
+	if old != nil {
+		i.replaceRX(old)
+	}
 	if n == nil {
-		i.releaseNonSRQ()
+		i.releaseRX(rc)
 		return cm.Decision{Reject: cm.RejectConsumerDefined}
 	}
 	rc.mac = n.mac
@@ -131,14 +131,14 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	qp, err := i.dev.CreateQP(cfg)
 	if err != nil {
 		i.log.Warn("create RX QP", "peer", rc.peer, "err", err)
-		i.releaseNonSRQ()
+		i.releaseRX(rc)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	rc.qp = qp
 	if err := i.initRXQP(rc); err != nil {
 		i.log.Warn("init RX QP", "peer", rc.peer, "err", err)
 		qp.Destroy()
-		i.releaseNonSRQ()
+		i.releaseRX(rc)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	if h := i.hooks.rxAccepting; h != nil {
@@ -152,6 +152,7 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	i.mu.Lock()
 	if rc.state == rxDestroyed {
 		i.mu.Unlock()
+		i.rxLimitCtr.rejectedError.Add(1)
 		return cm.Decision{Reject: cm.RejectNoQP}
 	}
 	i.rxConns[rc] = struct{}{}
@@ -166,12 +167,15 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	}
 }
 
-func (i *Interface) releaseNonSRQ() {
-	if i.srq != nil {
-		return
-	}
+// releaseRX gives back what acceptREQ reserved for a REQ it then
+// rejected: the connection slot and, without SRQ, the ring.
+func (i *Interface) releaseRX(rc *rxConn) {
+	i.rxLimitCtr.rejectedError.Add(1)
 	i.mu.Lock()
-	i.nonSRQ--
+	i.releaseRXLocked(rc)
+	if i.srq == nil {
+		i.nonSRQ--
+	}
 	i.mu.Unlock()
 }
 

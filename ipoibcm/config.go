@@ -9,29 +9,20 @@ import (
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/cm"
-	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 )
 
 // Mode is the IPoIB transport mode of an Interface: whether it initiates
 // RC connections (connected) or sends unicast over the UD QP (datagram).
 // In both modes the Interface accepts connections, as Linux does.
+//
+//go:generate go tool stringer -type=Mode -linecomment
 type Mode int
 
 // The two modes; the names are the strings Linux's sysfs "mode" file uses.
 const (
-	ModeDatagram Mode = iota
-	ModeConnected
+	ModeDatagram  Mode = iota // datagram
+	ModeConnected             // connected
 )
-
-func (m Mode) String() string {
-	switch m {
-	case ModeDatagram:
-		return "datagram"
-	case ModeConnected:
-		return "connected"
-	}
-	return fmt.Sprintf("Mode(%d)", int(m))
-}
 
 // ErrInvalidMode is wrapped by ParseMode and SetMode.
 var ErrInvalidMode = errors.New("invalid IPoIB mode")
@@ -62,8 +53,15 @@ const (
 	// retransmits per second); 1024 absorbed the bursts with no drops.
 	DefaultUDRecvQueueSize = 1024
 	DefaultMaxNonSRQConns  = 128
-	DefaultRXBudget        = 64
-	DefaultTXBudget        = 64
+	// DefaultMaxRXConns: one passive connection per peer of a 1024-host
+	// subnet, plus the same again in teardown or restart.
+	DefaultMaxRXConns = 2048
+	// DefaultMaxRXConnsPerGID: a peer has one TX connection to us; a
+	// restart adds one until the old goes stale, and a few more cover a
+	// peer restarting repeatedly.
+	DefaultMaxRXConnsPerGID = 4
+	DefaultRXBudget         = 64
+	DefaultTXBudget         = 64
 
 	// DefaultCMBackoff is how long a peer that advertises 'C' but rejects
 	// or never answers a REQ is reached over UD. Linux retries CM on the
@@ -120,6 +118,13 @@ type Config struct {
 	UDRecvQueueSize int
 	DisableSRQ      bool
 	MaxNonSRQConns  int // passive connections without SRQ (128)
+	// MaxRXConns bounds the passive connections, with or without SRQ,
+	// from REQ to reaped (DefaultMaxRXConns); MaxRXConnsPerGID bounds
+	// them per remote GID (DefaultMaxRXConnsPerGID). REQs over either
+	// are rejected NO_QP, unless the GID holds an established
+	// connection, which is then replaced (rxlimit.go).
+	MaxRXConns       int
+	MaxRXConnsPerGID int
 
 	RXBudget int // completions per RX poll (64)
 	TXBudget int // completions per TX poll (64)
@@ -152,24 +157,6 @@ type Config struct {
 	DrainTimeout time.Duration
 
 	Logger *slog.Logger
-
-	// UnsafeSkipDeadFlag skips marking a torn-down passive connection
-	// dead, so its late completions are delivered. Soak mutation test only.
-	UnsafeSkipDeadFlag bool
-	// UnsafeSkipDrain destroys a torn-down passive QP right after moving
-	// it to Error, without LAST_WQE and the drain WR. Soak mutation test
-	// only.
-	UnsafeSkipDrain bool
-
-	// OnRXPacket, if set, observes every IP packet delivered to the host:
-	// the peer's hardware address and the payload after the 4-byte IPoIB
-	// header (valid only during the call). It runs on the RX poller and
-	// must not block. The soak uses it to check payloads.
-	OnRXPacket func(peer frame.HWAddr, payload []byte)
-	// OnDeadCompletion, if set, is called for every receive completion of
-	// a connection already marked dead (counted rx_dead_dropped). The soak
-	// uses it to prove no dead completion was delivered.
-	OnDeadCompletion func(wc *hca.WC)
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -200,6 +187,8 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	setDefault(&c.RecvQueueSize, DefaultRecvQueueSize)
 	setDefault(&c.MaxNonSRQConns, DefaultMaxNonSRQConns)
+	setDefault(&c.MaxRXConns, DefaultMaxRXConns)
+	setDefault(&c.MaxRXConnsPerGID, DefaultMaxRXConnsPerGID)
 	setDefault(&c.RXBudget, DefaultRXBudget)
 	setDefault(&c.TXBudget, DefaultTXBudget)
 	setDefault(&c.CMBackoff, DefaultCMBackoff)

@@ -28,10 +28,6 @@ func main() {
 		Euid:       os.Geteuid,
 		ControlDir: control.DefaultDir,
 		MarkerDir:  tap.DefaultMarkerDir,
-		Engine:     softEngine{},
-		InProc:     runInProc,
-		Soak:       runSoak,
-		Up:         runUp,
 	})
 	stop()
 	os.Exit(code)

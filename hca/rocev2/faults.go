@@ -43,28 +43,16 @@ func (f *Faults) normalize() error {
 }
 
 // faultAction is what the injector decided for one datagram.
+//
+//go:generate go tool stringer -type=faultAction -linecomment
 type faultAction uint8
 
 const (
-	faultNone faultAction = iota
-	faultDrop
-	faultDelay
-	faultDuplicate
+	faultNone      faultAction = iota // none
+	faultDrop                         // drop
+	faultDelay                        // delay
+	faultDuplicate                    // duplicate
 )
-
-func (a faultAction) String() string {
-	switch a {
-	case faultNone:
-		return "none"
-	case faultDrop:
-		return "drop"
-	case faultDelay:
-		return "delay"
-	case faultDuplicate:
-		return "duplicate"
-	}
-	return fmt.Sprintf("faultAction(%d)", uint8(a))
-}
 
 // heldDatagram is a delayed datagram waiting for its release time.
 type heldDatagram struct {

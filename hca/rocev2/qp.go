@@ -9,27 +9,17 @@ import (
 )
 
 // timerKind says what a QP's single timer is waiting for.
+//
+//go:generate go tool stringer -type=timerKind -linecomment
 type timerKind uint8
 
 const (
-	timerNone timerKind = iota
+	timerNone timerKind = iota // none
 	// timerRetry: the transport (local ACK) timeout.
-	timerRetry
+	timerRetry // retry
 	// timerRNR: the RNR NAK delay before resending.
-	timerRNR
+	timerRNR // rnr
 )
-
-func (k timerKind) String() string {
-	switch k {
-	case timerNone:
-		return "none"
-	case timerRetry:
-		return "retry"
-	case timerRNR:
-		return "rnr"
-	}
-	return fmt.Sprintf("timerKind(%d)", uint8(k))
-}
 
 // sendWQE is a posted RC send. Its PSNs are fixed at post time, so
 // go-back-N can find the packet any PSN stands for.

@@ -93,11 +93,14 @@ func (d *Device) receiveMessage(b []byte, from netip.AddrPort, seg int, p *wire.
 	} else {
 		d.ctr.rxGROMessages.Add(1)
 	}
+	allowed := d.allowed(from.Addr())
 	for {
 		n := min(seg, len(b))
 		d.ctr.rxPackets.Add(1)
 		d.ctr.rxBytes.Add(uint64(n))
-		if n > d.maxPacket {
+		if !allowed {
+			d.ctr.drop(wire.DropNotAllowed)
+		} else if n > d.maxPacket {
 			d.ctr.drop(wire.DropTruncated)
 		} else {
 			d.receive(b[:n], from, p)
@@ -147,7 +150,7 @@ func (d *Device) receive(b []byte, from netip.AddrPort, p *wire.Packet) {
 			d.ctr.drop(wire.DropUnknownQP)
 		case q.typ != hca.QPTypeRC:
 			d.ctr.drop(wire.DropWrongState)
-		case !pkeyMatch(hca.PKey(p.BTH.PKey), q.pkey):
+		case !hca.PKey(p.BTH.PKey).Matches(q.pkey):
 			d.ctr.drop(wire.DropBadPKey)
 		case op == wire.OpRCAck:
 			q.recvAck(p)
@@ -160,15 +163,9 @@ func (d *Device) receive(b []byte, from netip.AddrPort, p *wire.Packet) {
 	}
 }
 
-// pkeyMatch is the IBTA P_Key rule: the low 15 bits equal and at least one
-// side a full member.
-func pkeyMatch(a, b hca.PKey) bool {
-	return a&0x7FFF == b&0x7FFF && (a|b)&0x8000 != 0
-}
-
 func (d *Device) pkeyInTable(k hca.PKey) bool {
 	for _, e := range d.cfg.PKeys {
-		if pkeyMatch(k, e) {
+		if k.Matches(e) {
 			return true
 		}
 	}

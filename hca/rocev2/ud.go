@@ -71,7 +71,7 @@ func (d *Device) recvUD(p *wire.Packet, from netip.Addr) {
 		delivered := false
 		for _, q := range d.qps {
 			if len(q.mcast) == 0 || uint32(q.qkey) != p.DETH.QKey || q.state < hca.QPStateRTR || q.state == hca.QPStateError ||
-				!pkeyMatch(info.pkey, q.pkey) {
+				!info.pkey.Matches(q.pkey) {
 				continue
 			}
 			delivered = true
@@ -88,7 +88,7 @@ func (d *Device) recvUD(p *wire.Packet, from netip.Addr) {
 		d.ctr.drop(wire.DropUnknownQP)
 	case q.typ == hca.QPTypeRC || q.state < hca.QPStateRTR || q.state == hca.QPStateError:
 		d.ctr.drop(wire.DropWrongState)
-	case q.typ != hca.QPTypeGSI && !pkeyMatch(info.pkey, q.pkey):
+	case q.typ != hca.QPTypeGSI && !info.pkey.Matches(q.pkey):
 		d.ctr.drop(wire.DropBadPKey)
 	case uint32(q.qkey) != p.DETH.QKey:
 		d.ctr.drop(wire.DropBadQKey)

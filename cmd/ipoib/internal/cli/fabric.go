@@ -56,9 +56,6 @@ func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 		if env.Euid() != 0 {
 			return fail(env, "fabric", errors.New("needs root to create network namespaces and TAP devices; without root, 'ipoib bench' measures the same engine in-process"))
 		}
-		if env.Engine == nil {
-			return fail(env, "fabric", errors.New("no IPoIB engine wired into this binary"))
-		}
 		log := newLogger(env.Stderr, lvl.level)
 		stopProfile, err := prof.start()
 		if err != nil {
@@ -97,8 +94,8 @@ type fabricLab struct {
 	netnsPrefix string
 
 	namespaces []*tap.Netns
-	hosts      []Host
-	fabric     Fabric
+	hosts      []*softHost
+	fabric     *softFabric
 	server     *control.Server
 }
 
@@ -111,10 +108,7 @@ func (l *fabricLab) run(ctx context.Context, addrs []netip.Prefix, mode string, 
 		l.log.Info("removed a crashed run's namespaces", "names", removed)
 	}
 	defer func() { err = errors.Join(err, l.teardown()) }()
-	l.fabric, err = l.env.Engine.NewFabric(seed, l.log)
-	if err != nil {
-		return fmt.Errorf("soft fabric: %w", err)
-	}
+	l.fabric = newSoftFabric(seed, l.log)
 	var endpoints []control.Endpoint
 	for i, addr := range addrs {
 		prefix := l.netnsPrefix

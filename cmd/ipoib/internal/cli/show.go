@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ipoibcm/ipoib/bench"
 	"github.com/ipoibcm/ipoib/control"
 )
 
@@ -151,9 +152,6 @@ func soakFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	// The soak parses its own flags (bench.Soak); everything after "soak"
 	// goes to it, so "ipoib soak -h" is answered there.
 	return func(ctx context.Context, args []string) int {
-		if env.Soak == nil {
-			return fail(env, "soak", fmt.Errorf("not built into this binary yet (hook: Env.Soak in cmd/ipoib/main.go, bench.Soak)"))
-		}
-		return env.Soak(ctx, args, env.Stdout, env.Stderr)
+		return bench.SoakMain(ctx, args, env.Stdout, env.Stderr)
 	}
 }
