@@ -151,7 +151,10 @@ func (d *Device) CreateQP(cfg hca.QPConfig) (hca.QP, error) {
 		}
 	}
 	d.qps[q.qpn] = q
-	q.src = d.srcPorts.acquire(sourcePortOf(q), &d.ctr)
+	q.src = d.sock // an RC QP sends nothing before RTR names its peer
+	if q.typ != hca.QPTypeRC {
+		q.src = d.srcPorts.acquire(sourcePortOf(q), &d.ctr)
+	}
 	sc.refs++
 	rc.refs++
 	if s != nil {
