@@ -33,6 +33,7 @@ CTL=$WORK/ctl
 BIN=$WORK/ipoib
 ICRCCHECK=$WORK/icrccheck
 CAP=$WORK/setup.pcap
+CAP2=$WORK/teardown.pcap
 UP1_PID= UP2_PID= TSHARK_PID= IPERF_PID=
 FAILED=1
 
@@ -157,6 +158,26 @@ ip netns exec "$NS2" ping -c 3 -w 20 "$IB1" >/dev/null || fail "ping r2 -> r1"
 ip netns exec "$NS1" ping -c 2 -w 20 -M do -s 60000 "$IB2" >/dev/null || fail "60000-byte DF ping"
 pass "ping both ways, 60000-byte DF ping"
 
+step "IPv6 link-local from the port GUID, ND"
+# addrconf_ifid_infiniband: fe80:: + the GID's interface ID with the U/L
+# bit set. The RoCEv2 GID is ::ffff:<underlay IPv4>.
+gid_ll() {
+	local a b c d
+	IFS=. read -r a b c d <<<"$1"
+	printf 'fe80::200:ffff:%x:%x' $((a * 256 + b)) $((c * 256 + d))
+}
+LL1=$(gid_ll "$UL1") LL2=$(gid_ll "$UL2")
+for pair in "$NS1 $LL1" "$NS2 $LL2"; do
+	set -- $pair
+	got=$(ip -n "$1" -6 -j addr show dev ib0 | jq -r '[.[0].addr_info[] | select(.scope == "link") | .local] | join(" ")')
+	[ "$got" = "$2" ] || fail "$1 ib0 link-local '$got', want only $2 (from the GID, not the MAC)"
+done
+ip netns exec "$NS1" ping -6 -c 3 -w 20 "$LL2%ib0" >/dev/null || fail "ping6 $LL2 (link-local, ND) r1 -> r2"
+ip netns exec "$NS2" ping -6 -c 3 -w 20 "$LL1%ib0" >/dev/null || fail "ping6 $LL1 r2 -> r1"
+nd=$(ip -n "$NS1" -6 -j neigh show dev ib0 | jq -r --arg a "$LL2" '.[] | select(.dst == $a) | .state | join(",")')
+case $nd in *REACHABLE* | *STALE* | *DELAY* | *PROBE*) ;; *) fail "r1 has no ND entry for $LL2 (state '$nd')" ;; esac
+pass "ib0 link-locals $LL1 and $LL2 from the GIDs, ping6 both ways, ND entry $nd"
+
 # iperf_check NS_CLIENT SERVER_ADDR SECONDS LABEL: iperf3 TCP test; fails on
 # an iperf3 error or zero throughput, prints Gbit/s.
 iperf_check() {
@@ -252,6 +273,73 @@ while IFS='|' read -r sid lqpn spsn priv; do
 done <<<"$REQS"
 pass "CM: $(echo "$REQS" | wc -l) REQ, $(echo "$REPS" | wc -l) REP, $RTUS RTU; service IDs, QPNs, private data and starting PSN check out"
 
+# check_fields LABEL FILTER NAME=WANT...: every frame tshark matches with
+# FILTER carries each field NAME (infiniband.cm.NAME) with value WANT
+# (numbers compared as numbers, booleans as 0/1); prints what it checked.
+check_fields() {
+	local label=$1 filter=$2 args=() names=() wants=() kv line i got want
+	shift 2
+	for kv in "$@"; do
+		names+=("${kv%%=*}")
+		wants+=("${kv#*=}")
+		args+=(-e "infiniband.cm.${kv%%=*}")
+	done
+	local rows
+	rows=$(fields -Y "$filter" -T fields -E separator='|' "${args[@]}")
+	[ -n "$rows" ] || fail "$label: no frame matches $filter"
+	while IFS='|' read -r -a line; do
+		for i in "${!names[@]}"; do
+			got=${line[$i]:-missing}
+			case $got in True) got=1 ;; False) got=0 ;; esac
+			want=${wants[$i]}
+			[ "$got" != missing ] && [ "$((got))" = "$((want))" ] ||
+				fail "$label ${names[$i]} = $got, want $want"
+		done
+	done <<<"$rows"
+	printf '%s (%d frames):' "$label" "$(echo "$rows" | wc -l)"
+	for i in "${!names[@]}"; do printf ' %s=%s' "${names[$i]#*.}" "${wants[$i]}"; done
+	echo
+}
+
+step "CM field values as Linux sets them (cm.c, ipoib_cm.c; --rc-retry 6 by decision)"
+check_fields REQ 'infiniband.mad.attributeid == 0x0010' \
+	req.responderres=4 req.initdepth=0 req.remoteresptout=20 req.localresptout=20 \
+	req.transpsvctype=0 req.e2eflowctrl=0 req.startpsn=0 req.retrcount=6 req.rnrretrcount=0 \
+	req.maxcmretr=15 req.srq=1 req.pkey=0xffff req.pppmtu=5 \
+	req.prim_locallid=0xffff req.prim_remotelid=0xffff req.prim_hoplim=64 req.prim_subnetlocal=0 \
+	req.prim_localacktout=17 req.prim_flowlabel=0 req.prim_tfcclass=0 req.prim_sl=0
+check_fields REP 'infiniband.mad.attributeid == 0x0013' \
+	rep.respres=0 rep.initdepth=0 rep.tgtackdelay=15 rep.failoveracc=0 rep.e2eflowctrl=0 \
+	rep.rnrretrcount=0 rep.srq=1
+pass "REQ and REP fields as Linux's IPoIB-CM sends them"
+
+# Per-QP UDP source ports: every RC packet of a QP pair leaves from
+# rdma_get_udp_sport(REQ QPN, REP QPN), receive stays on 4791, and the QP
+# pairs differ. REQ and REP are paired by transaction ID.
+sport() { # rdma_calc_flow_label folded by rdma_flow_label_to_udp_sport
+	local v=$(($1 * $2)) fl
+	v=$((v ^ (v >> 20)))
+	v=$((v ^ (v >> 40)))
+	fl=$((v & 0xFFFFF))
+	echo $((((fl & 0x3FFF) ^ ((fl & 0xFC000) >> 14)) | 0xC000))
+}
+PAIRS=$(fields -Y 'infiniband.mad.attributeid == 0x0010 || infiniband.mad.attributeid == 0x0013' -T fields -E separator='|' \
+	-e infiniband.mad.transactionid -e infiniband.mad.attributeid -e infiniband.cm.req.localqpn -e infiniband.cm.rep.localqpn |
+	awk -F'|' '$2 == "0x0010" { req[$1] = $3 } $2 == "0x0013" { rep[$1] = $4 }
+		END { for (t in req) if (t in rep) print req[t] "|" rep[t] }' | sort -u)
+[ -n "$PAIRS" ] || fail "no REQ/REP pair by transaction ID"
+PORTS=""
+while IFS='|' read -r aq pq; do
+	want=$(sport "$((aq))" "$((pq))")
+	got=$(fields -Y "udp.dstport == 4791 && (infiniband.bth.destqp == $pq || infiniband.bth.destqp == $aq) && infiniband.bth.opcode <= 0x11" \
+		-T fields -e udp.srcport | sort -u | tr '\n' ' ')
+	[ "$got" = "$want " ] || fail "QP pair $aq/$pq sends from UDP ports '$got', want only rdma_get_udp_sport $want"
+	echo "QP pair $((aq))/$((pq)): every RC packet from UDP port $want to 4791"
+	PORTS="$PORTS $want"
+done <<<"$PAIRS"
+[ "$(echo $PORTS | tr ' ' '\n' | sort -u | wc -l)" -ge 2 ] || fail "QP pairs share source ports: $PORTS"
+pass "RC QP pairs send from distinct per-QP source ports ($PORTS), all to 4791"
+
 ARPS=$(fields -Y 'arp' -T fields -E separator='|' -e arp.hw.type -e arp.hw.size -e arp.src.hw -e arp.opcode)
 [ -n "$ARPS" ] || fail "no IPoIB ARP decoded"
 while IFS='|' read -r ht hs src op; do
@@ -272,7 +360,12 @@ BAD=$(fields --disable-heuristic eth_over_ib -Y '_ws.malformed || _ws.expert.sev
 [ "$BAD" = 0 ] || fail "$BAD malformed or error frames without the IPoIB heuristic"
 BAD=$(fields -Y '(_ws.malformed || _ws.expert.severity >= "error") && !(infiniband.bth.opcode == 0)' -T fields -e frame.number | wc -l)
 [ "$BAD" = 0 ] || fail "$BAD malformed or error frames besides the SEND_FIRST artefact"
-pass "nothing malformed (SEND_FIRST artefact aside)"
+# Warnings from the carried TCP's own analysis (retransmissions after the
+# 1% loss, D-SACKs, segments the capture missed) are about the payload, not the
+# RoCEv2 decode.
+WARN=$(fields -Y '_ws.expert.severity >= "warning" && !tcp.analysis.flags && !tcp.options.sack.dsack && !(infiniband.bth.opcode == 0)' -T fields -e frame.number -e _ws.expert.message | sort -u -k2 | head -5)
+[ -z "$WARN" ] || fail "expert warnings: $WARN"
+pass "nothing malformed, no expert warnings but the carried TCP's (SEND_FIRST artefact aside)"
 
 "$ICRCCHECK" "$CAP" || fail "ICRC check"
 pass "every captured RoCEv2 frame's ICRC verifies"
@@ -294,6 +387,10 @@ after=$(show r2 | jq '.[0].stats.rocev2.rx_drops.garbage')
 pass "3 garbage datagrams counted (rocev2.rx_drops.garbage $before -> $after), ping still passes"
 
 step "datagram mode"
+# The switch tears the connections down: capture their DREQ and DREP.
+ip netns exec "$NS1" tshark -i "$VETH1" -f "udp port 4791" -s 0 -F pcap -w "$CAP2" -q >"$WORK/tshark2.log" 2>&1 &
+TSHARK_PID=$!
+wait_for "$WORK/tshark2.log" "Capturing on" 20 || fail "tshark did not start capturing the teardown"
 "$BIN" mode datagram --control-dir "$CTL" --host r1 >/dev/null || fail "mode r1"
 "$BIN" mode datagram --control-dir "$CTL" --host r2 >/dev/null || fail "mode r2"
 for h in r1 r2; do
@@ -305,6 +402,26 @@ for ns in "$NS1" "$NS2"; do
 done
 ip netns exec "$NS1" ping -c 3 -w 20 "$IB2" >/dev/null || fail "ping in datagram mode"
 pass "datagram mode, mtu 4092, ping"
+for ((i = 0; i < 100; i++)); do
+	[ "$(tshark -r "$CAP2" -n -Y 'infiniband.mad.attributeid == 0x0016' 2>/dev/null | wc -l)" -ge 1 ] && break
+	sleep 0.2
+done
+stop_pid "$TSHARK_PID" INT 10 || true
+TSHARK_PID=
+CAP_MAIN=$CAP
+CAP=$CAP2
+DREQS=$(fields -Y 'infiniband.mad.attributeid == 0x0015' -T fields -E separator='|' -e infiniband.cm.dreq.localcommid -e infiniband.cm.dreq.remotecommid -e infiniband.cm.dreq.private)
+DREPS=$(fields -Y 'infiniband.mad.attributeid == 0x0016' -T fields -e frame.number | wc -l)
+[ -n "$DREQS" ] && [ "$DREPS" -ge 1 ] || fail "teardown: DREQ '$DREQS', $DREPS DREP"
+while IFS='|' read -r l r priv; do
+	[ "$((l))" != 0 ] && [ "$((r))" != 0 ] || fail "DREQ comm IDs $l/$r"
+	[ -z "$(echo "$priv" | tr -d ':0')" ] || fail "DREQ private data $priv, want none (ib_send_cm_dreq(NULL, 0))"
+done <<<"$DREQS"
+echo "teardown: $(echo "$DREQS" | wc -l) DREQ (comm IDs set, no private data), $DREPS DREP"
+BAD=$(fields -Y '_ws.malformed || (_ws.expert.severity >= "warning" && !tcp.analysis.flags && !tcp.options.sack.dsack)' -T fields -e frame.number | wc -l)
+[ "$BAD" = 0 ] || fail "$BAD malformed frames or expert warnings in the teardown capture"
+CAP=$CAP_MAIN
+pass "teardown: DREQ and DREP decoded, no expert warnings"
 iperf_check "$NS1" "$NS2" "$IB2" 5 datagram
 file_check datagram $((64 << 20))
 

@@ -4,8 +4,8 @@
 // hosts (tap/netstack) joined by a LinkFactory: DirectLink, the in-memory
 // baseline, or IBLink, two IPoIB engines on a soft fabric in connected or
 // datagram mode. RunInProcSuite measures all of them with the same host
-// settings, the median of several interleaved runs, and reports the issue 4
-// ratios (connected/direct, connected/datagram). Across namespaces (root,
+// settings, the median of several interleaved runs, and reports the ratios
+// (connected/direct, connected/datagram). Across namespaces (root,
 // iperf3): RunIperfSuite compares ib0 with veth and a TAP pipe. Reports
 // print as tables or JSON.
 package bench

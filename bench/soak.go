@@ -123,9 +123,10 @@ func (s *soakRun) setUp() error {
 			return fmt.Errorf("soak: host %d: %w", k, err)
 		}
 		h := newSoakHost(k, cfg.HostBatch, cfg.HostQueue, s.flows, &s.viol)
-		watch := newVerbsWatch(k, &s.viol)
+		watch := newVerbsWatch(k, &s.viol, cfg.Mutations)
+		h.watch = watch
 		ifc, err := ipoibcm.New(ipoibcm.Config{
-			Device: watch.wrap(dev), Host: h, OnDeadCompletion: watch.reportDead, Name: fmt.Sprintf("ib%d", k), Mode: ipoibcm.ModeConnected,
+			Device: watch.wrap(dev), Host: h, Name: fmt.Sprintf("ib%d", k), Mode: ipoibcm.ModeConnected,
 			SendQueueSize: cfg.SendQueueSize, RecvQueueSize: cfg.RecvQueueSize,
 			CM: cm.Options{
 				// Packet life time 1 (1 ms) keeps the resend interval near
@@ -140,11 +141,9 @@ func (s *soakRun) setUp() error {
 			// them go stale and re-probes; with neighbours evicted at the
 			// default 10 x NeighbourTimeout (1.5 s here) they would keep
 			// sending to a forgotten MAC. Eviction has its own test
-			// (TestReviewIdleNeighboursEvicted); the soak is about reaping.
+			// (TestIdleNeighboursEvicted); the soak is about reaping.
 			NeighbourEvictAfter: time.Hour,
 			Logger:              cfg.Logger.With("host", k),
-			UnsafeSkipDeadFlag:  cfg.UnsafeSkipDeadFlag,
-			UnsafeSkipDrain:     cfg.UnsafeSkipDrain,
 		})
 		if err != nil {
 			h.Close()

@@ -8,8 +8,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/ipoibcm/ipoib/hca/soft"
+	"github.com/ipoibcm/ipoib/internal/flagcheck"
 )
 
 // Exit statuses of SoakMain.
@@ -18,6 +20,12 @@ const (
 	SoakExitViolation = 1 // violations found, or the soak could not run
 	SoakExitUsage     = 2
 )
+
+// SoakSummary is the one-line description of 'ipoib soak'.
+const SoakSummary = "stale-connection reaping soak with fault injection"
+
+// soakMaxHosts bounds --hosts as RunSoak does (250 × 250 addresses).
+const soakMaxHosts = 250 * 250
 
 // SoakMain is `ipoib soak`: it parses args, runs the soak with a progress
 // line on stderr (rewritten in place on a terminal), prints the table (or
@@ -46,19 +54,57 @@ func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.IntVar(&cfg.BurstMax, "burst", cfg.BurstMax, "largest burst of packets to one peer")
 	fs.IntVar(&cfg.MaxPacket, "max-packet", cfg.MaxPacket, "largest IP packet (up to the connected MTU, 65520)")
 	fs.Float64Var(&cfg.HeapGrowth, "heap-growth", cfg.HeapGrowth, "heap limit as a multiple of the heap at start (plus 128 MiB)")
-	fs.BoolVar(&cfg.UnsafeSkipDeadFlag, "unsafe-skip-dead-flag", false, "mutation: do not mark torn-down connections dead (must fail)")
-	fs.BoolVar(&cfg.UnsafeSkipDrain, "unsafe-skip-drain", false, "mutation: destroy QPs without LAST_WQE and drain (must fail)")
+	fs.BoolVar(&cfg.Mutations.SkipDeadFlag, "unsafe-skip-dead-flag", false, "mutation: do not mark torn-down connections dead (must fail)")
+	fs.BoolVar(&cfg.Mutations.SkipDrain, "unsafe-skip-drain", false, "mutation: destroy QPs without LAST_WQE and drain (must fail)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	quiet := fs.Bool("quiet", false, "no progress line")
 	verbose := fs.Bool("v", false, "log engine warnings to stderr")
+	// As every ipoib command: usage on -h to stdout, one line on stderr for
+	// a bad flag, and every value checked before the fabric exists.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stdout, "usage: ipoib soak [flags]\n\n%s\n\nflags:\n", SoakSummary)
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
 			return SoakExitOK
 		}
+		fmt.Fprintln(stderr, flagcheck.Usage("soak", err.Error()))
 		return SoakExitUsage
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "ipoib soak: unexpected argument %q\n", fs.Arg(0))
+	msg := flagcheck.First(
+		func() string {
+			if fs.NArg() > 0 {
+				return fmt.Sprintf("unexpected argument %q", fs.Arg(0))
+			}
+			return ""
+		}(),
+		flagcheck.Duration("duration", cfg.Duration, time.Millisecond),
+		flagcheck.IntRange("hosts", cfg.Hosts, 2, soakMaxHosts),
+		flagcheck.Probability("delay-prob", cfg.Faults.CompletionDelay.Probability),
+		flagcheck.Duration("delay-max", cfg.Faults.CompletionDelay.Max, 0),
+		flagcheck.Probability("rnr", cfg.Faults.RNR),
+		flagcheck.Probability("ud-loss", cfg.Faults.UDLoss),
+		flagcheck.Probability("spurious", cfg.Faults.SpuriousCompletionEvents),
+		flagcheck.Duration("lastwqe-delay", cfg.Faults.LastWQEDelay, 0),
+		flagcheck.Duration("stale-after", cfg.StaleAfter, time.Millisecond),
+		flagcheck.Duration("stale-scan", cfg.StaleScan, time.Millisecond),
+		flagcheck.Duration("stale-update", cfg.StaleUpdate, 0),
+		flagcheck.Duration("neigh-timeout", cfg.NeighbourTimeout, time.Millisecond),
+		flagcheck.IntRange("sendq", cfg.SendQueueSize, 4, 1<<16),
+		flagcheck.IntRange("recvq", cfg.RecvQueueSize, 4, 1<<16),
+		flagcheck.IntRange("burst", cfg.BurstMax, 1, 1<<16),
+		flagcheck.IntRange("max-packet", cfg.MaxPacket, soakMinIP, flagcheck.MaxConnectedMTU),
+		func() string {
+			if !(cfg.HeapGrowth >= 1) {
+				return fmt.Sprintf("--heap-growth %v: want at least 1", cfg.HeapGrowth)
+			}
+			return ""
+		}(),
+	)
+	if msg != "" {
+		fmt.Fprintln(stderr, flagcheck.Usage("soak", msg))
 		return SoakExitUsage
 	}
 	if *purge {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca/soft"
+	"github.com/ipoibcm/ipoib/internal/mutation"
 	"github.com/ipoibcm/ipoib/ipoibcm"
 )
 
@@ -65,10 +66,9 @@ type SoakConfig struct {
 	// CheckEvery is the period of the continuous checks.
 	CheckEvery time.Duration
 
-	// The engine's mutation switches (issue 5 item 6): the soak must then
-	// report violations.
-	UnsafeSkipDeadFlag bool
-	UnsafeSkipDrain    bool
+	// Mutations switch off a teardown safeguard of every engine; the soak
+	// must then report violations (internal/mutation).
+	Mutations mutation.Soak
 
 	// Progress receives the live progress line (nil: none). With
 	// ProgressTTY the line is rewritten in place every CheckEvery,

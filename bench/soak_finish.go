@@ -85,6 +85,10 @@ func (s *soakRun) finish() *SoakReport {
 		s.viol.record(violLost, fmt.Sprintf("%d packets lost, %d drops counted (engine %d, dead %d, fabric UD %d)",
 			lost, explained, dataDrops, after.DeadDropped, fs.UDDrops.Total()))
 	}
+	if received == 0 || after.Reaper.TXEstablished == 0 {
+		s.viol.record(violNoTraffic, fmt.Sprintf("%d packets sent, %d received, %d connections established",
+			sent, received, after.Reaper.TXEstablished))
+	}
 
 	s.fab.Close()
 	final := s.fab.Stats()

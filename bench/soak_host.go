@@ -24,6 +24,9 @@ type soakHost struct {
 	batch int
 	flows *soakFlows
 	viol  *soakViolations
+	// watch, if set, is told of every frame the engine writes, so it can
+	// tell a delivered dead completion from a recycled one.
+	watch *verbsWatch
 
 	// mu guards queue and closed; readable and writable carry edge
 	// signals (capacity 1) so waiters can also select on done.
@@ -168,6 +171,9 @@ func (h *soakHost) WriteFrames(frames [][]byte) (int, error) {
 	h.mu.Unlock()
 	if closed {
 		return 0, fmt.Errorf("soak host %d: write: %w", h.idx, net.ErrClosed)
+	}
+	if h.watch != nil {
+		h.watch.delivered(frames)
 	}
 	h.rxMu.Lock()
 	defer h.rxMu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/internal/mutation"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 )
 
@@ -134,46 +135,60 @@ func TestSoakHostAnswersAndLearnsARP(t *testing.T) {
 }
 
 // TestVerbsWatch drives the dead-flag check by hand: a receive
-// completion of a QP moved to Error before the poll must be reported
-// dead before the next poll.
+// completion of a QP moved to Error before the poll must not reach the
+// host; one still undelivered at the next poll was recycled.
 func TestVerbsWatch(t *testing.T) {
 	var viol soakViolations
-	w := newVerbsWatch(0, &viol)
+	w := newVerbsWatch(0, &viol, mutation.Soak{})
 	cq := &watchedCQ{w: w}
 	ctx := new(int)
+	// An SRQ buffer with headroom in front, as the engine posts it, and
+	// the frame it writes from it in place.
+	buf := make([]byte, 64)
+	w.posted(nil, true, []hca.RecvWR{{ID: 7, Buf: buf[10:]}})
+	inPlace := [][]byte{buf[:40]}
 	wc := hca.WC{ID: 7, Opcode: hca.WCRecv, Context: ctx}
 
 	// Before teardown: nothing is expected.
 	w.note(cq, []hca.WC{wc}, w.epoch.Load())
+	w.delivered(inPlace)
 	w.settle(cq)
-	if viol.total() != 0 {
-		t.Fatal("live completion flagged")
+	if viol.total() != 0 || w.checked.Load() != 0 {
+		t.Fatalf("live completion: violations %d, checked %d", viol.total(), w.checked.Load())
 	}
-	// Teardown began, the completion is recycled: fine.
+	// Teardown began, the completion is recycled (not written): fine.
 	w.doom(ctx)
 	w.note(cq, []hca.WC{wc}, w.epoch.Load())
-	w.reportDead(&wc)
+	w.delivered([][]byte{make([]byte, 40)}) // another buffer's frame
 	w.settle(cq)
 	if viol.total() != 0 || w.checked.Load() != 1 {
 		t.Fatalf("recycled completion: violations %d, checked %d", viol.total(), w.checked.Load())
 	}
 	// A poll that began before the Modify is not held to it.
 	other := new(int)
+	ring := make([]byte, 64)
+	w.posted(other, false, []hca.RecvWR{{ID: 8, Buf: ring[10:]}})
 	start := w.epoch.Load()
 	w.doom(other)
 	w.note(cq, []hca.WC{{ID: 8, Opcode: hca.WCRecv, Context: other}}, start)
+	w.delivered([][]byte{ring[:30]})
 	w.settle(cq)
 	if viol.total() != 0 {
 		t.Fatal("completion of a poll older than the teardown flagged")
 	}
-	// Delivered instead of recycled: a violation at the next poll.
+	// Delivered instead of recycled: a violation.
 	w.note(cq, []hca.WC{wc}, w.epoch.Load())
-	w.settle(cq)
-	if viol.count[violDeadDelivered].Load() != 1 {
+	w.delivered(inPlace)
+	if viol.count[violDeadDelivered].Load() != 1 || w.violated.Load() != 1 {
 		t.Fatalf("delivered dead completion not flagged: %+v", viol.results())
 	}
+	w.settle(cq)
+	if w.checked.Load() != 1 {
+		t.Fatalf("a delivered completion counted as recycled too: checked %d", w.checked.Load())
+	}
 	// Sends (the drain WR) are never held to it.
-	w.note(cq, []hca.WC{{ID: 9, Opcode: hca.WCSend, Context: ctx}}, w.epoch.Load())
+	w.note(cq, []hca.WC{{ID: 7, Opcode: hca.WCSend, Context: ctx}}, w.epoch.Load())
+	w.delivered(inPlace)
 	w.settle(cq)
 	if viol.total() != 1 {
 		t.Fatal("send completion flagged")

@@ -1,62 +1,52 @@
 package bench
 
 import (
-	"fmt"
 	"sync"
 	"sync/atomic"
 )
 
 // violKind names one invariant of the soak (issue 5 item 5). Each is
 // checked continuously where it can be, and again at quiescence.
+//
+//go:generate go tool stringer -type=violKind -linecomment
 type violKind int
 
 const (
 	// violDeadDelivered: a receive completion of a connection whose
 	// teardown had begun reached the host (the dead flag's job).
-	violDeadDelivered violKind = iota
+	violDeadDelivered violKind = iota // dead_completion_delivered
 	// violAfterReap: a completion was polled for a QP already destroyed
 	// (the drain's job: nothing of a reaped connection is left in the CQ).
-	violAfterReap
+	violAfterReap // completion_after_reap
 	// violDestroyedQPOp: a verb was called on a destroyed QP.
-	violDestroyedQPOp
+	violDestroyedQPOp // destroyed_qp_op
 	// violSRQ: SRQ buffers not conserved: at quiescence every buffer must
 	// be posted again.
-	violSRQ
+	violSRQ // srq_buffers_conserved
 	// violLeak: QPs, CQs, SRQs, CM ids or goroutines left after Close.
-	violLeak
+	violLeak // leak_at_quiescence
 	// violPayload: a soak packet arrived corrupted, misdelivered, or with
 	// a sequence number its sender never sent.
-	violPayload
+	violPayload // payload_intact
 	// violOrder: a flow's sequence numbers went backwards or repeated.
-	violOrder
+	violOrder // in_order_per_flow
 	// violBadFrame: the engine handed the host a frame it cannot explain.
-	violBadFrame
+	violBadFrame // frames_explained
 	// violLost: packets missing that no named drop reason accounts for.
-	violLost
+	violLost // losses_explained
 	// violCQOverflow: a CQ overflowed (CQ_ERR).
-	violCQOverflow
+	violCQOverflow // cq_overflow
 	// violHeap: the heap grew past its limit.
-	violHeap
+	violHeap // heap_bounded
 	// violQuiesce: traffic did not drain within the quiescence timeout
 	// (something is wedged).
-	violQuiesce
+	violQuiesce // quiescence_reached
+	// violNoTraffic: the soak delivered nothing, or established no
+	// connection: a run that exercised nothing proves nothing (ud-loss 1
+	// once reported "PASS 0 violations" after 0 connects).
+	violNoTraffic // traffic_carried
 	numViolKinds
 )
-
-var violNames = [numViolKinds]string{
-	violDeadDelivered: "dead_completion_delivered",
-	violAfterReap:     "completion_after_reap",
-	violDestroyedQPOp: "destroyed_qp_op",
-	violSRQ:           "srq_buffers_conserved",
-	violLeak:          "leak_at_quiescence",
-	violPayload:       "payload_intact",
-	violOrder:         "in_order_per_flow",
-	violBadFrame:      "frames_explained",
-	violLost:          "losses_explained",
-	violCQOverflow:    "cq_overflow",
-	violHeap:          "heap_bounded",
-	violQuiesce:       "quiescence_reached",
-}
 
 var violDescriptions = [numViolKinds]string{
 	violDeadDelivered: "no completion delivered for a connection in teardown",
@@ -71,13 +61,7 @@ var violDescriptions = [numViolKinds]string{
 	violCQOverflow:    "no CQ overflow / CQ_ERR",
 	violHeap:          "heap in use below its limit",
 	violQuiesce:       "traffic drains once the senders stop",
-}
-
-func (k violKind) String() string {
-	if k >= 0 && k < numViolKinds {
-		return violNames[k]
-	}
-	return fmt.Sprintf("violKind(%d)", int(k))
+	violNoTraffic:     "packets delivered over established connections",
 }
 
 // soakViolations collects violations from every goroutine of the soak.

@@ -116,7 +116,7 @@ func (s *soakRun) report(elapsed time.Duration, before, after soakTotals, fs sof
 			Hosts: cfg.Hosts, Duration: cfg.Duration.String(), Seed: cfg.Seed,
 			StaleAfter: cfg.StaleAfter.String(), StaleScan: cfg.StaleScan.String(),
 			NeighbourTimeout: cfg.NeighbourTimeout.String(), Faults: cfg.Faults,
-			UnsafeSkipDeadFlag: cfg.UnsafeSkipDeadFlag, UnsafeSkipDrain: cfg.UnsafeSkipDrain,
+			UnsafeSkipDeadFlag: cfg.Mutations.SkipDeadFlag, UnsafeSkipDrain: cfg.Mutations.SkipDrain,
 		},
 		Elapsed: elapsed,
 		Traffic: SoakTraffic{

@@ -152,7 +152,7 @@ func untilViolated(name string) func(SoakProgress) bool {
 
 func TestSoakCatchesSkipDeadFlag(t *testing.T) {
 	cfg := shortSoak(t, untilViolated(violDeadDelivered.String()))
-	cfg.UnsafeSkipDeadFlag = true
+	cfg.Mutations.SkipDeadFlag = true
 	rep := runSoakT(t, cfg)
 	if rep.Violations == 0 || violations(rep, violDeadDelivered.String()) == 0 {
 		t.Fatalf("skipping the dead flag went unnoticed in %v: %d violations", rep.Elapsed, rep.Violations)
@@ -161,7 +161,7 @@ func TestSoakCatchesSkipDeadFlag(t *testing.T) {
 
 func TestSoakCatchesSkipDrain(t *testing.T) {
 	cfg := shortSoak(t, untilViolated(violAfterReap.String()))
-	cfg.UnsafeSkipDrain = true
+	cfg.Mutations.SkipDrain = true
 	rep := runSoakT(t, cfg)
 	if rep.Violations == 0 || violations(rep, violAfterReap.String()) == 0 {
 		t.Fatalf("skipping the drain went unnoticed in %v: %d violations", rep.Elapsed, rep.Violations)

@@ -7,9 +7,6 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -79,33 +76,19 @@ func readLine(r *bufio.Reader) ([]byte, error) {
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.Close() }
 
-// Discover lists the sockets in dir that belong to running processes.
-// Sockets of dead processes are left for their owner's successor to
-// replace (Listen does) and are not returned.
+// Discover lists the sockets in dir that belong to running processes and
+// removes those of processes that are gone (a pid reused by another
+// process counts as gone: the start time in the name tells them apart).
+// Without write permission on dir the stale ones are skipped, not removed.
 func Discover(dir string) ([]string, error) {
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+	live, err := removeStale(dir)
+	if errors.Is(err, fs.ErrPermission) {
+		return live, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("control: discover: %w", err)
 	}
-	var paths []string
-	for _, e := range entries {
-		pidStr, ok := strings.CutSuffix(e.Name(), ".sock")
-		if !ok || e.Type()&fs.ModeSocket == 0 {
-			continue
-		}
-		pid, err := strconv.Atoi(pidStr)
-		if err != nil || pid <= 0 {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join("/proc", pidStr)); err != nil {
-			continue
-		}
-		paths = append(paths, filepath.Join(dir, e.Name()))
-	}
-	return paths, nil
+	return live, nil
 }
 
 // QueryAll sends req to every running process in dir and gathers the

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ipoibcm/ipoib/internal/proc"
 )
 
 // fakeEndpoint stands in for an ipoibcm.Interface.
@@ -70,8 +72,12 @@ func startServer(t *testing.T, eps ...Endpoint) (*Server, string) {
 func TestControlRoundTrip(t *testing.T) {
 	h10, h2, h1 := newFake("ipoib-h10"), newFake("ipoib-h2"), newFake("ipoib-h1")
 	s, dir := startServer(t, h10, h2, h1)
-	if s.Path() != SocketPath(dir, os.Getpid()) {
-		t.Fatalf("path %s, want %s", s.Path(), SocketPath(dir, os.Getpid()))
+	start, err := proc.StartTime(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Path() != SocketPath(dir, os.Getpid(), start) {
+		t.Fatalf("path %s, want %s", s.Path(), SocketPath(dir, os.Getpid(), start))
 	}
 	c, err := Dial(s.Path(), 5*time.Second)
 	if err != nil {
@@ -112,10 +118,6 @@ func TestControlRoundTrip(t *testing.T) {
 		t.Fatalf("stats content %+v", st)
 	}
 
-	// Mode needs a host when the process has several interfaces.
-	if _, err := c.Do(Request{Op: OpMode, Mode: "datagram"}); err == nil || !strings.Contains(err.Error(), "name one with host") {
-		t.Fatalf("mode without host: %v", err)
-	}
 	resp, err = c.Do(Request{Op: OpMode, Host: "ipoib-h1", Mode: "datagram"})
 	if err != nil {
 		t.Fatalf("mode: %v", err)
@@ -129,6 +131,20 @@ func TestControlRoundTrip(t *testing.T) {
 	h2.fail = errors.New("engine refused")
 	if _, err := c.Do(Request{Op: OpMode, Host: "ipoib-h2", Mode: "datagram"}); err == nil || !strings.Contains(err.Error(), "engine refused") {
 		t.Fatalf("failing SetMode: %v", err)
+	}
+	// Without a host every interface switches, or none: h1 switched
+	// before h2 refused and is switched back; h10 was never reached.
+	if _, err := c.Do(Request{Op: OpMode, Mode: "connected"}); err == nil || !strings.Contains(err.Error(), "engine refused") {
+		t.Fatalf("mode of all with one refusing: %v", err)
+	}
+	if h1.Info().Mode != "datagram" || h2.Info().Mode != "connected" || h10.Info().Mode != "connected" {
+		t.Fatalf("after a refused switch of all: h1 %s h2 %s h10 %s, want datagram connected connected",
+			h1.Info().Mode, h2.Info().Mode, h10.Info().Mode)
+	}
+	h2.fail = nil
+	resp, err = c.Do(Request{Op: OpMode, Mode: "datagram"})
+	if err != nil || len(resp.Interfaces) != 3 || h10.Info().Mode != "datagram" || h2.Info().Mode != "datagram" {
+		t.Fatalf("mode of all: %v %+v", err, resp.Interfaces)
 	}
 	if _, err := c.Do(Request{Op: OpStats, Host: "nope"}); err == nil || !strings.Contains(err.Error(), ErrNoSuchHost.Error()) {
 		t.Fatalf("unknown host: %v", err)

@@ -27,8 +27,8 @@ var ErrProtocol = errors.New("control protocol error")
 // Request is one line from a client.
 type Request struct {
 	Op Op `json:"op"`
-	// Host selects one interface by host name; empty means all (list,
-	// stats) and is an error for mode when the process has several.
+	// Host selects one interface by host name; empty means all of the
+	// process's interfaces (a mode switch is then all or nothing).
 	Host string `json:"host,omitempty"`
 	// Mode is the target mode of OpMode: "connected" or "datagram".
 	Mode string `json:"mode,omitempty"`

@@ -12,7 +12,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
+
+	"github.com/ipoibcm/ipoib/internal/proc"
 )
 
 // DefaultDir holds the sockets of every running ipoib process.
@@ -28,9 +31,80 @@ type Endpoint interface {
 	SetMode(mode string) error
 }
 
-// SocketPath is the socket a process with the given pid serves in dir.
-func SocketPath(dir string, pid int) string {
-	return filepath.Join(dir, strconv.Itoa(pid)+".sock")
+// SocketPath is the socket the process with the given pid and start time
+// (internal/proc.StartTime) serves in dir: <pid>-<start>.sock. The start
+// time tells the socket of a dead process from that of a live one which
+// was given the same pid later.
+func SocketPath(dir string, pid int, start uint64) string {
+	return filepath.Join(dir, strconv.Itoa(pid)+"-"+strconv.FormatUint(start, 10)+".sock")
+}
+
+// parseSocketName is SocketPath's inverse on a file name; legacy reports a
+// <pid>.sock name of an older ipoib, which has no start time.
+func parseSocketName(name string) (pid int, start uint64, legacy, ok bool) {
+	base, found := strings.CutSuffix(name, ".sock")
+	if !found {
+		return 0, 0, false, false
+	}
+	pidStr, startStr, hasStart := strings.Cut(base, "-")
+	pid, err := strconv.Atoi(pidStr)
+	if err != nil || pid <= 0 {
+		return 0, 0, false, false
+	}
+	if !hasStart {
+		return pid, 0, true, true
+	}
+	start, err = strconv.ParseUint(startStr, 10, 64)
+	if err != nil {
+		return 0, 0, false, false
+	}
+	return pid, start, false, true
+}
+
+// ownerAlive reports whether the process that made socket name still
+// runs. A legacy name can only be checked by pid.
+func ownerAlive(pid int, start uint64, legacy bool) bool {
+	if legacy {
+		_, err := proc.StartTime(pid)
+		return err == nil
+	}
+	return proc.Alive(pid, start)
+}
+
+// removeStale deletes the sockets in dir whose process is gone (or whose
+// pid now belongs to another process) and returns the paths kept, of
+// running processes. A process killed by a signal cannot remove its own
+// socket; its successors do, so the directory does not fill up and no
+// client dials a dead socket.
+func removeStale(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("control: read %s: %w", dir, err)
+	}
+	var live []string
+	var errs []error
+	for _, e := range entries {
+		if e.Type()&fs.ModeSocket == 0 {
+			continue
+		}
+		pid, start, legacy, ok := parseSocketName(e.Name())
+		if !ok {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		if ownerAlive(pid, start, legacy) {
+			live = append(live, path)
+			continue
+		}
+		// Another process may have removed it first; that is fine.
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("control: remove stale socket: %w", err))
+		}
+	}
+	return live, errors.Join(errs...)
 }
 
 // Server answers control requests for a fixed set of endpoints.
@@ -54,9 +128,10 @@ const (
 	socketMode fs.FileMode = 0o600
 )
 
-// Listen creates dir if needed and serves endpoints on dir/<pid>.sock
-// until Close. A socket left at that path by a dead process with the same
-// pid is replaced.
+// Listen creates dir if needed and serves endpoints on
+// dir/<pid>-<start>.sock
+// until Close. Sockets left in dir by processes that are gone are removed
+// first.
 //
 // dir belongs to ipoib (DefaultDir, /run/ipoib): it is made 0700 even if it
 // already existed, before the socket is created, so no other user can
@@ -73,10 +148,14 @@ func Listen(dir string, endpoints []Endpoint, logger *slog.Logger) (*Server, err
 	if err := os.Chmod(dir, dirMode); err != nil {
 		return nil, fmt.Errorf("control: restrict %s: %w", dir, err)
 	}
-	path := SocketPath(dir, os.Getpid())
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("control: remove old socket: %w", err)
+	start, err := proc.StartTime(os.Getpid())
+	if err != nil {
+		return nil, fmt.Errorf("control: %w", err)
 	}
+	if _, err := removeStale(dir); err != nil {
+		return nil, err
+	}
+	path := SocketPath(dir, os.Getpid(), start)
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("control: listen: %w", err)
@@ -180,19 +259,17 @@ func (s *Server) handle(line []byte) Response {
 			resp.Stats = append(resp.Stats, InterfaceStats{Interface: e.Info(), Stats: b})
 		}
 	case OpMode:
-		if len(eps) > 1 && req.Host == "" {
-			return Response{Error: fmt.Sprintf("mode: %d interfaces in this process; name one with host", len(eps))}
+		infos, err := s.setMode(eps, req.Mode)
+		if err != nil {
+			return Response{Error: oneLine(err)}
 		}
-		for _, e := range eps {
-			if err := e.SetMode(req.Mode); err != nil {
-				return Response{Error: fmt.Sprintf("mode %s on %s: %v", req.Mode, e.Info().Host, err)}
-			}
-			s.log.Info("mode switched", "host", e.Info().Host, "mode", req.Mode)
-			resp.Interfaces = append(resp.Interfaces, e.Info())
-		}
+		resp.Interfaces = infos
 	}
 	return resp
 }
+
+// oneLine keeps a (joined) error on the one line a response carries.
+func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }
 
 // ErrNoSuchHost is reported when a request names a host the process does
 // not serve.

@@ -7,25 +7,18 @@ import (
 
 // QPState is a QP's state (IBTA 10.3.1). SQD and SQE are not modelled:
 // IPoIB never uses them.
+//
+//go:generate go tool stringer -type=QPState -linecomment
 type QPState int
 
 // QP states.
 const (
-	QPStateReset QPState = iota
-	QPStateInit
-	QPStateRTR
-	QPStateRTS
-	QPStateError
+	QPStateReset QPState = iota // RESET
+	QPStateInit                 // INIT
+	QPStateRTR                  // RTR
+	QPStateRTS                  // RTS
+	QPStateError                // ERROR
 )
-
-var qpStateNames = [...]string{"RESET", "INIT", "RTR", "RTS", "ERROR"}
-
-func (s QPState) String() string {
-	if s >= 0 && int(s) < len(qpStateNames) {
-		return qpStateNames[s]
-	}
-	return fmt.Sprintf("QPState(%d)", int(s))
-}
 
 // ErrIllegalTransition is wrapped by Modify when the requested state
 // change is not allowed from the current state.

@@ -1,7 +1,6 @@
 package hca
 
 import (
-	"fmt"
 	"net/netip"
 )
 
@@ -28,6 +27,14 @@ type PKey uint16
 
 // PKeyDefault is the default partition with full membership.
 const PKeyDefault PKey = 0xFFFF
+
+// Matches is the IBTA partition check (IBTA 10.9.3): a packet with P_Key k
+// is accepted by a port or QP holding P_Key o when the low 15 bits (the
+// partition) are equal and at least one of the two is a full member (bit
+// 15); two limited members of a partition cannot talk.
+func (k PKey) Matches(o PKey) bool {
+	return k&0x7FFF == o&0x7FFF && (k|o)&0x8000 != 0
+}
 
 // GID is a 128-bit global identifier. With RoCEv2 it is an IPv6 address or
 // an IPv4-mapped one (::ffff:a.b.c.d).
@@ -85,27 +92,17 @@ func MTUFromEnum(e uint8) MTU {
 }
 
 // QPType is the transport service of a QP.
+//
+//go:generate go tool stringer -type=QPType -linecomment
 type QPType int
 
 // QP types.
 const (
-	QPTypeRC QPType = iota + 1
-	QPTypeUD
+	QPTypeRC QPType = iota + 1 // RC
+	QPTypeUD                   // UD
 	// QPTypeGSI is the UD QP 1; one per device.
-	QPTypeGSI
+	QPTypeGSI // GSI
 )
-
-func (t QPType) String() string {
-	switch t {
-	case QPTypeRC:
-		return "RC"
-	case QPTypeUD:
-		return "UD"
-	case QPTypeGSI:
-		return "GSI"
-	}
-	return fmt.Sprintf("QPType(%d)", int(t))
-}
 
 // Port describes the attributes of the device's (single) port.
 type Port struct {

@@ -14,34 +14,24 @@ import (
 // rxState is the life of a passive (receive-only) connection, Linux's
 // passive_ids / rx_error / rx_flush / rx_drain / rx_reap lists as states
 // (kernel-ipoib.md §4.1).
+//
+//go:generate go tool stringer -type=rxState -linecomment
 type rxState int
 
 const (
-	rxLive      rxState = iota // receiving; on the LRU
-	rxError                    // dead, QP in Error, waiting for LAST_WQE (or the flushed ring)
-	rxFlush                    // LAST_WQE seen, waiting for a drain WR
-	rxDrain                    // covered by the outstanding drain WR
-	rxReap                     // drained: the control loop destroys it
-	rxDestroyed                // QP and CM id gone
+	// rxLive: receiving; on the LRU
+	rxLive rxState = iota // live
+	// rxError: dead, QP in Error, waiting for LAST_WQE (or the flushed ring)
+	rxError // error
+	// rxFlush: LAST_WQE seen, waiting for a drain WR
+	rxFlush // flush
+	// rxDrain: covered by the outstanding drain WR
+	rxDrain // drain
+	// rxReap: drained: the control loop destroys it
+	rxReap // reap
+	// rxDestroyed: QP and CM id gone
+	rxDestroyed // destroyed
 )
-
-func (s rxState) String() string {
-	switch s {
-	case rxLive:
-		return "live"
-	case rxError:
-		return "error"
-	case rxFlush:
-		return "flush"
-	case rxDrain:
-		return "drain"
-	case rxReap:
-		return "reap"
-	case rxDestroyed:
-		return "destroyed"
-	}
-	return fmt.Sprintf("rxState(%d)", int(s))
-}
 
 // rxConn is a passive RC connection (Linux ipoib_cm_rx). The RX poller
 // reads dead, stamp and the counters without a lock; everything else is

@@ -36,28 +36,19 @@ func parseCMPrivateData(b []byte) (hca.QPN, int, error) {
 }
 
 // txState is the life of an active (send-only) connection.
+//
+//go:generate go tool stringer -type=txState -linecomment
 type txState int
 
 const (
-	txConnecting txState = iota // REQ sent; frames park on the neighbour
-	txUp                        // REP applied (OPER_UP); frames go out
-	txClosing                   // QP in Error, waiting for its sends to flush
-	txDestroyed
+	// txConnecting: REQ sent; frames park on the neighbour
+	txConnecting txState = iota // connecting
+	// txUp: REP applied (OPER_UP); frames go out
+	txUp // up
+	// txClosing: QP in Error, waiting for its sends to flush
+	txClosing   // closing
+	txDestroyed // destroyed
 )
-
-func (s txState) String() string {
-	switch s {
-	case txConnecting:
-		return "connecting"
-	case txUp:
-		return "up"
-	case txClosing:
-		return "closing"
-	case txDestroyed:
-		return "destroyed"
-	}
-	return fmt.Sprintf("txState(%d)", int(s))
-}
 
 // txConn is an active RC connection to one neighbour (Linux ipoib_cm_tx).
 type txConn struct {
@@ -75,7 +66,6 @@ type txConn struct {
 	failed        atomic.Bool  // teardown requested once
 	destroyClaim  atomic.Bool  // whoever wins destroys the QP
 	packets, byts atomic.Uint64
-	lastSend      atomic.Int64
 }
 
 // startTXLocked creates the TX connection of n and hands the REQ to the

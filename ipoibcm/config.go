@@ -9,29 +9,20 @@ import (
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/cm"
-	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 )
 
 // Mode is the IPoIB transport mode of an Interface: whether it initiates
 // RC connections (connected) or sends unicast over the UD QP (datagram).
 // In both modes the Interface accepts connections, as Linux does.
+//
+//go:generate go tool stringer -type=Mode -linecomment
 type Mode int
 
 // The two modes; the names are the strings Linux's sysfs "mode" file uses.
 const (
-	ModeDatagram Mode = iota
-	ModeConnected
+	ModeDatagram  Mode = iota // datagram
+	ModeConnected             // connected
 )
-
-func (m Mode) String() string {
-	switch m {
-	case ModeDatagram:
-		return "datagram"
-	case ModeConnected:
-		return "connected"
-	}
-	return fmt.Sprintf("Mode(%d)", int(m))
-}
 
 // ErrInvalidMode is wrapped by ParseMode and SetMode.
 var ErrInvalidMode = errors.New("invalid IPoIB mode")
@@ -152,24 +143,6 @@ type Config struct {
 	DrainTimeout time.Duration
 
 	Logger *slog.Logger
-
-	// UnsafeSkipDeadFlag skips marking a torn-down passive connection
-	// dead, so its late completions are delivered. Soak mutation test only.
-	UnsafeSkipDeadFlag bool
-	// UnsafeSkipDrain destroys a torn-down passive QP right after moving
-	// it to Error, without LAST_WQE and the drain WR. Soak mutation test
-	// only.
-	UnsafeSkipDrain bool
-
-	// OnRXPacket, if set, observes every IP packet delivered to the host:
-	// the peer's hardware address and the payload after the 4-byte IPoIB
-	// header (valid only during the call). It runs on the RX poller and
-	// must not block. The soak uses it to check payloads.
-	OnRXPacket func(peer frame.HWAddr, payload []byte)
-	// OnDeadCompletion, if set, is called for every receive completion of
-	// a connection already marked dead (counted rx_dead_dropped). The soak
-	// uses it to prove no dead completion was delivered.
-	OnDeadCompletion func(wc *hca.WC)
 }
 
 func (c Config) withDefaults() (Config, error) {

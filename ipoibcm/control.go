@@ -3,6 +3,8 @@ package ipoibcm
 import (
 	"sync"
 	"time"
+
+	"github.com/ipoibcm/ipoib/internal/workq"
 )
 
 // control is the ordered control loop's queue: work items run one at a
@@ -10,38 +12,18 @@ import (
 // Posting never blocks, so CM handlers, async-event callbacks and the
 // pollers can hand work over without waiting for it.
 type control struct {
-	mu      sync.Mutex
-	queue   []func()
-	spare   []func()
-	wake    chan struct{}
+	q       *workq.Queue[func()]
 	stopped chan struct{}
 	once    sync.Once
 }
 
 func (c *control) init() {
-	c.wake = make(chan struct{}, 1)
+	c.q = workq.New[func()]()
 	c.stopped = make(chan struct{})
 }
 
 // post queues fn for the control loop.
-func (c *control) post(fn func()) {
-	c.mu.Lock()
-	c.queue = append(c.queue, fn)
-	c.mu.Unlock()
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
-}
-
-// take swaps out the queued work.
-func (c *control) take() []func() {
-	c.mu.Lock()
-	q := c.queue
-	c.queue = c.spare[:0]
-	c.mu.Unlock()
-	return q
-}
+func (c *control) post(fn func()) { c.q.Post(fn) }
 
 func (c *control) stopLoop() { c.once.Do(func() { close(c.stopped) }) }
 
@@ -59,15 +41,12 @@ func (i *Interface) controlLoop() {
 			deadline = i.reaper.shutdownTimer.C
 		}
 		select {
-		case <-i.ctl.wake:
-			q := i.ctl.take()
-			for k, fn := range q {
+		case <-i.ctl.q.Wake():
+			q := i.ctl.q.Take()
+			for _, fn := range q {
 				fn()
-				q[k] = nil
 			}
-			i.ctl.mu.Lock()
-			i.ctl.spare = q[:0]
-			i.ctl.mu.Unlock()
+			i.ctl.q.Recycle(q)
 		case <-stale.C:
 			i.staleScan(time.Now())
 		case <-gc.C:

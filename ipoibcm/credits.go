@@ -46,22 +46,16 @@ func (i *Interface) waitCredits() bool {
 }
 
 // stopReason is what the stopped reader waits for.
+//
+//go:generate go tool stringer -type=stopReason -linecomment
 type stopReason int
 
 const (
-	stopForCredits stopReason = iota // outstanding sends at the limit
-	stopForBuffers                   // every TX pool buffer in flight
+	// stopForCredits: outstanding sends at the limit
+	stopForCredits stopReason = iota // credits
+	// stopForBuffers: every TX pool buffer in flight
+	stopForBuffers // buffers
 )
-
-func (r stopReason) String() string {
-	switch r {
-	case stopForCredits:
-		return "credits"
-	case stopForBuffers:
-		return "buffers"
-	}
-	return "stopReason(?)"
-}
 
 // resumable reports whether what the reader stopped for came back: the
 // credits fell to half (the level returnCredits wakes at) or a buffer is

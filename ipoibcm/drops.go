@@ -4,66 +4,36 @@ import "sync/atomic"
 
 // dropReason names why a packet was dropped. Every packet the Interface
 // takes in is either delivered/sent or counted under exactly one reason.
+//
+//go:generate go tool stringer -type=dropReason -linecomment
 type dropReason int
 
 const (
-	dropTxUnknownEthertype dropReason = iota
-	dropTxTruncated
-	dropTxVLAN
-	dropTxOversize
-	dropTxTooBig
-	dropTxUnknownNeighbour
-	dropTxNeighQueueFull
-	dropTxNeighFlushed
-	dropTxBadARP
-	dropTxBadND
-	dropTxPostFailed
-	dropTxSendError
-	dropTxNoAH
-	dropTxNotIP
-	dropTxClosing
-	dropRxTruncatedHeader
-	dropRxUnknownEthertype
-	dropRxOwnEcho
-	dropRxBadARP
-	dropRxBadND
-	dropRxBadIP
-	dropRxError
-	dropRxWrongPKey
-	dropRxHostWrite
-	dropRxFromUnknownConn
+	dropTxUnknownEthertype dropReason = iota // tx_unknown_ethertype
+	dropTxTruncated                          // tx_truncated
+	dropTxVLAN                               // tx_vlan
+	dropTxOversize                           // tx_oversize
+	dropTxTooBig                             // tx_too_big
+	dropTxUnknownNeighbour                   // tx_unknown_neighbour
+	dropTxNeighQueueFull                     // tx_neigh_queue_full
+	dropTxNeighFlushed                       // tx_neigh_flushed
+	dropTxBadARP                             // tx_bad_arp
+	dropTxBadND                              // tx_bad_nd
+	dropTxPostFailed                         // tx_post_failed
+	dropTxSendError                          // tx_send_error
+	dropTxNoAH                               // tx_no_ah
+	dropTxNotIP                              // tx_not_ip
+	dropRxTruncatedHeader                    // rx_truncated_header
+	dropRxUnknownEthertype                   // rx_unknown_ethertype
+	dropRxOwnEcho                            // rx_own_echo
+	dropRxBadARP                             // rx_bad_arp
+	dropRxBadND                              // rx_bad_nd
+	dropRxBadIP                              // rx_bad_ip
+	dropRxError                              // rx_error
+	dropRxHostWrite                          // rx_host_write
+	dropRxFromUnknownConn                    // rx_unknown_conn
 	numDropReasons
 )
-
-var dropNames = [numDropReasons]string{
-	dropTxUnknownEthertype: "tx_unknown_ethertype",
-	dropTxTruncated:        "tx_truncated",
-	dropTxVLAN:             "tx_vlan",
-	dropTxOversize:         "tx_oversize",
-	dropTxTooBig:           "tx_too_big",
-	dropTxUnknownNeighbour: "tx_unknown_neighbour",
-	dropTxNeighQueueFull:   "tx_neigh_queue_full",
-	dropTxNeighFlushed:     "tx_neigh_flushed",
-	dropTxBadARP:           "tx_bad_arp",
-	dropTxBadND:            "tx_bad_nd",
-	dropTxPostFailed:       "tx_post_failed",
-	dropTxSendError:        "tx_send_error",
-	dropTxNoAH:             "tx_no_ah",
-	dropTxNotIP:            "tx_not_ip",
-	dropTxClosing:          "tx_closing",
-	dropRxTruncatedHeader:  "rx_truncated_header",
-	dropRxUnknownEthertype: "rx_unknown_ethertype",
-	dropRxOwnEcho:          "rx_own_echo",
-	dropRxBadARP:           "rx_bad_arp",
-	dropRxBadND:            "rx_bad_nd",
-	dropRxBadIP:            "rx_bad_ip",
-	dropRxError:            "rx_error",
-	dropRxWrongPKey:        "rx_wrong_pkey",
-	dropRxHostWrite:        "rx_host_write",
-	dropRxFromUnknownConn:  "rx_unknown_conn",
-}
-
-func (r dropReason) String() string { return dropNames[r] }
 
 // isTX tells which Linux counter a drop also feeds: tx_dropped or
 // rx_dropped.

@@ -11,33 +11,22 @@ import (
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/cm"
+	"github.com/ipoibcm/ipoib/internal/mutation"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 	"github.com/ipoibcm/ipoib/napi"
 )
 
 // ifState is the lifecycle of an Interface.
+//
+//go:generate go tool stringer -type=ifState -linecomment
 type ifState int32
 
 const (
-	ifCreated ifState = iota
-	ifRunning
-	ifClosing
-	ifClosed
+	ifCreated ifState = iota // created
+	ifRunning                // running
+	ifClosing                // closing
+	ifClosed                 // closed
 )
-
-func (s ifState) String() string {
-	switch s {
-	case ifCreated:
-		return "created"
-	case ifRunning:
-		return "running"
-	case ifClosing:
-		return "closing"
-	case ifClosed:
-		return "closed"
-	}
-	return fmt.Sprintf("ifState(%d)", int(s))
-}
 
 // headroom is the room kept in front of every receive buffer so the 4-byte
 // IPoIB header at offset headroom becomes the tail of a 14-byte Ethernet
@@ -112,9 +101,22 @@ type Interface struct {
 
 	hostWriteMu sync.Mutex
 
-	// hooks let tests wait for control-loop events instead of polling.
-	// Set before Start; called on the control loop.
+	// mut are the soak's mutations (internal/mutation), found on the
+	// device; the zero value everywhere else.
+	mut mutation.Soak
+
+	// hooks let this package's tests observe the engine and wait for its
+	// events instead of polling. Never set outside the tests; set before
+	// Start.
 	hooks struct {
+		// rxPacket runs on the RX poller for every IP packet delivered to
+		// the host: the peer and the payload after the IPoIB header,
+		// valid only during the call.
+		rxPacket func(peer frame.HWAddr, payload []byte)
+		// deadCompletion runs on the RX poller for every receive
+		// completion of a connection already marked dead.
+		deadCompletion func(wc *hca.WC)
+		// rxReaped and txDestroyed run on the control loop.
 		rxReaped    func(rxConn *rxConn)
 		txDestroyed func(tc *txConn)
 		// beforeTXStop runs on the host reader just before it stops the
@@ -167,6 +169,9 @@ func New(cfg Config) (_ *Interface, err error) {
 		stop:    make(chan struct{}),
 	}
 	i.ctl.init()
+	if c, ok := cfg.Device.(mutation.Carrier); ok {
+		i.mut = c.SoakMutations()
+	}
 	if !i.port.ActiveMTU.Valid() {
 		return nil, fmt.Errorf("%s: port MTU %d: %w", cfg.Name, i.port.ActiveMTU, hca.ErrInvalidArgument)
 	}
@@ -258,7 +263,7 @@ func (i *Interface) createQueues() error {
 	if err != nil {
 		return fmt.Errorf("tx napi: %w", err)
 	}
-	i.rx.init(i.rxCQBatch())
+	i.rx.init(napi.DefaultBatch)
 	if i.ud, err = newUDPath(i); err != nil {
 		return err
 	}
@@ -275,8 +280,6 @@ func (i *Interface) createQueues() error {
 	}
 	return nil
 }
-
-func (i *Interface) rxCQBatch() int { return napi.DefaultBatch }
 
 func (i *Interface) onCQEvent(ev hca.AsyncEvent) {
 	// A CQ overflow loses a completion; the sizing rule should make it
@@ -314,6 +317,11 @@ func (i *Interface) Start() error {
 	}
 	if err := i.host.SetMTU(i.MTU()); err != nil {
 		i.log.Warn("host SetMTU", "err", err)
+	}
+	if h, ok := i.host.(linkLocalSetter); ok {
+		if err := h.SetLinkLocal(LinkLocal(i.port.GID)); err != nil {
+			i.log.Warn("host SetLinkLocal", "err", err)
+		}
 	}
 	i.link.Store(true)
 	if err := i.host.SetLinkUp(true); err != nil {

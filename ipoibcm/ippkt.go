@@ -178,9 +178,6 @@ const (
 	arpOpReply   = 2
 )
 
-// netipZero is the invalid address, for "no IP learnt".
-var netipZero = netip.Addr{} // never written
-
 // ipSrc is the source address of an IPv4 or IPv6 packet.
 func ipSrc(etherType uint16, p []byte) netip.Addr {
 	switch etherType {

@@ -7,11 +7,17 @@ import (
 )
 
 // TestModeSwitchDuringTCP switches both ends mid-transfer and back. The
-// switch must cost the transfer no more than a retransmission timeout or
-// two: before the host learnt the smaller MTU first (switchMode) and cut
-// what it had queued (tap/netstack), the frames read in between were
-// dropped with ICMP and gVisor's TCP took 100-200 timeouts, 20-45 s, to
-// recover the lost tail at the new MSS.
+// host learns the smaller MTU before the engine switches (switchMode) and
+// cuts what it had queued (tap/netstack), so the only frames the switch
+// may drop as too big are those the host reader had already taken, at
+// most one batch; before, every frame read in between was dropped with
+// ICMP and gVisor's TCP took 100-200 timeouts, 20-45 s, to recover the
+// lost tail at the new MSS.
+//
+// How many retransmission timeouts the transfer sees is logged, not
+// asserted: it follows from how many frames the reader happened to hold
+// at the switch, and on a loaded machine a full batch (9 timeouts for 23
+// frames, seen 1 run in 10) is as correct as none.
 func TestModeSwitchDuringTCP(t *testing.T) {
 	tn := newTestNet(t, 2, soft.Config{Seed: 7}, nil)
 	a, b := tn.nodes[0], tn.nodes[1]
@@ -29,8 +35,11 @@ func TestModeSwitchDuringTCP(t *testing.T) {
 	st, hc := a.ifc.Stats(), a.host.Counters()
 	t.Logf("32 MiB across the switch in %v: %d RTOs, tx_too_big %d, host cut %d queued segments, dropped %d stale PMTU messages",
 		took, timeouts.Value(), st.Drops["tx_too_big"], hc.TxResegmented, hc.RxDroppedStalePMTU)
-	if n := timeouts.Value(); n > 3 {
-		t.Fatalf("the switch cost %d retransmission timeouts", n)
+	if batch := uint64(a.host.BatchSize()); st.Drops["tx_too_big"] > batch {
+		t.Fatalf("the switch dropped %d frames as too big, more than the reader's batch of %d", st.Drops["tx_too_big"], batch)
+	}
+	if hc.RxDroppedStalePMTU > st.Drops["tx_too_big"] {
+		t.Fatalf("host dropped %d stale PMTU messages for %d frames answered", hc.RxDroppedStalePMTU, st.Drops["tx_too_big"])
 	}
 	if a.ifc.Mode() != ModeDatagram || a.ifc.MTU() != 4092 || a.host.MTU() != 4092 {
 		t.Fatalf("after switch: mode %v MTU %d host MTU %d", a.ifc.Mode(), a.ifc.MTU(), a.host.MTU())

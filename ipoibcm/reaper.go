@@ -51,7 +51,7 @@ func (i *Interface) teardownRX(rc *rxConn, why string) {
 		return
 	}
 	i.mu.Unlock()
-	if !i.cfg.UnsafeSkipDeadFlag {
+	if !i.mut.SkipDeadFlag {
 		// Under the poll lock: no poll that began before is still running,
 		// and every later one sees the flag.
 		i.rxNAPI.Sync(func() { rc.dead.Store(true) })
@@ -64,7 +64,7 @@ func (i *Interface) teardownRX(rc *rxConn, why string) {
 	if err := rc.qp.Modify(hca.QPAttr{State: hca.QPStateError}); err != nil {
 		i.log.Warn("RX QP to Error", "peer", rc.peer, "err", err)
 	}
-	if i.cfg.UnsafeSkipDrain {
+	if i.mut.SkipDrain {
 		i.reapRX(rc)
 		return
 	}
@@ -83,14 +83,14 @@ func (i *Interface) onLastWQE(rc *rxConn) {
 	switch st {
 	case rxLive:
 		i.rs.lateLastWQE.Add(1)
-		if !i.cfg.UnsafeSkipDeadFlag {
+		if !i.mut.SkipDeadFlag {
 			i.rxNAPI.Sync(func() { rc.dead.Store(true) })
 		}
 	case rxError:
 	default:
-		return // duplicate, or already reaped by UnsafeSkipDrain
+		return // duplicate, or already reaped under the SkipDrain mutation
 	}
-	if i.cfg.UnsafeSkipDrain {
+	if i.mut.SkipDrain {
 		i.reapRX(rc)
 		return
 	}
@@ -145,7 +145,7 @@ func (i *Interface) onRingFlushed(rc *rxConn) {
 	i.mu.Unlock()
 	if st == rxLive {
 		// The QP errored without us: mark it dead before reaping.
-		if !i.cfg.UnsafeSkipDeadFlag {
+		if !i.mut.SkipDeadFlag {
 			i.rxNAPI.Sync(func() { rc.dead.Store(true) })
 		}
 	}

@@ -1,6 +1,7 @@
 package ipoibcm
 
 import (
+	"net/netip"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -236,8 +237,8 @@ func (i *Interface) ringReceiveGone(rc *rxConn) {
 
 func (i *Interface) deadCompletion(wc *hca.WC) {
 	i.ctr.rxDeadDropped.Add(1)
-	if i.cfg.OnDeadCompletion != nil {
-		i.cfg.OnDeadCompletion(wc)
+	if h := i.hooks.deadCompletion; h != nil {
+		h(wc)
 	}
 }
 
@@ -308,8 +309,8 @@ func (i *Interface) deliverIP(r *rxScratch, b []byte, byteLen int, et uint16, sr
 			i.ctr.multicast.Add(1)
 		}
 	}
-	if i.cfg.OnRXPacket != nil {
-		i.cfg.OnRXPacket(peer, pkt)
+	if h := i.hooks.rxPacket; h != nil {
+		h(peer, pkt)
 	}
 	frame.PutEthernet(b, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: et})
 	r.frames = append(r.frames, b[:headroom+byteLen])
@@ -331,7 +332,7 @@ func (i *Interface) deliverND(r *rxScratch, pkt []byte, byteLen int, srcMAC fram
 			if hw.GID() == i.hw.GID() {
 				return i.hostMAC, true
 			}
-			n := i.learnLocked(hw, netipZero, r.clock())
+			n := i.learnLocked(hw, netip.Addr{}, r.clock())
 			if n == nil {
 				return frame.MAC{}, false
 			}
@@ -357,8 +358,8 @@ func (i *Interface) deliverND(r *rxScratch, pkt []byte, byteLen int, srcMAC fram
 	if mac, ok := hostMulticastMAC(frame.EtherTypeIPv6, pkt); ok {
 		dst = mac
 	}
-	if i.cfg.OnRXPacket != nil {
-		i.cfg.OnRXPacket(peer, pkt)
+	if h := i.hooks.rxPacket; h != nil {
+		h(peer, pkt)
 	}
 	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: frame.EtherTypeIPv6})
 	r.frames = append(r.frames, out[:frame.EthHdrLen+n])

@@ -35,9 +35,9 @@ type Config struct {
 	// lock held, from the context's goroutine (or a BusyPoll caller's),
 	// with 1..Batch completions.
 	// The slice is reused for the next batch: Handle must not retain it.
-	// Handle may call Sync (fn then runs directly, the lock is already
-	// held) and Stop (which then does not wait); it must not block on
-	// anything that waits for this Context's poll lock.
+	// Handle must not call Sync or Stop of its Context, nor block on
+	// anything that waits for this Context's poll lock: each would wait
+	// for the poll that is running Handle.
 	Handle func(wcs []hca.WC)
 }
 

@@ -27,9 +27,6 @@ type Context struct {
 	// stopping mirrors stop for the poll loop, which checks it between
 	// batches without a select.
 	stopping atomic.Bool
-	// pollGoroutine is the runtime id of the poll goroutine (0 until it
-	// runs), to recognise calls made from inside Handle.
-	pollGoroutine atomic.Uint64
 	// running is true between Start and Stop, for BusyPoll, which must not
 	// take lifeMu on the data path.
 	running atomic.Bool
@@ -109,13 +106,13 @@ func (c *Context) Schedule() {
 
 // Sync runs fn under the poll lock: when fn runs, no poll that began before
 // Sync was called is still running, and no poll starts until fn returns.
-// Called from inside Handle (the lock is already held by the caller's own
-// poll) Sync runs fn directly.
+//
+// Never call Sync from Handle (nor from anything Handle waits for): it
+// waits for the poll that is calling it. A consumer keeps the rule by
+// structure, not by checking at run time: the code that calls Sync runs on
+// a goroutine of its own (ipoibcm's control loop), and Handle only hands
+// work to it without waiting.
 func (c *Context) Sync(fn func()) {
-	if c.onPollGoroutine() {
-		fn()
-		return
-	}
 	c.pollMu.Lock()
 	defer c.pollMu.Unlock()
 	fn()
@@ -123,9 +120,8 @@ func (c *Context) Sync(fn func()) {
 
 // Stop stops the poll goroutine and waits for it to exit; once Stop returns,
 // Handle is never called again. Stop is idempotent and safe from any
-// goroutine. Called from inside Handle it cannot wait for its own goroutine:
-// the current poll then ends after Handle returns, and no further batch is
-// handled.
+// goroutine but the poll's own: like Sync, never call it from Handle, which
+// it would wait for.
 func (c *Context) Stop() {
 	c.lifeMu.Lock()
 	switch c.state {
@@ -139,9 +135,6 @@ func (c *Context) Stop() {
 		close(c.stop)
 	}
 	c.lifeMu.Unlock()
-	if c.onPollGoroutine() {
-		return
-	}
 	<-c.exited
 	// A BusyPoll that took the lock before stopping was set may still be
 	// in Handle; wait for it. Later ones see stopping under the lock.
@@ -152,15 +145,9 @@ func (c *Context) Stop() {
 // Stats returns a snapshot of the counters.
 func (c *Context) Stats() Stats { return c.counters.snapshot() }
 
-func (c *Context) onPollGoroutine() bool {
-	id := c.pollGoroutine.Load()
-	return id != 0 && id == goroutineID()
-}
-
 // run is the poll goroutine.
 func (c *Context) run() {
 	defer close(c.exited)
-	c.pollGoroutine.Store(goroutineID())
 	for {
 		select {
 		case <-c.stop:
@@ -191,38 +178,24 @@ func (c *Context) pollUntilIdle() {
 }
 
 // pollResult is how a poll ended.
+//
+//go:generate go tool stringer -type=pollResult -linecomment
 type pollResult int
 
 const (
 	// pollArmed: under budget, CQ re-armed, nothing missed: sleep.
-	pollArmed pollResult = iota
+	pollArmed pollResult = iota // armed
 	// pollMissed: under budget, but the re-arm reported queued
 	// completions: poll again.
-	pollMissed
+	pollMissed // missed
 	// pollExhausted: the whole budget was used: yield, poll again.
-	pollExhausted
+	pollExhausted // exhausted
 	// pollStopped: Stop was called during the poll.
-	pollStopped
+	pollStopped // stopped
 	// pollLeftUnarmed: under budget, but a busy poller owns re-arming:
 	// sleep without arming; the busy poller arms in EndBusyPoll.
-	pollLeftUnarmed
+	pollLeftUnarmed // left-unarmed
 )
-
-func (r pollResult) String() string {
-	switch r {
-	case pollArmed:
-		return "armed"
-	case pollMissed:
-		return "missed"
-	case pollExhausted:
-		return "exhausted"
-	case pollStopped:
-		return "stopped"
-	case pollLeftUnarmed:
-		return "left-unarmed"
-	}
-	return "pollResult(?)"
-}
 
 // poll is one pass over the CQ under the poll lock.
 func (c *Context) poll() pollResult {

@@ -29,6 +29,12 @@
 // destroying its QP): when fn runs, no poll that began before Sync is still
 // running and none can start until fn returns.
 //
+// The one rule a consumer must keep: never call Sync or Stop from Handle.
+// Both wait for the running poll, which is the caller itself. napi does
+// not detect the mistake (Go gives a goroutine no identity to check
+// against); a consumer keeps the rule by structure, calling Sync and Stop
+// only from goroutines of its own that Handle never waits for.
+//
 // BusyPoll lets a producer reap completions itself, on its own goroutine,
 // as Linux's busy polling and the TX reaping of mlx4/mlx5's transmit path
 // do: it polls under the same lock (TryLock: it never waits for a running

@@ -153,46 +153,6 @@ func TestStopConcurrentCallersAllWait(t *testing.T) {
 	})
 }
 
-// TestStopFromHandle: Stop inside Handle cannot wait for its own goroutine;
-// the poll ends after the current batch and the goroutine exits.
-func TestStopFromHandle(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		cq := newFakeCQ(16)
-		var ctx *Context
-		var batches [][]uint64
-		ctx, err := New(Config{CQ: cq, Batch: 2, Handle: func(wcs []hca.WC) {
-			var ids []uint64
-			for _, wc := range wcs {
-				ids = append(ids, wc.ID)
-			}
-			batches = append(batches, ids)
-			ctx.Stop()
-		}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cq.onCompletion = ctx.Schedule
-		ctx.Start()
-		if err := cq.add(recvWC(1), recvWC(2), recvWC(3), recvWC(4), recvWC(5)); err != nil {
-			t.Fatal(err)
-		}
-		synctest.Wait()
-		if len(batches) != 1 || len(batches[0]) != 2 {
-			t.Errorf("batches %v, want exactly one batch of 2", batches)
-		}
-		if got := cq.len(); got != 3 {
-			t.Errorf("%d left in CQ, want 3", got)
-		}
-		if got := pollGoroutines(); got != 0 {
-			t.Errorf("%d poll goroutines, want 0", got)
-		}
-		ctx.Stop() // from outside as well: returns, the goroutine is gone
-		if got := ctx.State(); got != StateStopped {
-			t.Errorf("state %v, want %v", got, StateStopped)
-		}
-	})
-}
-
 // TestStopBeforeStart: a never-started Context stops without a goroutine and
 // Schedule before and after is harmless.
 func TestStopBeforeStart(t *testing.T) {

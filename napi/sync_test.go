@@ -99,34 +99,6 @@ func TestSyncBlocksNewPolls(t *testing.T) {
 	waitFor(t, handled, "the completion posted inside Sync")
 }
 
-// TestSyncFromHandleRunsDirectly: Handle already holds the poll lock, so
-// Sync from Handle must run fn at once rather than deadlock.
-func TestSyncFromHandleRunsDirectly(t *testing.T) {
-	cq := newFakeCQ(8)
-	done := make(chan struct{})
-	var ran, ranInline bool
-	var ctx *Context
-	ctx, err := New(Config{Name: "sync", CQ: cq, Handle: func([]hca.WC) {
-		inHandle := true
-		ctx.Sync(func() { ran, ranInline = true, inHandle })
-		inHandle = false
-		close(done)
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cq.onCompletion = ctx.Schedule
-	ctx.Start()
-	defer ctx.Stop()
-	if err := cq.add(recvWC(1)); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, done, "Handle calling Sync")
-	if !ran || !ranInline {
-		t.Errorf("fn ran=%v inline=%v, want both", ran, ranInline)
-	}
-}
-
 // TestSyncOutsideRunningState: before Start and after Stop there is no poll,
 // and Sync still runs fn.
 func TestSyncOutsideRunningState(t *testing.T) {

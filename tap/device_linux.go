@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -51,6 +52,8 @@ type Device struct {
 
 	nlMu sync.Mutex // a netlink.Handle is not safe for concurrent requests
 	nl   *netlink.Handle
+	// linkLocal is the IPv6 link-local address SetLinkLocal chose; nlMu.
+	linkLocal netip.Addr
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -272,6 +275,9 @@ func (d *Device) SetLinkUp(up bool) error {
 	}
 	if err != nil {
 		return fmt.Errorf("tap %s: set link up=%t: %w", d.name, up, err)
+	}
+	if up {
+		return d.applyLinkLocal(l)
 	}
 	return nil
 }

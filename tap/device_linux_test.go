@@ -274,3 +274,64 @@ func TestReadFramesTruncatesToBuffer(t *testing.T) {
 	}
 	t.Fatal("no ARP reply among 64 frames")
 }
+
+// linkLocals lists the fe80::/64 addresses of the link.
+func linkLocals(t *testing.T, ns *Netns, name string) []netip.Addr {
+	t.Helper()
+	h, err := ns.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := h.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	as, err := h.AddrList(l, netlink.FAMILY_V6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []netip.Addr
+	for _, a := range as {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.IsLinkLocalUnicast() {
+			out = append(out, ip)
+		}
+	}
+	return out
+}
+
+// TestLinkLocalReplacesMACDerived: after SetLinkLocal the link carries
+// that fe80:: address and not the one the kernel derives from the MAC,
+// across the link going down and up again.
+func TestLinkLocalReplacesMACDerived(t *testing.T) {
+	requireRoot(t)
+	o := testOwner(t)
+	ns := createNetns(t, o, "ll")
+	ll := netip.MustParseAddr("fe80::200:ffff:a63:1")
+	d, err := Open(Config{Name: "ibt2", Netns: ns})
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	defer d.Close()
+	// Up first, as a lab whose engine restarts finds it: the kernel's
+	// MAC-derived address is there and must go.
+	if err := d.SetLinkUp(true); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetLinkLocal(ll); err != nil {
+		t.Fatal(err)
+	}
+	for _, up := range []bool{true, false, true} {
+		if err := d.SetLinkUp(up); err != nil {
+			t.Fatal(err)
+		}
+		got := linkLocals(t, ns, "ibt2")
+		// Down, the kernel flushes IPv6 addresses; up, ours is back and
+		// nothing derived from the MAC came with it.
+		if up && (len(got) != 1 || got[0] != ll) || !up && len(got) != 0 {
+			t.Fatalf("link up=%t: link-local addresses %v, want %v (MAC %v)", up, got, ll, d.mac)
+		}
+	}
+	if err := d.SetLinkLocal(netip.MustParseAddr("2001:db8::1")); err == nil {
+		t.Fatal("a global address accepted as link-local")
+	}
+}

@@ -57,24 +57,3 @@ func markerField(line []byte, key string) (uint64, error) {
 	}
 	return n, nil
 }
-
-// parseProcStartTime extracts the start time (field 22) from the contents
-// of /proc/<pid>/stat. The command name (field 2) may hold spaces and
-// parentheses, so fields are counted from the last ')'.
-func parseProcStartTime(stat []byte) (uint64, error) {
-	i := bytes.LastIndexByte(stat, ')')
-	if i < 0 {
-		return 0, errors.New("proc stat: no command name")
-	}
-	// After ") " come fields 3, 4, ...; field 22 is the 20th of them.
-	fields := bytes.Fields(stat[i+1:])
-	const startIndex = 22 - 3
-	if len(fields) <= startIndex {
-		return 0, fmt.Errorf("proc stat: %d fields after command, need %d", len(fields), startIndex+1)
-	}
-	n, err := strconv.ParseUint(string(fields[startIndex]), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("proc stat: start time: %w", err)
-	}
-	return n, nil
-}

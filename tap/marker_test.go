@@ -33,24 +33,6 @@ func TestOwnerMarkerRejects(t *testing.T) {
 	}
 }
 
-func TestParseProcStartTime(t *testing.T) {
-	// A command name with spaces and a parenthesis, as /proc allows.
-	stat := "1234 (we ird) cmd) S 1 1234 1234 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 777888 1000 10 18446744073709551615\n"
-	got, err := parseProcStartTime([]byte(stat))
-	if err != nil {
-		t.Fatalf("parse: %v", err)
-	}
-	if got != 777888 {
-		t.Fatalf("start = %d, want 777888", got)
-	}
-	if _, err := parseProcStartTime([]byte("1 (x) S 1 2")); err == nil {
-		t.Fatal("short stat parsed without error")
-	}
-	if _, err := parseProcStartTime([]byte("no paren")); err == nil {
-		t.Fatal("stat without command parsed without error")
-	}
-}
-
 func TestSelfMarkerMatchesLiveProcess(t *testing.T) {
 	me, err := selfMarker()
 	if err != nil {
@@ -78,13 +60,5 @@ func FuzzParseOwnerMarker(f *testing.F) {
 		if err != nil || again != m {
 			t.Fatalf("re-marshal of %+v: %+v, %v", m, again, err)
 		}
-	})
-}
-
-func FuzzParseProcStartTime(f *testing.F) {
-	f.Add([]byte("1 (init) S 0 1 1 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 5 0 0\n"))
-	f.Add([]byte(")"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		parseProcStartTime(b) // must not panic
 	})
 }

@@ -8,9 +8,9 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 
+	"github.com/ipoibcm/ipoib/internal/proc"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -291,27 +291,16 @@ func readMarker(path string) (ownerMarker, error) {
 }
 
 func selfMarker() (ownerMarker, error) {
-	start, err := procStartTime(os.Getpid())
+	start, err := proc.StartTime(os.Getpid())
 	if err != nil {
 		return ownerMarker{}, err
 	}
 	return ownerMarker{PID: os.Getpid(), Start: start}, nil
 }
 
-func procStartTime(pid int) (uint64, error) {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return 0, fmt.Errorf("pid %d: %w", pid, err)
-	}
-	return parseProcStartTime(b)
-}
-
 // processAlive reports whether the marker's process still runs: the pid
 // exists and started at the recorded time.
-func processAlive(m ownerMarker) bool {
-	start, err := procStartTime(m.PID)
-	return err == nil && start == m.Start
-}
+func processAlive(m ownerMarker) bool { return proc.Alive(m.PID, m.Start) }
 
 // errThreadTainted marks a failure after which the locked thread may be in
 // the wrong namespace and must not return to the scheduler's pool.

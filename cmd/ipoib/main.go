@@ -15,17 +15,19 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	// A log on a pipe that went away ('ipoib fabric 2>&1 | tee log', tee
+	// gone first on Ctrl-C) must not kill the process with SIGPIPE before
+	// it removed its namespaces, TAPs and control socket: ignored, the
+	// write fails with EPIPE and the log line is lost, nothing else.
+	// SIGHUP (the terminal closed) stops the run cleanly like Ctrl-C.
+	signal.Ignore(syscall.SIGPIPE)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	code := cli.Main(ctx, os.Args[1:], cli.Env{
 		Stdout:     os.Stdout,
 		Stderr:     os.Stderr,
 		Euid:       os.Geteuid,
 		ControlDir: control.DefaultDir,
 		MarkerDir:  tap.DefaultMarkerDir,
-		Engine:     softEngine{},
-		InProc:     runInProc,
-		Soak:       runSoak,
-		Up:         runUp,
 	})
 	stop()
 	os.Exit(code)

@@ -1,54 +1,36 @@
 package cm
 
-import "fmt"
-
 // EventType names what happened to a connection.
+//
+//go:generate go tool stringer -type=EventType -linecomment
 type EventType int
 
 // Connection events.
 const (
 	// EventEstablished: RTU sent (active) or RTU / first receive seen
 	// (passive).
-	EventEstablished EventType = iota + 1
+	EventEstablished EventType = iota + 1 // ESTABLISHED
 	// EventREPReceived: active side, the QP is in RTS; the RTU leaves when
 	// the handler returns, unless it called Conn.Reject.
-	EventREPReceived
+	EventREPReceived // REP_RECEIVED
 	// EventRejected: the peer sent REJ (RejectReason), or the CM rejected a
 	// REP it could not apply (Err set).
-	EventRejected
+	EventRejected // REJECTED
 	// EventTimedOut: REQ or REP retries ran out; a REJ TIMEOUT was sent.
-	EventTimedOut
+	EventTimedOut // TIMED_OUT
 	// EventDisconnectRequested: the peer sent DREQ; the CM already answered
 	// with DREP and the connection is in time-wait.
-	EventDisconnectRequested
+	EventDisconnectRequested // DISCONNECT_REQUESTED
 	// EventDisconnected: our DREQ was answered by DREP (or crossed the
 	// peer's DREQ), or its retries ran out; the connection is in time-wait.
-	EventDisconnected
+	EventDisconnected // DISCONNECTED
 	// EventTimeWaitExit: time-wait ended; the connection is idle and
 	// forgotten.
-	EventTimeWaitExit
+	EventTimeWaitExit // TIMEWAIT_EXIT
 	// EventStale: a new REQ from the same remote QPN and GID showed this
 	// established connection to be stale (the peer restarted); tear it down.
-	EventStale
+	EventStale // STALE
 )
-
-var eventNames = [...]string{
-	EventEstablished:         "ESTABLISHED",
-	EventREPReceived:         "REP_RECEIVED",
-	EventRejected:            "REJECTED",
-	EventTimedOut:            "TIMED_OUT",
-	EventDisconnectRequested: "DISCONNECT_REQUESTED",
-	EventDisconnected:        "DISCONNECTED",
-	EventTimeWaitExit:        "TIMEWAIT_EXIT",
-	EventStale:               "STALE",
-}
-
-func (e EventType) String() string {
-	if e > 0 && int(e) < len(eventNames) {
-		return eventNames[e]
-	}
-	return fmt.Sprintf("EventType(%d)", int(e))
-}
 
 // Event is delivered to a connection's Handler.
 type Event struct {

@@ -68,6 +68,9 @@ const (
 // msgTypes lists the message types the codec knows, for counters.
 var msgTypes = [...]MsgType{MsgREQ, MsgMRA, MsgREJ, MsgREP, MsgRTU, MsgDREQ, MsgDREP}
 
+// String is written by hand, unlike the other enums' generated ones: an
+// unknown attribute ID prints in hex, the way IBTA tables and tshark show
+// attribute IDs.
 func (t MsgType) String() string {
 	switch t {
 	case MsgREQ:

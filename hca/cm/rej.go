@@ -7,99 +7,57 @@ import (
 
 // RejectReason is a REJ reason code (IBTA table 109, Linux enum
 // ib_cm_rej_reason).
+//
+//go:generate go tool stringer -type=RejectReason -linecomment
 type RejectReason uint16
 
 // Reject reasons.
 const (
-	RejectNoQP                  RejectReason = 1
-	RejectNoEEC                 RejectReason = 2
-	RejectNoResources           RejectReason = 3
-	RejectTimeout               RejectReason = 4
-	RejectUnsupported           RejectReason = 5
-	RejectInvalidCommID         RejectReason = 6
-	RejectInvalidCommInstance   RejectReason = 7
-	RejectInvalidServiceID      RejectReason = 8
-	RejectInvalidTransportType  RejectReason = 9
-	RejectStaleConn             RejectReason = 10
-	RejectRDCNotExist           RejectReason = 11
-	RejectInvalidGID            RejectReason = 12
-	RejectInvalidLID            RejectReason = 13
-	RejectInvalidSL             RejectReason = 14
-	RejectInvalidTrafficClass   RejectReason = 15
-	RejectInvalidHopLimit       RejectReason = 16
-	RejectInvalidPacketRate     RejectReason = 17
-	RejectPortCMRedirect        RejectReason = 24
-	RejectPortRedirect          RejectReason = 25
-	RejectInvalidMTU            RejectReason = 26
-	RejectInsufficientRespRes   RejectReason = 27
-	RejectConsumerDefined       RejectReason = 28
-	RejectInvalidRNRRetry       RejectReason = 29
-	RejectDuplicateLocalCommID  RejectReason = 30
-	RejectInvalidClassVersion   RejectReason = 31
-	RejectInvalidFlowLabel      RejectReason = 32
-	RejectInvalidAltFlowLabel   RejectReason = 33
-	RejectVendorOptionNotSupptd RejectReason = 35
+	RejectNoQP                  RejectReason = 1  // NO_QP
+	RejectNoEEC                 RejectReason = 2  // NO_EEC
+	RejectNoResources           RejectReason = 3  // NO_RESOURCES
+	RejectTimeout               RejectReason = 4  // TIMEOUT
+	RejectUnsupported           RejectReason = 5  // UNSUPPORTED
+	RejectInvalidCommID         RejectReason = 6  // INVALID_COMM_ID
+	RejectInvalidCommInstance   RejectReason = 7  // INVALID_COMM_INSTANCE
+	RejectInvalidServiceID      RejectReason = 8  // INVALID_SERVICE_ID
+	RejectInvalidTransportType  RejectReason = 9  // INVALID_TRANSPORT_TYPE
+	RejectStaleConn             RejectReason = 10 // STALE_CONN
+	RejectRDCNotExist           RejectReason = 11 // RDC_NOT_EXIST
+	RejectInvalidGID            RejectReason = 12 // INVALID_GID
+	RejectInvalidLID            RejectReason = 13 // INVALID_LID
+	RejectInvalidSL             RejectReason = 14 // INVALID_SL
+	RejectInvalidTrafficClass   RejectReason = 15 // INVALID_TRAFFIC_CLASS
+	RejectInvalidHopLimit       RejectReason = 16 // INVALID_HOP_LIMIT
+	RejectInvalidPacketRate     RejectReason = 17 // INVALID_PACKET_RATE
+	RejectPortCMRedirect        RejectReason = 24 // PORT_CM_REDIRECT
+	RejectPortRedirect          RejectReason = 25 // PORT_REDIRECT
+	RejectInvalidMTU            RejectReason = 26 // INVALID_MTU
+	RejectInsufficientRespRes   RejectReason = 27 // INSUFFICIENT_RESP_RESOURCES
+	RejectConsumerDefined       RejectReason = 28 // CONSUMER_DEFINED
+	RejectInvalidRNRRetry       RejectReason = 29 // INVALID_RNR_RETRY
+	RejectDuplicateLocalCommID  RejectReason = 30 // DUPLICATE_LOCAL_COMM_ID
+	RejectInvalidClassVersion   RejectReason = 31 // INVALID_CLASS_VERSION
+	RejectInvalidFlowLabel      RejectReason = 32 // INVALID_FLOW_LABEL
+	RejectInvalidAltFlowLabel   RejectReason = 33 // INVALID_ALT_FLOW_LABEL
+	RejectVendorOptionNotSupptd RejectReason = 35 // VENDOR_OPTION_NOT_SUPPORTED
 )
 
-var rejectNames = map[RejectReason]string{
-	RejectNoQP:                  "NO_QP",
-	RejectNoEEC:                 "NO_EEC",
-	RejectNoResources:           "NO_RESOURCES",
-	RejectTimeout:               "TIMEOUT",
-	RejectUnsupported:           "UNSUPPORTED",
-	RejectInvalidCommID:         "INVALID_COMM_ID",
-	RejectInvalidCommInstance:   "INVALID_COMM_INSTANCE",
-	RejectInvalidServiceID:      "INVALID_SERVICE_ID",
-	RejectInvalidTransportType:  "INVALID_TRANSPORT_TYPE",
-	RejectStaleConn:             "STALE_CONN",
-	RejectRDCNotExist:           "RDC_NOT_EXIST",
-	RejectInvalidGID:            "INVALID_GID",
-	RejectInvalidLID:            "INVALID_LID",
-	RejectInvalidSL:             "INVALID_SL",
-	RejectInvalidTrafficClass:   "INVALID_TRAFFIC_CLASS",
-	RejectInvalidHopLimit:       "INVALID_HOP_LIMIT",
-	RejectInvalidPacketRate:     "INVALID_PACKET_RATE",
-	RejectPortCMRedirect:        "PORT_CM_REDIRECT",
-	RejectPortRedirect:          "PORT_REDIRECT",
-	RejectInvalidMTU:            "INVALID_MTU",
-	RejectInsufficientRespRes:   "INSUFFICIENT_RESP_RESOURCES",
-	RejectConsumerDefined:       "CONSUMER_DEFINED",
-	RejectInvalidRNRRetry:       "INVALID_RNR_RETRY",
-	RejectDuplicateLocalCommID:  "DUPLICATE_LOCAL_COMM_ID",
-	RejectInvalidClassVersion:   "INVALID_CLASS_VERSION",
-	RejectInvalidFlowLabel:      "INVALID_FLOW_LABEL",
-	RejectInvalidAltFlowLabel:   "INVALID_ALT_FLOW_LABEL",
-	RejectVendorOptionNotSupptd: "VENDOR_OPTION_NOT_SUPPORTED",
-}
-
-func (r RejectReason) String() string {
-	if s, ok := rejectNames[r]; ok {
-		return s
-	}
-	return fmt.Sprintf("RejectReason(%d)", uint16(r))
-}
+// rejectReasons lists every reason the codec names, for counters that
+// show each one, zero included.
+var rejectReasons = [...]RejectReason{RejectNoQP, RejectNoEEC, RejectNoResources, RejectTimeout, RejectUnsupported, RejectInvalidCommID, RejectInvalidCommInstance, RejectInvalidServiceID, RejectInvalidTransportType, RejectStaleConn, RejectRDCNotExist, RejectInvalidGID, RejectInvalidLID, RejectInvalidSL, RejectInvalidTrafficClass, RejectInvalidHopLimit, RejectInvalidPacketRate, RejectPortCMRedirect, RejectPortRedirect, RejectInvalidMTU, RejectInsufficientRespRes, RejectConsumerDefined, RejectInvalidRNRRetry, RejectDuplicateLocalCommID, RejectInvalidClassVersion, RejectInvalidFlowLabel, RejectInvalidAltFlowLabel, RejectVendorOptionNotSupptd}
 
 // MsgResponse says which message a REJ or MRA answers (IBTA table 107).
+//
+//go:generate go tool stringer -type=MsgResponse -linecomment
 type MsgResponse uint8
 
 // Values of MessageRejected / MessageMRAed.
 const (
-	RespondsToREQ   MsgResponse = 0
-	RespondsToREP   MsgResponse = 1
-	RespondsToOther MsgResponse = 2
+	RespondsToREQ   MsgResponse = 0 // REQ
+	RespondsToREP   MsgResponse = 1 // REP
+	RespondsToOther MsgResponse = 2 // other
 )
-
-func (r MsgResponse) String() string {
-	switch r {
-	case RespondsToREQ:
-		return "REQ"
-	case RespondsToREP:
-		return "REP"
-	case RespondsToOther:
-		return "other"
-	}
-	return fmt.Sprintf("MsgResponse(%d)", uint8(r))
-}
 
 // REJ is Reject (IBTA 12.6.7, table 108).
 type REJ struct {

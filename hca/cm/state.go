@@ -1,9 +1,9 @@
 package cm
 
-import "fmt"
-
 // State is a connection's CM state (IBTA 12.9.6 figures 137-139, the
 // subset an RC consumer without LAP/APR goes through).
+//
+//go:generate go tool stringer -type=State -linecomment
 type State int
 
 // Connection states. A DREQ received is answered with a DREP at once, so a
@@ -12,43 +12,24 @@ type State int
 const (
 	// StateIdle: not connected; a new, rejected, timed-out or finished
 	// connection.
-	StateIdle State = iota
+	StateIdle State = iota // IDLE
 	// StateListening is the state of a Listener.
-	StateListening
+	StateListening // LISTEN
 	// StateREQSent: active side, waiting for REP (or REJ, MRA).
-	StateREQSent
+	StateREQSent // REQ_SENT
 	// StateREPReceived: active side, QP in RTS, the consumer's
 	// EventREPReceived handler runs; RTU (or REJ) follows when it returns.
-	StateREPReceived
+	StateREPReceived // REP_RCVD
 	// StateREQReceived: passive side, the consumer has not decided yet
 	// (Decision.Defer); duplicate REQs get an MRA.
-	StateREQReceived
+	StateREQReceived // REQ_RCVD
 	// StateREPSent: passive side, waiting for RTU or the first receive.
-	StateREPSent
+	StateREPSent // REP_SENT
 	// StateEstablished: both sides may use the QP.
-	StateEstablished
+	StateEstablished // ESTABLISHED
 	// StateDREQSent: waiting for DREP.
-	StateDREQSent
+	StateDREQSent // DREQ_SENT
 	// StateTimeWait: disconnected; late MADs for the connection are still
 	// answered until the time-wait timer expires.
-	StateTimeWait
+	StateTimeWait // TIMEWAIT
 )
-
-var stateNames = [...]string{
-	StateIdle:        "IDLE",
-	StateListening:   "LISTEN",
-	StateREQSent:     "REQ_SENT",
-	StateREPReceived: "REP_RCVD",
-	StateREQReceived: "REQ_RCVD",
-	StateREPSent:     "REP_SENT",
-	StateEstablished: "ESTABLISHED",
-	StateDREQSent:    "DREQ_SENT",
-	StateTimeWait:    "TIMEWAIT",
-}
-
-func (s State) String() string {
-	if s >= 0 && int(s) < len(stateNames) {
-		return stateNames[s]
-	}
-	return fmt.Sprintf("State(%d)", int(s))
-}

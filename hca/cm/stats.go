@@ -2,49 +2,29 @@ package cm
 
 import (
 	"errors"
-	"fmt"
 )
 
 // DropReason says why a received MAD was dropped.
+//
+//go:generate go tool stringer -type=DropReason -linecomment
 type DropReason int
 
 // Drop reasons: the first group is malformed MADs (DecodeMAD errors), the
 // second MADs that decode but match no connection in a fitting state.
 const (
-	DropShort DropReason = iota
-	DropLong
-	DropBaseVersion
-	DropMgmtClass
-	DropClassVersion
-	DropMethod
-	DropAttribute
-	DropInconsistent
-	DropRecvError
-	DropUnknownConn
-	DropUnexpected
+	DropShort        DropReason = iota // short
+	DropLong                           // long
+	DropBaseVersion                    // base_version
+	DropMgmtClass                      // mgmt_class
+	DropClassVersion                   // class_version
+	DropMethod                         // method
+	DropAttribute                      // attribute
+	DropInconsistent                   // inconsistent_field
+	DropRecvError                      // recv_error
+	DropUnknownConn                    // unknown_comm_id
+	DropUnexpected                     // unexpected_in_state
 	dropReasonCount
 )
-
-var dropNames = [...]string{
-	DropShort:        "short",
-	DropLong:         "long",
-	DropBaseVersion:  "base_version",
-	DropMgmtClass:    "mgmt_class",
-	DropClassVersion: "class_version",
-	DropMethod:       "method",
-	DropAttribute:    "attribute",
-	DropInconsistent: "inconsistent_field",
-	DropRecvError:    "recv_error",
-	DropUnknownConn:  "unknown_comm_id",
-	DropUnexpected:   "unexpected_in_state",
-}
-
-func (r DropReason) String() string {
-	if r >= 0 && r < dropReasonCount {
-		return dropNames[r]
-	}
-	return fmt.Sprintf("DropReason(%d)", int(r))
-}
 
 // dropReasonOf maps a decoding error to its drop reason.
 func dropReasonOf(err error) DropReason {
@@ -132,7 +112,7 @@ func (c *counters) snapshot() Stats {
 	for r, n := range c.dropped {
 		s.Dropped[DropReason(r)] = n
 	}
-	for r := range rejectNames {
+	for _, r := range rejectReasons {
 		s.RejSent[r], s.RejReceived[r] = 0, 0
 	}
 	for r, n := range c.rejSent {

@@ -36,6 +36,8 @@ type Device struct {
 	local    netip.AddrPort
 	sock     *udpSocket
 	ctr      counters
+	// srcPorts are the per-QP send sockets; guarded by mu.
+	srcPorts *sourcePorts
 	// maxPacket is the largest UDP payload the device sends or accepts.
 	maxPacket int
 
@@ -73,11 +75,12 @@ type Device struct {
 	wg        sync.WaitGroup
 }
 
-// txPacket is one datagram waiting for the socket; the UDP port is the
-// fabric's.
+// txPacket is one datagram waiting for the socket: src is its QP's, the
+// destination port the fabric's.
 type txPacket struct {
 	buf []byte
 	to  netip.Addr
+	src *udpSocket
 }
 
 // pendingEvent is an async event to deliver outside the lock.
@@ -124,6 +127,7 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 		local:     netip.AddrPortFrom(cfg.Bind.Addr(), sock.port),
 		sock:      sock,
 		tx:        tx,
+		srcPorts:  newSourcePorts(sock, cfg.Bind.Addr()),
 		faults:    newFaultInjector(cfg.Faults),
 		maxPacket: wire.PacketLen(wire.OpUDSendOnly, int(cfg.MTU)),
 		qps:       make(map[hca.QPN]*qp),
@@ -253,6 +257,7 @@ func (d *Device) Close() error {
 	}
 	clear(d.qps)
 	d.gsi = nil
+	d.srcPorts.closeAll(&d.ctr)
 	d.mu.Unlock()
 	close(d.done)
 	err := d.sock.Close()
@@ -292,14 +297,18 @@ func (d *Device) getBuf() []byte {
 }
 
 // queuePacket fills in the ICRC of pkt (a buffer from getBuf, sliced to
-// the packet) as the kernel will send it to dst, and queues it; mu held.
-func (d *Device) queuePacket(dst netip.Addr, pkt []byte) {
+// the packet) as the kernel will send it from src to dst, and queues it;
+// mu held. The ICRC covers the UDP ports, so the socket is fixed here.
+func (d *Device) queuePacket(src *udpSocket, dst netip.Addr, pkt []byte) {
+	if src == nil {
+		src = d.sock
+	}
 	var hdr [wire.IPv6HeaderLen + wire.UDPHeaderLen]byte
 	udpLen := wire.UDPHeaderLen + len(pkt)
 	n := wire.PutIPHeader(hdr[:], d.local.Addr(), dst, udpLen)
-	wire.PutUDPHeader(hdr[n:], d.local.Port(), d.local.Port(), udpLen)
+	wire.PutUDPHeader(hdr[n:], src.port, d.local.Port(), udpLen)
 	_ = wire.PutICRC(hdr[:n], hdr[n:n+wire.UDPHeaderLen], pkt)
-	d.work.out = append(d.work.out, txPacket{buf: pkt, to: dst})
+	d.work.out = append(d.work.out, txPacket{buf: pkt, to: dst, src: src})
 }
 
 // unlock releases mu and then does the work the critical section queued:
@@ -353,7 +362,7 @@ const txBatch = 64
 func (d *Device) transmit(out []txPacket) {
 	if !d.cfg.Faults.active() {
 		for i := range out {
-			d.stage(out[i].buf, out[i].to)
+			d.stage(out[i].buf, out[i].to, out[i].src)
 		}
 		d.flushTx()
 		return
@@ -371,14 +380,14 @@ func (d *Device) transmit(out []txPacket) {
 			d.ctr.faultDropped.Add(1)
 			continue
 		case faultDelay:
-			fi.hold(out[i].buf, out[i].to, now)
+			fi.hold(out[i].buf, out[i].to, out[i].src, now)
 			d.ctr.faultDelayed.Add(1)
 			continue
 		case faultDuplicate:
-			d.stage(out[i].buf, out[i].to)
+			d.stage(out[i].buf, out[i].to, out[i].src)
 			d.ctr.faultDuplicated.Add(1)
 		}
-		d.stage(out[i].buf, out[i].to)
+		d.stage(out[i].buf, out[i].to, out[i].src)
 	}
 	d.flushTx()
 	d.releaseHeld(now)
@@ -390,10 +399,10 @@ func (d *Device) transmit(out []txPacket) {
 
 // stage adds a datagram to the write batch, flushing a full batch; txMu
 // held.
-func (d *Device) stage(buf []byte, to netip.Addr) {
-	if !d.tx.stage(buf, to) {
+func (d *Device) stage(buf []byte, to netip.Addr, src *udpSocket) {
+	if !d.tx.stage(buf, to, src) {
 		d.flushTx()
-		d.tx.stage(buf, to)
+		d.tx.stage(buf, to, src)
 	}
 }
 

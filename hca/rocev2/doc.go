@@ -1,5 +1,5 @@
 // Package rocev2 is an HCA backend that speaks RoCEv2 over UDP: every
-// device is one UDP socket, its port GID is its bind address as a GID
+// device receives on one UDP socket, its port GID is its bind address as a GID
 // (::ffff:a.b.c.d), and the packets it sends are standard BTH/DETH/AETH
 // transport packets with a valid ICRC, so separate processes and hosts can
 // talk and tshark decodes the traffic.
@@ -50,4 +50,6 @@
 // (wire-formats.md §4.6). All
 // devices of one fabric bind the same UDP port (4791 by default): the
 // peer's endpoint is its GID's address and that port, with no table.
+// Datagrams leave from per-QP source ports (srcport.go): RoCEv2's ECMP
+// entropy, as rdma_get_udp_sport computes it.
 package rocev2

@@ -43,33 +43,22 @@ func (f *Faults) normalize() error {
 }
 
 // faultAction is what the injector decided for one datagram.
+//
+//go:generate go tool stringer -type=faultAction -linecomment
 type faultAction uint8
 
 const (
-	faultNone faultAction = iota
-	faultDrop
-	faultDelay
-	faultDuplicate
+	faultNone      faultAction = iota // none
+	faultDrop                         // drop
+	faultDelay                        // delay
+	faultDuplicate                    // duplicate
 )
-
-func (a faultAction) String() string {
-	switch a {
-	case faultNone:
-		return "none"
-	case faultDrop:
-		return "drop"
-	case faultDelay:
-		return "delay"
-	case faultDuplicate:
-		return "duplicate"
-	}
-	return fmt.Sprintf("faultAction(%d)", uint8(a))
-}
 
 // heldDatagram is a delayed datagram waiting for its release time.
 type heldDatagram struct {
 	buf []byte
 	to  netip.Addr
+	src *udpSocket
 	due time.Time
 }
 
@@ -109,13 +98,13 @@ func (fi *faultInjector) decide() faultAction {
 }
 
 // hold copies a datagram into the delay queue, due at now+DelayTime.
-func (fi *faultInjector) hold(buf []byte, to netip.Addr, now time.Time) {
+func (fi *faultInjector) hold(buf []byte, to netip.Addr, src *udpSocket, now time.Time) {
 	var c []byte
 	if n := len(fi.spare); n > 0 {
 		c = fi.spare[n-1][:0]
 		fi.spare = fi.spare[:n-1]
 	}
-	fi.held = append(fi.held, heldDatagram{buf: append(c, buf...), to: to, due: now.Add(fi.cfg.DelayTime)})
+	fi.held = append(fi.held, heldDatagram{buf: append(c, buf...), to: to, src: src, due: now.Add(fi.cfg.DelayTime)})
 }
 
 // release stages the held datagrams due by now on s, as many as its
@@ -124,7 +113,7 @@ func (fi *faultInjector) hold(buf []byte, to netip.Addr, now time.Time) {
 func (fi *faultInjector) release(now time.Time, s *sender) int {
 	i := 0
 	for ; i < len(fi.held) && !fi.held[i].due.After(now); i++ {
-		if !s.stage(fi.held[i].buf, fi.held[i].to) {
+		if !s.stage(fi.held[i].buf, fi.held[i].to, fi.held[i].src) {
 			break
 		}
 	}

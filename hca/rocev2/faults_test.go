@@ -59,9 +59,9 @@ func TestFaultInjectorHoldReleasesInOrder(t *testing.T) {
 	fi := newFaultInjector(Faults{DelayTime: 10 * time.Millisecond})
 	base := time.Unix(100, 0)
 	src := []byte("first")
-	fi.hold(src, netipAddr(t, "127.0.0.1"), base)
+	fi.hold(src, netipAddr(t, "127.0.0.1"), nil, base)
 	src[0] = 'X' // the held copy must not follow the device's buffer
-	fi.hold([]byte("second"), netipAddr(t, "127.0.0.2"), base.Add(5*time.Millisecond))
+	fi.hold([]byte("second"), netipAddr(t, "127.0.0.2"), nil, base.Add(5*time.Millisecond))
 	if due := fi.nextDue(); !due.Equal(base.Add(10 * time.Millisecond)) {
 		t.Fatalf("next due %v", due)
 	}
@@ -77,7 +77,7 @@ func TestFaultInjectorHoldReleasesInOrder(t *testing.T) {
 	if len(fi.held) != 1 || string(fi.held[0].buf) != "second" || len(fi.spare) != 1 {
 		t.Fatalf("after recycle: held %d spare %d", len(fi.held), len(fi.spare))
 	}
-	fi.hold([]byte("third"), netipAddr(t, "127.0.0.3"), base)
+	fi.hold([]byte("third"), netipAddr(t, "127.0.0.3"), nil, base)
 	if len(fi.spare) != 0 {
 		t.Fatal("spare buffer not reused")
 	}

@@ -43,11 +43,40 @@ func checkID(t *testing.T, src, dst netip.AddrPort, pkt []byte, c *wire.IDShiftC
 	return id
 }
 
+// TestSenderSplitsMessagesBySocket: datagrams of different QPs leave from
+// different sockets (their UDP source ports), so a GSO message never
+// mixes them, and each message remembers its socket.
+func TestSenderSplitsMessagesBySocket(t *testing.T) {
+	main := &udpSocket{port: 4791, gso: true}
+	q1, q2 := &udpSocket{port: 0xC123, gso: true}, &udpSocket{port: 0xD456, gso: true}
+	src := netip.MustParseAddrPort("10.0.0.1:4791")
+	a := netip.MustParseAddrPort("10.0.0.2:4791")
+	w := newSender(main, 16)
+	w.gso = true
+	for i, s := range []*udpSocket{q1, q1, q2, q2, q2, nil, q1} {
+		if !w.stage(icrcPacket(t, src, a, uint32(i), 1024), a.Addr(), s) {
+			t.Fatal("stage refused")
+		}
+	}
+	w.build()
+	wantSrc := []*udpSocket{q1, q2, main, q1}
+	wantFirst := []int{0, 2, 5, 6, 7}
+	if w.msgs != len(wantSrc) {
+		t.Fatalf("%d messages, want %d", w.msgs, len(wantSrc))
+	}
+	for m := range wantSrc {
+		if w.msgSrc[m] != wantSrc[m] || w.msgFirst[m] != wantFirst[m] {
+			t.Fatalf("message %d: socket port %d first %d, want %d, %d", m, w.msgSrc[m].port, w.msgFirst[m], wantSrc[m].port, wantFirst[m])
+		}
+	}
+	w.reset()
+}
+
 func TestSenderGroupsRunsAndStampsIDs(t *testing.T) {
 	const port = 4791
 	src := netip.MustParseAddrPort("10.0.0.1:4791")
 	a, b := netip.MustParseAddrPort("10.0.0.2:4791"), netip.MustParseAddrPort("10.0.0.3:4791")
-	w := newSender(&udpSocket{port: port}, 64)
+	w := newSender(&udpSocket{port: port, gso: true}, 64)
 	w.gso = true
 	// 15 full segments to a (the 16th would pass 64 KiB), a short tail,
 	// a lone packet to b, three equal ones to a, one larger to a.
@@ -61,7 +90,7 @@ func TestSenderGroupsRunsAndStampsIDs(t *testing.T) {
 	}
 	plan = append(plan, dg{a, 100}, dg{b, 4096}, dg{a, 20}, dg{a, 20}, dg{a, 20}, dg{a, 40})
 	for i, d := range plan {
-		if !w.stage(icrcPacket(t, src, d.to, uint32(i), d.n), d.to.Addr()) {
+		if !w.stage(icrcPacket(t, src, d.to, uint32(i), d.n), d.to.Addr(), nil) {
 			t.Fatal("stage refused")
 		}
 	}
@@ -106,7 +135,7 @@ func TestSenderGroupsRunsAndStampsIDs(t *testing.T) {
 	// Without GSO every datagram is its own message, ICRC untouched.
 	w.gso = false
 	for i := range 3 {
-		w.stage(icrcPacket(t, src, a, uint32(i), 4096), a.Addr())
+		w.stage(icrcPacket(t, src, a, uint32(i), 4096), a.Addr(), nil)
 	}
 	w.build()
 	if w.msgs != 3 || checkID(t, src, a, w.batch.bufs[2], &cache) != 0 {

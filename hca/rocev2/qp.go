@@ -9,27 +9,17 @@ import (
 )
 
 // timerKind says what a QP's single timer is waiting for.
+//
+//go:generate go tool stringer -type=timerKind -linecomment
 type timerKind uint8
 
 const (
-	timerNone timerKind = iota
+	timerNone timerKind = iota // none
 	// timerRetry: the transport (local ACK) timeout.
-	timerRetry
+	timerRetry // retry
 	// timerRNR: the RNR NAK delay before resending.
-	timerRNR
+	timerRNR // rnr
 )
-
-func (k timerKind) String() string {
-	switch k {
-	case timerNone:
-		return "none"
-	case timerRetry:
-		return "retry"
-	case timerRNR:
-		return "rnr"
-	}
-	return fmt.Sprintf("timerKind(%d)", uint8(k))
-}
 
 // sendWQE is a posted RC send. Its PSNs are fixed at post time, so
 // go-back-N can find the packet any PSN stands for.
@@ -56,6 +46,9 @@ type qp struct {
 	mcast     map[hca.GID]struct{}
 	// lastWQESent makes EventQPLastWQEReached fire once per QP.
 	lastWQESent bool
+	// src is the socket the QP's packets leave from (its UDP source
+	// port, see sourcePorts).
+	src *udpSocket
 
 	rq            []hca.RecvWR // own receive queue ring (non-SRQ)
 	rqHead, rqLen int
@@ -158,6 +151,7 @@ func (d *Device) CreateQP(cfg hca.QPConfig) (hca.QP, error) {
 		}
 	}
 	d.qps[q.qpn] = q
+	q.src = d.srcPorts.acquire(sourcePortOf(q), &d.ctr)
 	sc.refs++
 	rc.refs++
 	if s != nil {
@@ -209,6 +203,10 @@ func (q *qp) Modify(a hca.QPAttr) error {
 			}
 			q.mtu = int(min(mtu, d.cfg.MTU))
 			q.dest, q.destQPN = dest, a.DestQPN&hca.QPNMask
+			// The QP pair's port from now on, as drivers call
+			// rdma_get_udp_sport when the AV is set.
+			d.srcPorts.release(q.src, &d.ctr)
+			q.src = d.srcPorts.acquire(sourcePortOf(q), &d.ctr)
 			q.ePSN = a.RQPSN & psnMask
 			q.minRNR = a.MinRNRTimer & 31
 			q.nakSent, q.inMsg, q.msn = false, false, 0
@@ -393,6 +391,8 @@ func (q *qp) Destroy() error {
 	}
 	q.destroyed = true
 	q.disarmTimer()
+	d.srcPorts.release(q.src, &d.ctr)
+	q.src = nil
 	if d.qps[q.qpn] == q {
 		delete(d.qps, q.qpn)
 	}

@@ -80,7 +80,7 @@ func (q *qp) pump() {
 		copy(buf[h:], w.data[q.txOff:q.txOff+n])
 		pad := int(wire.PadCount(n))
 		clear(buf[h+n : h+n+pad])
-		d.queuePacket(q.dest, buf[:h+n+pad+wire.ICRCLen])
+		d.queuePacket(q.src, q.dest, buf[:h+n+pad+wire.ICRCLen])
 		if psnDiff(q.txPSN, q.sentEnd) < 0 {
 			d.ctr.retransmits.Add(1)
 		}
@@ -248,7 +248,7 @@ func (q *qp) sendAck(syn wire.Syndrome, psn uint32) {
 		AETH: wire.AETH{Syndrome: syn, MSN: q.msn},
 	}
 	h := wire.EncodeHeaders(buf, &spec, 0)
-	d.queuePacket(q.dest, buf[:h+wire.ICRCLen])
+	d.queuePacket(q.src, q.dest, buf[:h+wire.ICRCLen])
 	switch syn.Kind() {
 	case wire.KindACK:
 		d.ctr.acksSent.Add(1)

@@ -132,7 +132,9 @@ func (d *Device) receive(b []byte, from netip.AddrPort, p *wire.Packet) {
 		d.ctr.drop(wire.DropBadPKey)
 		return
 	}
-	if from.Port() == d.local.Port() {
+	if sp := from.Port(); sp == d.local.Port() || sp >= wire.SourcePortMin {
+		// A peer's QPs send from the fabric port or from per-QP ports
+		// in the RoCEv2 entropy range.
 		d.addMember(from.Addr())
 	}
 	switch op := p.BTH.Opcode; {
@@ -145,7 +147,7 @@ func (d *Device) receive(b []byte, from netip.AddrPort, p *wire.Packet) {
 			d.ctr.drop(wire.DropUnknownQP)
 		case q.typ != hca.QPTypeRC:
 			d.ctr.drop(wire.DropWrongState)
-		case !pkeyMatch(hca.PKey(p.BTH.PKey), q.pkey):
+		case !hca.PKey(p.BTH.PKey).Matches(q.pkey):
 			d.ctr.drop(wire.DropBadPKey)
 		case op == wire.OpRCAck:
 			q.recvAck(p)
@@ -158,15 +160,9 @@ func (d *Device) receive(b []byte, from netip.AddrPort, p *wire.Packet) {
 	}
 }
 
-// pkeyMatch is the IBTA P_Key rule: the low 15 bits equal and at least one
-// side a full member.
-func pkeyMatch(a, b hca.PKey) bool {
-	return a&0x7FFF == b&0x7FFF && (a|b)&0x8000 != 0
-}
-
 func (d *Device) pkeyInTable(k hca.PKey) bool {
 	for _, e := range d.cfg.PKeys {
-		if pkeyMatch(k, e) {
+		if k.Matches(e) {
 			return true
 		}
 	}

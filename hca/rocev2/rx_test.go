@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -117,12 +118,26 @@ func FuzzReceive(f *testing.F) {
 	})
 }
 
+// deviceLoops counts the receive and timer loops of every live Device by
+// their stack frames: a plain goroutine count also sees the previous
+// test's goroutines still exiting, which made this test flaky.
+func deviceLoops() (int, string) {
+	buf := make([]byte, 1<<20)
+	s := string(buf[:runtime.Stack(buf, true)])
+	return strings.Count(s, "rocev2.(*Device).rxLoop(") + strings.Count(s, "rocev2.(*Device).timerLoop("), s
+}
+
 func TestCloseStopsGoroutines(t *testing.T) {
-	base := runtime.NumGoroutine()
 	f := newTestFabric(t, 32, Faults{})
 	d := f.newDevice(t)
-	if runtime.NumGoroutine() < base+2 {
-		t.Fatalf("expected rx and timer goroutines")
+	// The loops start asynchronously: poll for them as for their end.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if n, _ := deviceLoops(); n >= 2 {
+			break
+		}
+	}
+	if n, stacks := deviceLoops(); n < 2 {
+		t.Fatalf("%d device loops running, want rx and timer\n%s", n, stacks)
 	}
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
@@ -132,15 +147,16 @@ func TestCloseStopsGoroutines(t *testing.T) {
 		t.Fatal("second Close succeeded")
 	}
 	// Close waited for both loops; their exit after wg.Done is all that
-	// may remain. A goroutine's exit has no event to wait on, so the count
-	// is polled, with a short sleep so a loaded machine's other work (and
-	// the exiting goroutines) get the CPU, until a deadline.
-	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > base && time.Now().Before(deadline); {
-		time.Sleep(time.Millisecond)
+	// may remain. A goroutine's exit has no event to wait on, so the
+	// loops are polled, with a short sleep so a loaded machine's other
+	// work (and the exiting goroutines) get the CPU, until a deadline.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if n, _ := deviceLoops(); n == 0 {
+			break
+		}
 	}
-	if n := runtime.NumGoroutine(); n > base {
-		buf := make([]byte, 1<<16)
-		t.Fatalf("%d goroutines after Close, %d before\n%s", n, base, buf[:runtime.Stack(buf, true)])
+	if n, stacks := deviceLoops(); n != 0 {
+		t.Fatalf("%d device loops after Close\n%s", n, stacks)
 	}
 	if _, err := d.CreateCQ(hca.CQConfig{Size: 1}); err == nil {
 		t.Fatal("CreateCQ after Close succeeded")

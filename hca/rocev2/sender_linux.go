@@ -24,10 +24,19 @@ const maxGSOPayload = 65535 - wire.IPv4HeaderLen - wire.UDPHeaderLen
 // once per datagram. Over IPv4 the kernel numbers the segments' IP IDs
 // 0, 1, 2, ..., and the ICRC covers the ID, so flush rewrites segment j's
 // ICRC for ID j (computed for ID 0 when queued).
+//
+// Datagrams leave from their QP's socket (its UDP source port): a
+// message holds datagrams of one socket, and flush hands each run of
+// messages that share a socket to one sendmmsg on it.
 type sender struct {
-	sock  *udpSocket
+	sock  *udpSocket // the fabric port's, for datagrams staged without one
 	batch *mmsgBatch
 	dsts  []netip.Addr // per staged datagram
+	srcs  []*udpSocket // per staged datagram
+	// msgSrc[m] is message m's socket; end is where the sendmmsg in
+	// progress stops (the end of its socket's run).
+	msgSrc []*udpSocket
+	end    int
 	// msgFirst[m] is message m's first datagram; msgFirst[msgs] is the
 	// number staged.
 	msgFirst []int
@@ -43,24 +52,31 @@ type sender struct {
 }
 
 func newSender(s *udpSocket, size int) *sender {
-	w := &sender{sock: s, batch: newMmsgBatch(size), dsts: make([]netip.Addr, size), msgFirst: make([]int, size+1)}
+	w := &sender{sock: s, batch: newMmsgBatch(size), dsts: make([]netip.Addr, size), srcs: make([]*udpSocket, size),
+		msgSrc: make([]*udpSocket, size), msgFirst: make([]int, size+1)}
 	w.writeFn = w.sendmmsg
 	return w
 }
 
-// stage adds one datagram to the batch; it reports false when full.
-func (w *sender) stage(buf []byte, to netip.Addr) bool {
+// stage adds one datagram from src (nil: the fabric port) to the batch;
+// it reports false when full.
+func (w *sender) stage(buf []byte, to netip.Addr, src *udpSocket) bool {
 	if w.pending == len(w.batch.hdrs) {
 		return false
 	}
+	if src == nil {
+		src = w.sock
+	}
 	w.batch.setBuf(w.pending, buf)
 	w.dsts[w.pending] = to
+	w.srcs[w.pending] = src
 	w.pending++
 	return true
 }
 
 // runLen is how many datagrams from i can leave as one GSO message: same
-// destination, same size, except that a shorter one ends the run.
+// socket, same destination, same size, except that a shorter one ends the
+// run.
 func (w *sender) runLen(i int) int {
 	b := w.batch
 	seg := len(b.bufs[i])
@@ -68,7 +84,7 @@ func (w *sender) runLen(i int) int {
 	j := i + 1
 	for ; j < w.pending && j-i < wire.MaxGSOSegments; j++ {
 		n := len(b.bufs[j])
-		if w.dsts[j] != w.dsts[i] || n > seg || n == 0 || total+n > maxGSOPayload {
+		if w.dsts[j] != w.dsts[i] || w.srcs[j] != w.srcs[i] || n > seg || n == 0 || total+n > maxGSOPayload {
 			break
 		}
 		total += n
@@ -86,10 +102,11 @@ func (w *sender) build() {
 	m := 0
 	for i := 0; i < w.pending; m++ {
 		n := 1
-		if w.gso {
+		if w.gso && w.srcs[i].gso {
 			n = w.runLen(i)
 		}
 		w.msgFirst[m] = i
+		w.msgSrc[m] = w.srcs[i]
 		h := &b.hdrs[m].Hdr
 		h.Iov = &b.iovs[i]
 		h.SetIovlen(n)
@@ -120,7 +137,7 @@ func (w *sender) build() {
 
 func (w *sender) sendmmsg(fd uintptr) bool {
 	b := w.batch
-	n, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&b.hdrs[w.off])), uintptr(w.msgs-w.off), unix.MSG_DONTWAIT, 0, 0)
+	n, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&b.hdrs[w.off])), uintptr(w.end-w.off), unix.MSG_DONTWAIT, 0, 0)
 	if errno == unix.EAGAIN || errno == unix.EINTR {
 		return false
 	}
@@ -135,16 +152,27 @@ func (w *sender) sendmmsg(fd uintptr) bool {
 // and counts them in ctr. A message the kernel refuses (EMSGSIZE, a route
 // error) is skipped and its datagrams counted as transmit errors; the
 // first such error is returned for logging. A GSO message refused with
-// EIO (no checksum offload on the route) turns GSO off for good. The
-// error wraps net.ErrClosed when the socket went away, and the rest of
-// the batch is then discarded.
+// EIO (no checksum offload on the route) turns GSO off for good. A socket
+// that went away (its QPs were destroyed, or the device closed) fails its
+// run of messages, counted as transmit errors, and the error wraps
+// net.ErrClosed.
 func (w *sender) flush(ctr *counters) error {
 	defer w.reset()
 	w.build()
 	var first error
 	for w.off < w.msgs {
-		if err := w.sock.raw.Write(w.writeFn); err != nil {
-			return fmt.Errorf("rocev2: sendmmsg: %w", err)
+		src := w.msgSrc[w.off]
+		if w.end <= w.off {
+			for w.end = w.off + 1; w.end < w.msgs && w.msgSrc[w.end] == src; w.end++ {
+			}
+		}
+		if err := src.raw.Write(w.writeFn); err != nil {
+			ctr.txErrors.Add(uint64(w.msgFirst[w.end] - w.msgFirst[w.off]))
+			w.off = w.end
+			if first == nil {
+				first = fmt.Errorf("rocev2: sendmmsg: %w", err)
+			}
+			continue
 		}
 		ctr.txBatches.Add(1)
 		for m := w.off; m < w.off+w.batch.n; m++ {
@@ -186,6 +214,8 @@ func (w *sender) reset() {
 		w.batch.bufs[i] = nil
 		w.batch.iovs[i].Base = nil
 		w.dsts[i] = netip.Addr{}
+		w.srcs[i] = nil
 	}
-	w.pending, w.msgs, w.off = 0, 0, 0
+	clear(w.msgSrc[:w.msgs])
+	w.pending, w.msgs, w.off, w.end = 0, 0, 0, 0
 }

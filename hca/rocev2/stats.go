@@ -41,6 +41,13 @@ type Stats struct {
 	Duplicates      uint64 `json:"duplicates"` // RC request packets received twice
 	CQOverflows     uint64 `json:"cq_overflows"`
 
+	// SourcePorts is the number of per-QP source-port sockets open;
+	// SourcePortFallbacks counts QPs that send from the fabric port
+	// because their port could not be bound or the device has
+	// maxSourcePorts already.
+	SourcePorts         uint64 `json:"source_ports"`
+	SourcePortFallbacks uint64 `json:"source_port_fallbacks"`
+
 	FaultDropped    uint64 `json:"fault_dropped"`
 	FaultDuplicated uint64 `json:"fault_duplicated"`
 	FaultReordered  uint64 `json:"fault_reordered"`
@@ -93,6 +100,7 @@ type counters struct {
 	duplicates, cqOverflows                          atomic.Uint64
 	faultDropped, faultDuplicated, faultReordered    atomic.Uint64
 	faultDelayed                                     atomic.Uint64
+	sourcePorts, sourcePortFallbacks                 atomic.Uint64
 }
 
 func (c *counters) drop(r wire.DropReason) { c.drops[r].Add(1) }
@@ -109,6 +117,7 @@ func (c *counters) snapshot() Stats {
 		Duplicates: c.duplicates.Load(), CQOverflows: c.cqOverflows.Load(),
 		FaultDropped: c.faultDropped.Load(), FaultDuplicated: c.faultDuplicated.Load(),
 		FaultReordered: c.faultReordered.Load(), FaultDelayed: c.faultDelayed.Load(),
+		SourcePorts: c.sourcePorts.Load(), SourcePortFallbacks: c.sourcePortFallbacks.Load(),
 	}
 	for i := range c.drops {
 		s.Drops[i] = c.drops[i].Load()

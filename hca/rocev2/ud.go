@@ -56,7 +56,7 @@ func (q *qp) sendDatagram(spec *wire.PacketSpec, data []byte, to netip.Addr) {
 	copy(buf[h:], data)
 	pad := int(wire.PadCount(len(data)))
 	clear(buf[h+len(data) : h+len(data)+pad])
-	d.queuePacket(to, buf[:h+len(data)+pad+wire.ICRCLen])
+	d.queuePacket(q.src, to, buf[:h+len(data)+pad+wire.ICRCLen])
 }
 
 // recvUD delivers a UD packet to its QP, or for DestQP 0xFFFFFF to every
@@ -71,7 +71,7 @@ func (d *Device) recvUD(p *wire.Packet, from netip.Addr) {
 		delivered := false
 		for _, q := range d.qps {
 			if len(q.mcast) == 0 || uint32(q.qkey) != p.DETH.QKey || q.state < hca.QPStateRTR || q.state == hca.QPStateError ||
-				!pkeyMatch(info.pkey, q.pkey) {
+				!info.pkey.Matches(q.pkey) {
 				continue
 			}
 			delivered = true
@@ -88,7 +88,7 @@ func (d *Device) recvUD(p *wire.Packet, from netip.Addr) {
 		d.ctr.drop(wire.DropUnknownQP)
 	case q.typ == hca.QPTypeRC || q.state < hca.QPStateRTR || q.state == hca.QPStateError:
 		d.ctr.drop(wire.DropWrongState)
-	case q.typ != hca.QPTypeGSI && !pkeyMatch(info.pkey, q.pkey):
+	case q.typ != hca.QPTypeGSI && !info.pkey.Matches(q.pkey):
 		d.ctr.drop(wire.DropBadPKey)
 	case uint32(q.qkey) != p.DETH.QKey:
 		d.ctr.drop(wire.DropBadQKey)

@@ -1,7 +1,6 @@
 package soft
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -29,11 +28,13 @@ type Config struct {
 
 // ReceiveOrder selects which posted receive buffer of a receive queue (a
 // QP's own or an SRQ) the next message consumes.
+//
+//go:generate go tool stringer -type=ReceiveOrder -linecomment
 type ReceiveOrder int
 
 const (
 	// ReceiveOldestFirst consumes buffers in posted order (the default).
-	ReceiveOldestFirst ReceiveOrder = iota
+	ReceiveOldestFirst ReceiveOrder = iota // oldest-first
 	// ReceiveNewestFirst consumes the most recently posted buffer first.
 	// A hardware HCA writes receive buffers by DMA, which costs no CPU
 	// cache; this fabric's "wire" is a CPU copy, and cycling through every
@@ -41,41 +42,23 @@ const (
 	// the cache. Newest-first keeps the few buffers a consumer recycles
 	// hot, about halving the copy cost of bulk traffic. Flushes (a QP moved
 	// to Error) still complete in posted order.
-	ReceiveNewestFirst
+	ReceiveNewestFirst // newest-first
 )
-
-func (o ReceiveOrder) String() string {
-	switch o {
-	case ReceiveOldestFirst:
-		return "oldest-first"
-	case ReceiveNewestFirst:
-		return "newest-first"
-	}
-	return fmt.Sprintf("ReceiveOrder(%d)", int(o))
-}
 
 // DestroyPolicy says what happens to a destroyed QP's completions that are
 // still queued on a CQ.
+//
+//go:generate go tool stringer -type=DestroyPolicy -linecomment
 type DestroyPolicy int
 
 const (
 	// LeaveCompletionsAfterDestroy keeps them; Poll returns them later with
 	// the QP's context (IBTA permits it, rxe does it). The default.
-	LeaveCompletionsAfterDestroy DestroyPolicy = iota
+	LeaveCompletionsAfterDestroy DestroyPolicy = iota // leave
 	// PurgeCompletionsOnDestroy removes them from the CQ (and from the
 	// delayed-completion queue), as mlx5 does for kernel QPs.
-	PurgeCompletionsOnDestroy
+	PurgeCompletionsOnDestroy // purge
 )
-
-func (p DestroyPolicy) String() string {
-	switch p {
-	case LeaveCompletionsAfterDestroy:
-		return "leave"
-	case PurgeCompletionsOnDestroy:
-		return "purge"
-	}
-	return fmt.Sprintf("DestroyPolicy(%d)", int(p))
-}
 
 // CompletionDelay holds completions back and releases them later from the
 // scheduler goroutine.

@@ -1,9 +1,8 @@
 package soft
 
 import (
-	"sync"
-
 	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/internal/workq"
 )
 
 // notification is one callback the dispatcher makes: a completion event of
@@ -18,38 +17,23 @@ type notification struct {
 // fabric lock, so handlers may re-enter the verbs and posting never calls
 // the consumer synchronously.
 type dispatcher struct {
-	mu    sync.Mutex
-	queue []notification
-	spare []notification
-	wake  chan struct{}
+	q *workq.Queue[notification]
 }
 
 func newDispatcher() *dispatcher {
-	return &dispatcher{wake: make(chan struct{}, 1)}
+	return &dispatcher{q: workq.New[notification]()}
 }
 
-func (d *dispatcher) post(n notification) {
-	d.mu.Lock()
-	d.queue = append(d.queue, n)
-	d.mu.Unlock()
-	select {
-	case d.wake <- struct{}{}:
-	default:
-	}
-}
+func (d *dispatcher) post(n notification) { d.q.Post(n) }
 
 func (d *dispatcher) run(done <-chan struct{}) {
 	for {
 		select {
 		case <-done:
 			return
-		case <-d.wake:
+		case <-d.q.Wake():
 		}
-		d.mu.Lock()
-		batch := d.queue
-		d.queue = d.spare[:0]
-		d.spare = nil
-		d.mu.Unlock()
+		batch := d.q.Take()
 		for i := range batch {
 			select {
 			case <-done:
@@ -62,10 +46,7 @@ func (d *dispatcher) run(done <-chan struct{}) {
 			} else if n.fn != nil {
 				n.fn(n.ev)
 			}
-			*n = notification{}
 		}
-		d.mu.Lock()
-		d.spare = batch[:0]
-		d.mu.Unlock()
+		d.q.Recycle(batch)
 	}
 }

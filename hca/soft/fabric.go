@@ -111,6 +111,16 @@ func (f *Fabric) NewDevice(name string) (*Device, error) {
 	return d, nil
 }
 
+// NewDeviceWithGID adds a device with a chosen port GID, which must not be
+// in use by a live device: a host that restarts on the same port (its old
+// device closed, the new one with fresh QPNs), which is what an IPoIB peer
+// must survive without the host's ARP cache changing.
+func (f *Fabric) NewDeviceWithGID(name string, gid hca.GID) (*Device, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.newDeviceLocked(name, gid)
+}
+
 // newDeviceLocked checks that the fabric is open and that name and gid are
 // free, then adds the device; both NewDevice and NewDeviceWithGID end here.
 func (f *Fabric) newDeviceLocked(name string, gid hca.GID) (*Device, error) {
@@ -190,10 +200,4 @@ func (f *Fabric) event(fn func(hca.AsyncEvent), ev hca.AsyncEvent) {
 	if fn != nil {
 		f.disp.post(notification{fn: fn, ev: ev})
 	}
-}
-
-// pkeyMatch is the IBTA partition check: equal low 15 bits and at least
-// one full member.
-func pkeyMatch(a, b hca.PKey) bool {
-	return a&0x7FFF == b&0x7FFF && (a|b)&0x8000 != 0
 }

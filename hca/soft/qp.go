@@ -9,34 +9,22 @@ import (
 )
 
 // sendState is the state of an RC QP's send queue head.
+//
+//go:generate go tool stringer -type=sendState -linecomment
 type sendState int
 
 const (
 	// sendReady: the head work request may be attempted.
-	sendReady sendState = iota
+	sendReady sendState = iota // ready
 	// sendRNRWait: an RNR NAK came back; waiting out the RNR timer.
-	sendRNRWait
+	sendRNRWait // rnr-wait
 	// sendBufferWait: RNR retry 7; parked on the receiver's queue until a
 	// buffer is posted.
-	sendBufferWait
+	sendBufferWait // buffer-wait
 	// sendRetryWait: the peer did not answer; waiting out the transport
 	// timeout before retransmitting.
-	sendRetryWait
+	sendRetryWait // retry-wait
 )
-
-func (s sendState) String() string {
-	switch s {
-	case sendReady:
-		return "ready"
-	case sendRNRWait:
-		return "rnr-wait"
-	case sendBufferWait:
-		return "buffer-wait"
-	case sendRetryWait:
-		return "retry-wait"
-	}
-	return fmt.Sprintf("sendState(%d)", int(s))
-}
 
 // qp is a soft queue pair. Everything but destroyed is guarded by f.mu.
 type qp struct {

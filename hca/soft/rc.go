@@ -1,47 +1,30 @@
 package soft
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
 )
 
 // rcResult is the outcome of one attempt to deliver an RC message.
+//
+//go:generate go tool stringer -type=rcResult -linecomment
 type rcResult int
 
 const (
-	rcDelivered rcResult = iota
+	rcDelivered rcResult = iota // delivered
 	// rcNoBuffer: the responder had no receive buffer (RNR NAK).
-	rcNoBuffer
+	rcNoBuffer // no-buffer
 	// rcInjectedRNR: Faults.RNR pretended there was no buffer.
-	rcInjectedRNR
+	rcInjectedRNR // injected-rnr
 	// rcUnreachable: no responder answered (missing, not ready, in Error,
 	// connected elsewhere, partition mismatch, link down).
-	rcUnreachable
+	rcUnreachable // unreachable
 	// rcRemoteTooLong: the message did not fit the receive buffer.
-	rcRemoteTooLong
+	rcRemoteTooLong // remote-too-long
 	// rcLocalTooLong: the message exceeds the device's MaxMsgSize.
-	rcLocalTooLong
+	rcLocalTooLong // local-too-long
 )
-
-func (r rcResult) String() string {
-	switch r {
-	case rcDelivered:
-		return "delivered"
-	case rcNoBuffer:
-		return "no-buffer"
-	case rcInjectedRNR:
-		return "injected-rnr"
-	case rcUnreachable:
-		return "unreachable"
-	case rcRemoteTooLong:
-		return "remote-too-long"
-	case rcLocalTooLong:
-		return "local-too-long"
-	}
-	return fmt.Sprintf("rcResult(%d)", int(r))
-}
 
 // progressSends works through s's send queue until it is empty or the head
 // must wait; under f.mu.
@@ -99,7 +82,7 @@ func (f *Fabric) deliverRC(s *qp, wr *hca.SendWR) (rcResult, *qp) {
 	r := f.peerOf(s)
 	if r == nil || r.destroyed.Load() || !s.dev.linkUp || !r.dev.linkUp || r.typ != hca.QPTypeRC ||
 		(r.state != hca.QPStateRTR && r.state != hca.QPStateRTS) ||
-		r.destQPN != s.qpn || r.destGID != s.dev.gid || !pkeyMatch(s.pkey(), r.pkey()) {
+		r.destQPN != s.qpn || r.destGID != s.dev.gid || !s.pkey().Matches(r.pkey()) {
 		return rcUnreachable, r
 	}
 	if f.chance(f.faults.RNR) {

@@ -61,7 +61,7 @@ func (f *Fabric) deliverUD(s, r *qp, wr *hca.SendWR, pkey hca.PKey) {
 	case wr.RemoteQKey != r.qkey:
 		f.stats.udQKey.Add(1)
 		return
-	case !pkeyMatch(pkey, r.pkey()):
+	case !pkey.Matches(r.pkey()):
 		f.stats.udPKey.Add(1)
 		return
 	case f.chance(f.faults.UDLoss):

@@ -2,72 +2,49 @@ package wire
 
 import (
 	"errors"
-	"fmt"
 )
 
 // DropReason says why a received packet was discarded. Receivers keep one
 // counter per reason.
+//
+//go:generate go tool stringer -type=DropReason -linecomment
 type DropReason uint8
 
 // Drop reasons. The first group is found by the decoders of this package,
 // the second by a receiver that looks the packet up against its QPs.
 const (
-	DropNone DropReason = iota
+	DropNone DropReason = iota // none
 	// DropGarbage: shorter than a BTH plus ICRC, or not RoCEv2 at all.
-	DropGarbage
+	DropGarbage // garbage
 	// DropTruncated: shorter than its opcode's headers, or longer than the
 	// receive buffer (the datagram was cut).
-	DropTruncated
+	DropTruncated // truncated
 	// DropBadTVer: transport header version not 0.
-	DropBadTVer
+	DropBadTVer // bad_tver
 	// DropBadOpcode: an opcode this implementation does not carry.
-	DropBadOpcode
+	DropBadOpcode // bad_opcode
 	// DropBadPadCount: pad bytes longer than the payload allows.
-	DropBadPadCount
+	DropBadPadCount // bad_padcnt
 	// DropBadICRC: the invariant CRC does not match.
-	DropBadICRC
+	DropBadICRC // bad_icrc
 	// DropBadPKey: P_Key not in the port's partition.
-	DropBadPKey
+	DropBadPKey // bad_pkey
 	// DropBadQKey: UD Q_Key differs from the QP's.
-	DropBadQKey
+	DropBadQKey // bad_qkey
 	// DropUnknownQP: no live QP with the destination QPN.
-	DropUnknownQP
+	DropUnknownQP // unknown_qp
 	// DropWrongState: the QP's type or state does not accept the packet.
-	DropWrongState
+	DropWrongState // wrong_state
 	// DropNoBuffer: a UD packet found no posted receive buffer.
-	DropNoBuffer
+	DropNoBuffer // no_buffer
 	// DropBadLength: a UD message longer than the path MTU.
-	DropBadLength
+	DropBadLength // bad_length
 	// DropFault: dropped on purpose by fault injection.
-	DropFault
+	DropFault // fault
 
 	// NumDropReasons sizes per-reason counter arrays.
 	NumDropReasons
 )
-
-var dropNames = [...]string{
-	DropNone:        "none",
-	DropGarbage:     "garbage",
-	DropTruncated:   "truncated",
-	DropBadTVer:     "bad_tver",
-	DropBadOpcode:   "bad_opcode",
-	DropBadPadCount: "bad_padcnt",
-	DropBadICRC:     "bad_icrc",
-	DropBadPKey:     "bad_pkey",
-	DropBadQKey:     "bad_qkey",
-	DropUnknownQP:   "unknown_qp",
-	DropWrongState:  "wrong_state",
-	DropNoBuffer:    "no_buffer",
-	DropBadLength:   "bad_length",
-	DropFault:       "fault",
-}
-
-func (r DropReason) String() string {
-	if int(r) < len(dropNames) {
-		return dropNames[r]
-	}
-	return fmt.Sprintf("DropReason(%d)", uint8(r))
-}
 
 // Error makes a DropReason an error, so decoders return it directly and
 // allocate nothing.

@@ -115,27 +115,17 @@ const (
 )
 
 // SyndromeKind is the class of an AETH syndrome.
+//
+//go:generate go tool stringer -type=SyndromeKind -linecomment
 type SyndromeKind uint8
 
 // Syndrome kinds (bits 6-5).
 const (
-	KindACK SyndromeKind = iota
-	KindRNRNAK
-	KindReserved
-	KindNAK
+	KindACK      SyndromeKind = iota // ACK
+	KindRNRNAK                       // RNR_NAK
+	KindReserved                     // reserved
+	KindNAK                          // NAK
 )
-
-func (k SyndromeKind) String() string {
-	switch k {
-	case KindACK:
-		return "ACK"
-	case KindRNRNAK:
-		return "RNR_NAK"
-	case KindNAK:
-		return "NAK"
-	}
-	return "reserved"
-}
 
 // Kind returns the syndrome's class.
 func (s Syndrome) Kind() SyndromeKind { return SyndromeKind(s >> 5 & 3) }

@@ -1,44 +1,30 @@
 package wire
 
-import "fmt"
-
 // Opcode is the BTH OpCode: bits 7-5 the transport, 4-0 the operation.
+//
+//go:generate go tool stringer -type=Opcode -linecomment
 type Opcode uint8
 
 // The opcodes IPoIB needs (IBTA Vol 1 table 35).
 const (
-	OpRCSendFirst  Opcode = 0x00
-	OpRCSendMiddle Opcode = 0x01
-	OpRCSendLast   Opcode = 0x02
-	OpRCSendOnly   Opcode = 0x04
-	OpRCAck        Opcode = 0x11
-	OpUDSendOnly   Opcode = 0x64
+	OpRCSendFirst  Opcode = 0x00 // RC_SEND_FIRST
+	OpRCSendMiddle Opcode = 0x01 // RC_SEND_MIDDLE
+	OpRCSendLast   Opcode = 0x02 // RC_SEND_LAST
+	OpRCSendOnly   Opcode = 0x04 // RC_SEND_ONLY
+	OpRCAck        Opcode = 0x11 // RC_ACKNOWLEDGE
+	OpUDSendOnly   Opcode = 0x64 // UD_SEND_ONLY
 	// OpCNP is the RoCEv2 congestion notification packet; decoded so that
 	// the ConnectX golden vector parses, never sent.
-	OpCNP Opcode = 0x81
+	OpCNP Opcode = 0x81 // CNP
 )
-
-var opcodeNames = map[Opcode]string{
-	OpRCSendFirst:  "RC_SEND_FIRST",
-	OpRCSendMiddle: "RC_SEND_MIDDLE",
-	OpRCSendLast:   "RC_SEND_LAST",
-	OpRCSendOnly:   "RC_SEND_ONLY",
-	OpRCAck:        "RC_ACKNOWLEDGE",
-	OpUDSendOnly:   "UD_SEND_ONLY",
-	OpCNP:          "CNP",
-}
-
-func (o Opcode) String() string {
-	if s, ok := opcodeNames[o]; ok {
-		return s
-	}
-	return fmt.Sprintf("Opcode(%#02x)", uint8(o))
-}
 
 // Supported reports whether the codec knows the opcode's header layout.
 func (o Opcode) Supported() bool {
-	_, ok := opcodeNames[o]
-	return ok
+	switch o {
+	case OpRCSendFirst, OpRCSendMiddle, OpRCSendLast, OpRCSendOnly, OpRCAck, OpUDSendOnly, OpCNP:
+		return true
+	}
+	return false
 }
 
 // IsRCSend reports whether o is one of the four RC SEND opcodes.

@@ -187,6 +187,18 @@ func TestUDPSourcePort(t *testing.T) {
 	}
 }
 
+func TestQPSourcePort(t *testing.T) {
+	// hash_32(1, 14) = 0x61C88647 >> 18 = 0x1872 (rxe's GSI QP).
+	if got := QPSourcePort(1); got != 0xD872 {
+		t.Fatalf("QPSourcePort(1) = %#x, want 0xd872", got)
+	}
+	// UDPSourcePort is symmetric: both ends of a connection, and so the
+	// data and the ACKs of one QP pair, take the same path.
+	if UDPSourcePort(0x11, 0x2345) != UDPSourcePort(0x2345, 0x11) {
+		t.Fatal("UDPSourcePort not symmetric")
+	}
+}
+
 func TestAppendFrameIPv4Checks(t *testing.T) {
 	src := netip.MustParseAddrPort("127.0.0.1:49153")
 	dst := netip.MustParseAddrPort("127.0.0.2:4791")

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ipoibcm/ipoib/bench"
+	"github.com/ipoibcm/ipoib/internal/flagcheck"
 	"github.com/ipoibcm/ipoib/tap"
 )
 
@@ -37,8 +38,8 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 	runs := fs.Int("runs", 1, "in-process: runs per row, the report shows the median")
 	prof := addProfileFlags(fs)
 	return func(ctx context.Context, args []string) (code int) {
-		if len(args) > 0 {
-			return usageError(env, "bench", fmt.Sprintf("unexpected argument %q", args[0]))
+		if msg := checkBench(args, flagcheck.Set(fs), *iperf, *hcaName, *modes, *duration, *streams, *mtuCM, *mtuUD, *size, *mtu, *runs); msg != "" {
+			return usageError(env, "bench", msg)
 		}
 		stopProfile, err := prof.start()
 		if err != nil {
@@ -50,43 +51,25 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 			}
 		}()
 		if !*iperf {
-			if *size <= 0 || *mtu < 1280 || *mtuUD < 1280 || *runs < 1 {
-				return usageError(env, "bench", "--bytes and --runs must be positive, --mtu and --mtu-datagram at least 1280")
-			}
-			if env.InProc == nil {
-				return fail(env, "bench", errors.New("in-process benchmark not built into this binary (hook: Env.InProc, bench.InProcTCP)"))
-			}
-			opts := InProcOptions{Bytes: *size, MTU: *mtu, DatagramMTU: *mtuUD, Runs: *runs, JSON: *asJSON, Progress: env.Stderr}
-			if err := env.InProc(ctx, opts, env.Stdout); err != nil {
+			opts := inProcOptions{Bytes: *size, MTU: *mtu, DatagramMTU: *mtuUD, Runs: *runs, JSON: *asJSON, Progress: env.Stderr}
+			if err := runInProc(ctx, opts, env.Stdout); err != nil {
 				return fail(env, "bench", err)
 			}
 			return ExitOK
 		}
 		modeList := strings.Split(*modes, ",")
-		for _, m := range modeList {
-			if !validMode(m) {
-				return usageError(env, "bench", fmt.Sprintf("--modes: %q is not connected or datagram", m))
-			}
-		}
-		if *duration < time.Second || *streams < 1 || *mtuCM < 576 || *mtuUD < 576 {
-			return usageError(env, "bench", "--duration must be at least 1s, --streams at least 1, MTUs at least 576")
-		}
 		if env.Euid() != 0 {
 			return fail(env, "bench", errors.New("--iperf needs root (network namespaces, TAP devices); 'ipoib bench' without --iperf runs in-process without root"))
 		}
 		if err := bench.CheckIperfTools(); err != nil {
 			return fail(env, "bench", err)
 		}
-		switch *hcaName {
-		case "soft":
-		case "rocev2":
+		if *hcaName == "rocev2" {
 			return benchRoCEv2(ctx, env, bench.RoCEv2SuiteConfig{
 				Modes: modeList, MTU: map[string]int{"connected": *mtuCM, "datagram": *mtuUD},
 				Duration: *duration, Streams: *streams,
 				Owner: &tap.Owner{MarkerDir: env.MarkerDir}, Progress: env.Stderr,
 			}, *asJSON)
-		default:
-			return usageError(env, "bench", fmt.Sprintf("--hca %q: want soft or rocev2", *hcaName))
 		}
 		cfg := bench.IperfSuiteConfig{
 			Modes:    modeList,
@@ -96,9 +79,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 			Owner:    &tap.Owner{MarkerDir: env.MarkerDir},
 			Progress: env.Stderr,
 		}
-		if env.Engine != nil {
-			cfg.IB = ibLinkFactory(env.Engine, *seed, newLogger(env.Stderr, slog.LevelWarn))
-		}
+		cfg.IB = ibLinkFactory(*seed, newLogger(env.Stderr, slog.LevelWarn))
 		rep, err := bench.RunIperfSuite(ctx, cfg)
 		if err != nil {
 			return fail(env, "bench", err)
@@ -107,8 +88,54 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 	}
 }
 
+// Flags that only one kind of bench run reads. Given to the other kind
+// they would be ignored and the user would believe they measured what
+// they asked for.
+var (
+	iperfOnlyFlags  = []string{"hca", "duration", "streams", "modes", "mtu-connected", "seed"}
+	inProcOnlyFlags = []string{"bytes", "mtu", "runs"}
+)
+
+// checkBench validates the bench command line; "" means valid.
+func checkBench(args []string, set map[string]bool, iperf bool, hcaName, modes string, duration time.Duration, streams, mtuCM, mtuUD int, size int64, mtu, runs int) string {
+	if len(args) > 0 {
+		return fmt.Sprintf("unexpected argument %q", args[0])
+	}
+	for _, f := range iperfOnlyFlags {
+		if set[f] && !iperf {
+			return fmt.Sprintf("--%s applies to --iperf runs only", f)
+		}
+	}
+	for _, f := range inProcOnlyFlags {
+		if set[f] && iperf {
+			return fmt.Sprintf("--%s applies to in-process runs only (without --iperf)", f)
+		}
+	}
+	if !iperf {
+		if size <= 0 || mtu < 1280 || mtuUD < 1280 || runs < 1 {
+			return "--bytes and --runs must be positive, --mtu and --mtu-datagram at least 1280"
+		}
+		return ""
+	}
+	for _, m := range strings.Split(modes, ",") {
+		if !validMode(m) {
+			return fmt.Sprintf("--modes: %q is not connected or datagram", m)
+		}
+	}
+	if hcaName != "soft" && hcaName != "rocev2" {
+		return fmt.Sprintf("--hca %q: want soft or rocev2", hcaName)
+	}
+	return flagcheck.First(
+		flagcheck.Duration("duration", duration, time.Second),
+		flagcheck.IntRange("streams", streams, 1, 128),
+		flagcheck.IntRange("mtu-connected", mtuCM, flagcheck.MinIPMTU, flagcheck.MaxConnectedMTU),
+		flagcheck.IntRange("mtu-datagram", mtuUD, flagcheck.MinIPMTU, fabricIBMTU-flagcheck.IPoIBHeaderLen),
+	)
+}
+
 // benchReport is what every iperf suite's report can do: print itself
-// and say whether a run missed its bar.
+// and say whether a run failed (an iperf3 that did not finish, not a
+// ratio: the command reports ratios and judges none).
 type benchReport interface {
 	WriteJSON(w io.Writer) error
 	WriteTable(w io.Writer) error
@@ -136,13 +163,10 @@ func writeReport(env *Env, rep benchReport, asJSON bool) int {
 
 // ibLinkFactory joins namespaces a and b with ib0: a TAP in each, two
 // interfaces on a fresh soft fabric.
-func ibLinkFactory(eng Engine, seed int64, log *slog.Logger) bench.IBLinkFactory {
+func ibLinkFactory(seed int64, log *slog.Logger) bench.IBLinkFactory {
 	return func(_ context.Context, mode string, mtu int, a, b *tap.Netns, addrA, addrB netip.Prefix) (func() error, error) {
-		fab, err := eng.NewFabric(seed, log)
-		if err != nil {
-			return nil, fmt.Errorf("soft fabric: %w", err)
-		}
-		var hosts []Host
+		fab := newSoftFabric(seed, log)
+		var hosts []*softHost
 		stop := func() error {
 			var errs []error
 			for _, h := range hosts {

@@ -1,6 +1,6 @@
-// Package cli is the ipoib command line without the engine: subcommand
-// dispatch, flags, the control-socket clients (show, mode), the lab
-// (fabric) and bench orchestration. The engine is reached only through
-// the Engine interface, which cmd/ipoib wires to ipoibcm and hca/soft, so
-// everything here is testable on its own.
+// Package cli is the ipoib command line: subcommand dispatch and flags,
+// the control-socket clients (show, mode), the lab of namespaces on a soft
+// fabric (fabric, lab_soft.go), one ib0 over RoCEv2 (up, up_rocev2.go),
+// and the benchmarks and the soak (bench, soak), which it runs through
+// package bench. cmd/ipoib only hands it the process's Env.
 package cli

@@ -1,39 +1,12 @@
 package cli
 
 import (
-	"context"
 	"io"
-	"log/slog"
-	"net/netip"
-
-	"github.com/ipoibcm/ipoib/control"
-	"github.com/ipoibcm/ipoib/tap"
 )
 
-// Engine is what the CLI needs from the IPoIB engine.
-type Engine interface {
-	// NewFabric creates an in-process soft fabric.
-	NewFabric(seed int64, logger *slog.Logger) (Fabric, error)
-}
-
-// Fabric is one soft fabric of hosts.
-type Fabric interface {
-	// AddHost creates a device on the fabric and an IPoIB interface named
-	// ifname on it with dev as its host port, and starts it. The host owns
-	// dev from then on: Host.Close closes it.
-	AddHost(host, ifname string, dev *tap.Device, addrs []netip.Prefix, mode string, mtu int) (Host, error)
-	Close() error
-}
-
-// Host is one running interface.
-type Host interface {
-	control.Endpoint
-	Close() error
-}
-
-// InProcOptions configures the in-process benchmark (ipoib bench without
+// inProcOptions configures the in-process benchmark (ipoib bench without
 // --iperf).
-type InProcOptions struct {
+type inProcOptions struct {
 	Bytes int64
 	// MTU is the IP MTU of the direct and ib0 connected rows; DatagramMTU
 	// that of the direct and ib0 datagram rows.
@@ -45,8 +18,9 @@ type InProcOptions struct {
 	Progress io.Writer
 }
 
-// Env is everything the commands touch outside themselves, so tests can
-// substitute each piece.
+// Env is what the commands take from the process they run in: the output
+// streams, the effective user (root checks) and where control sockets and
+// namespace markers live.
 type Env struct {
 	Stdout, Stderr io.Writer
 	// Euid reports the effective user id (os.Geteuid).
@@ -55,22 +29,10 @@ type Env struct {
 	ControlDir string
 	// MarkerDir holds namespace owner markers (tap.DefaultMarkerDir).
 	MarkerDir string
-	// Engine runs ib0; nil makes fabric and the ib0 bench runs fail with a
-	// message.
-	Engine Engine
-	// InProc runs the in-process benchmark (bench.InProcTCP); nil: not
-	// built in.
-	InProc func(ctx context.Context, opts InProcOptions, out io.Writer) error
-	// Soak runs the soak (bench.Soak) with its own flags and returns the
-	// exit status; nil: not built in.
-	Soak func(ctx context.Context, args []string, stdout, stderr io.Writer) int
-	// Up runs 'ipoib up' (cmd/ipoib/up.go) until ctx ends; nil: not built
-	// in. Errors wrapping ErrSetup exit with status 2.
-	Up func(ctx context.Context, opts UpOptions, logger *slog.Logger) error
 
 	// fabricReady, if set, is called once the lab serves its control
 	// socket (tests synchronise on it).
 	fabricReady func(controlPath string)
-	// upReady is handed to Env.Up as UpOptions.Ready.
+	// upReady is handed to runUp as UpOptions.Ready.
 	upReady func(controlPath string)
 }

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 
 	"github.com/ipoibcm/ipoib/control"
+	"github.com/ipoibcm/ipoib/internal/flagcheck"
 	"github.com/ipoibcm/ipoib/tap"
 )
 
@@ -35,14 +36,14 @@ func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 		if *netnsPrefix == "" || len(*netnsPrefix) > 24 {
 			return usageError(env, "fabric", fmt.Sprintf("--netns-prefix %q: want 1..24 characters", *netnsPrefix))
 		}
-		if *hosts < 1 || *hosts > maxHosts {
-			return usageError(env, "fabric", fmt.Sprintf("--hosts %d out of range 1..%d", *hosts, maxHosts))
+		if msg := flagcheck.IntRange("hosts", *hosts, 1, maxHosts); msg != "" {
+			return usageError(env, "fabric", msg)
 		}
 		if !validMode(*mode) {
 			return usageError(env, "fabric", fmt.Sprintf("--mode %q: want connected or datagram", *mode))
 		}
-		if *mtu < 0 {
-			return usageError(env, "fabric", fmt.Sprintf("--mtu %d is negative", *mtu))
+		if msg := flagcheck.First(flagcheck.MTU(*mode, *mtu, fabricIBMTU), flagcheck.Ifname("ifname", *ifname)); msg != "" {
+			return usageError(env, "fabric", msg)
 		}
 		pfx, err := netip.ParsePrefix(*prefix)
 		if err != nil || !pfx.Addr().Is4() {
@@ -54,9 +55,6 @@ func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 		}
 		if env.Euid() != 0 {
 			return fail(env, "fabric", errors.New("needs root to create network namespaces and TAP devices; without root, 'ipoib bench' measures the same engine in-process"))
-		}
-		if env.Engine == nil {
-			return fail(env, "fabric", errors.New("no IPoIB engine wired into this binary"))
 		}
 		log := newLogger(env.Stderr, lvl.level)
 		stopProfile, err := prof.start()
@@ -96,8 +94,8 @@ type fabricLab struct {
 	netnsPrefix string
 
 	namespaces []*tap.Netns
-	hosts      []Host
-	fabric     Fabric
+	hosts      []*softHost
+	fabric     *softFabric
 	server     *control.Server
 }
 
@@ -110,10 +108,7 @@ func (l *fabricLab) run(ctx context.Context, addrs []netip.Prefix, mode string, 
 		l.log.Info("removed a crashed run's namespaces", "names", removed)
 	}
 	defer func() { err = errors.Join(err, l.teardown()) }()
-	l.fabric, err = l.env.Engine.NewFabric(seed, l.log)
-	if err != nil {
-		return fmt.Errorf("soft fabric: %w", err)
-	}
+	l.fabric = newSoftFabric(seed, l.log)
 	var endpoints []control.Endpoint
 	for i, addr := range addrs {
 		prefix := l.netnsPrefix
@@ -146,7 +141,7 @@ func (l *fabricLab) run(ctx context.Context, addrs []netip.Prefix, mode string, 
 		return err
 	}
 	l.log.Info("fabric ready; stop with Ctrl-C", "hosts", len(addrs), "control", l.server.Path(),
-		"try", fmt.Sprintf("ip netns exec ipoib-h1 ping %s; ipoib show", addrs[len(addrs)-1].Addr()))
+		"try", fmt.Sprintf("ip netns exec %s1 ping %s; ipoib show", l.netnsPrefix, addrs[len(addrs)-1].Addr()))
 	if l.env.fabricReady != nil {
 		l.env.fabricReady(l.server.Path())
 	}

@@ -8,6 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+
+	"github.com/ipoibcm/ipoib/bench"
+	"github.com/ipoibcm/ipoib/internal/flagcheck"
 )
 
 // Exit statuses.
@@ -35,7 +38,7 @@ func commands() []command {
 		{name: "show", summary: "show counters, neighbours and connections of running interfaces", flags: showFlags},
 		{name: "mode", summary: "switch running interfaces to connected or datagram mode", flags: modeFlags, positional: "connected|datagram"},
 		{name: "bench", summary: "measure throughput: in-process (default) or iperf3 across namespaces (--iperf, root)", flags: benchFlags},
-		{name: "soak", summary: "stale-connection reaping soak with fault injection", flags: soakFlags, positional: "[soak flags]", passthrough: true},
+		{name: "soak", summary: bench.SoakSummary, flags: soakFlags, positional: "[soak flags]", passthrough: true},
 		{name: "up", summary: "bring up ib0 on this host over RoCEv2/UDP to other hosts (root)", flags: upFlags},
 	}
 }
@@ -47,13 +50,15 @@ func Main(ctx context.Context, args []string, env Env) int {
 		return ExitUsage
 	}
 	name, rest := args[0], args[1:]
-	switch name {
-	case "help", "-h", "-help", "--help":
-		if len(rest) > 0 {
-			return Main(ctx, []string{rest[0], "-h"}, env)
+	if isHelp(name) {
+		// "help <command>" is "<command> -h"; help about help, in any
+		// spelling, is the overview. Dispatching directly (never through
+		// Main again) keeps "help help" from recursing.
+		if len(rest) == 0 || isHelp(rest[0]) {
+			usage(env.Stdout)
+			return ExitOK
 		}
-		usage(env.Stdout)
-		return ExitOK
+		name, rest = rest[0], []string{"-h"}
 	}
 	for _, c := range commands() {
 		if c.name == name {
@@ -62,6 +67,14 @@ func Main(ctx context.Context, args []string, env Env) int {
 	}
 	fmt.Fprintf(env.Stderr, "ipoib: unknown command %q (run 'ipoib help')\n", name)
 	return ExitUsage
+}
+
+func isHelp(arg string) bool {
+	switch arg {
+	case "help", "-h", "-help", "--help":
+		return true
+	}
+	return false
 }
 
 func usage(w io.Writer) {
@@ -81,7 +94,7 @@ func runCommand(ctx context.Context, c command, args []string, env *Env) int {
 	}
 	printUsage := func() {
 		w := env.Stdout
-		fmt.Fprintf(w, "usage: ipoib %s [flags] %s\n\n%s\n", c.name, c.positional, c.summary)
+		fmt.Fprintf(w, "%s\n\n%s\n", strings.TrimSpace("usage: ipoib "+c.name+" [flags] "+c.positional), c.summary)
 		if hasFlags(fs) {
 			fmt.Fprintf(w, "\nflags:\n")
 			fs.SetOutput(w)
@@ -131,7 +144,7 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 
 // usageError prints one line and returns ExitUsage.
 func usageError(env *Env, cmd, msg string) int {
-	fmt.Fprintf(env.Stderr, "ipoib %s: %s (run 'ipoib %s -h')\n", cmd, msg, cmd)
+	fmt.Fprintln(env.Stderr, flagcheck.Usage(cmd, msg))
 	return ExitUsage
 }
 

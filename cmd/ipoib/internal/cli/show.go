@@ -3,10 +3,12 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"time"
 
+	"github.com/ipoibcm/ipoib/bench"
 	"github.com/ipoibcm/ipoib/control"
 )
 
@@ -129,20 +131,18 @@ func watchRates(ctx context.Context, env *Env, dir string, req control.Request, 
 }
 
 func modeFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
-	host := fs.String("host", "", "switch only this host; required when a process runs several")
+	host := fs.String("host", "", "switch only this host; default every interface of every running process, all or none")
 	dir := controlDirFlag(fs, env)
 	return func(_ context.Context, args []string) int {
 		if len(args) != 1 || !validMode(args[0]) {
 			return usageError(env, "mode", "want exactly one of: connected, datagram")
 		}
-		resps, err := control.QueryAll(*dir, control.Request{Op: control.OpMode, Host: *host, Mode: args[0]}, controlTimeout)
-		for _, r := range resps {
-			for _, i := range r.Interfaces {
-				fmt.Fprintf(env.Stdout, "%s: %s: mode %s mtu %d\n", i.Host, i.Name, i.Mode, i.MTU)
-			}
-		}
+		infos, err := control.SetModeAll(*dir, *host, args[0], controlTimeout)
 		if err != nil {
-			return fail(env, "mode", err)
+			return fail(env, "mode", errors.New(oneLine(err)))
+		}
+		for _, i := range infos {
+			fmt.Fprintf(env.Stdout, "%s: %s: mode %s mtu %d\n", i.Host, i.Name, i.Mode, i.MTU)
 		}
 		return ExitOK
 	}
@@ -152,9 +152,6 @@ func soakFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	// The soak parses its own flags (bench.Soak); everything after "soak"
 	// goes to it, so "ipoib soak -h" is answered there.
 	return func(ctx context.Context, args []string) int {
-		if env.Soak == nil {
-			return fail(env, "soak", fmt.Errorf("not built into this binary yet (hook: Env.Soak in cmd/ipoib/main.go, bench.Soak)"))
-		}
-		return env.Soak(ctx, args, env.Stdout, env.Stderr)
+		return bench.SoakMain(ctx, args, env.Stdout, env.Stderr)
 	}
 }

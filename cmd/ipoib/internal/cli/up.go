@@ -9,6 +9,8 @@ import (
 	"net/netip"
 	"strings"
 	"time"
+
+	"github.com/ipoibcm/ipoib/internal/flagcheck"
 )
 
 // ErrSetup marks an 'ipoib up' failure before the interface ran: an
@@ -71,29 +73,18 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	dir := controlDirFlag(fs, env)
 	prof := addProfileFlags(fs)
 	return func(ctx context.Context, args []string) int {
-		if env.Up == nil {
-			return fail(env, "up", errors.New("not built into this binary (hook: Env.Up in cmd/ipoib/main.go)"))
-		}
 		o, msg := parseUp(args, upRaw{*dev, *addr, *hcaName, *bind, *port, *peers, *mode, *mtu, *ibMTU})
 		if msg != "" {
 			return usageError(env, "up", msg)
 		}
-		for _, p := range []struct {
-			name string
-			v    float64
-		}{{"loss", *loss}, {"dup", *dup}, {"reorder", *reorder}, {"delay", *delay}} {
-			if !(p.v >= 0 && p.v <= 1) {
-				return usageError(env, "up", fmt.Sprintf("--%s %v: want a probability in [0, 1]", p.name, p.v))
-			}
-		}
-		if *delayTime < 0 {
-			return usageError(env, "up", fmt.Sprintf("--delay-time %v is negative", *delayTime))
-		}
-		if *rcRetry > 7 {
-			return usageError(env, "up", fmt.Sprintf("--rc-retry %d not in 0..7", *rcRetry))
-		}
-		if *ackTimeout < time.Millisecond {
-			return usageError(env, "up", fmt.Sprintf("--ack-timeout %v: want at least 1ms", *ackTimeout))
+		if msg := flagcheck.First(
+			flagcheck.Probability("loss", *loss), flagcheck.Probability("dup", *dup),
+			flagcheck.Probability("reorder", *reorder), flagcheck.Probability("delay", *delay),
+			flagcheck.Duration("delay-time", *delayTime, 0),
+			flagcheck.UintMax("rc-retry", *rcRetry, 7),
+			flagcheck.Duration("ack-timeout", *ackTimeout, time.Millisecond),
+		); msg != "" {
+			return usageError(env, "up", msg)
 		}
 		o.RCRetry, o.AckTimeout, o.UDPOffload = uint8(*rcRetry), *ackTimeout, *udpOffload
 		o.Loss, o.Dup, o.Reorder, o.Delay, o.DelayTime, o.Seed = *loss, *dup, *reorder, *delay, *delayTime, *seed
@@ -110,7 +101,7 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 		if err != nil {
 			return fail(env, "up", err)
 		}
-		err = errors.Join(env.Up(ctx, o, newLogger(env.Stderr, lvl.level)), stopProfile())
+		err = errors.Join(runUp(ctx, o, newLogger(env.Stderr, lvl.level)), stopProfile())
 		switch {
 		case err == nil:
 			return ExitOK
@@ -137,8 +128,8 @@ func parseUp(args []string, r upRaw) (UpOptions, string) {
 	if len(args) > 0 {
 		return o, fmt.Sprintf("unexpected argument %q", args[0])
 	}
-	if r.dev == "" || len(r.dev) > 15 || strings.ContainsAny(r.dev, "/ \t") {
-		return o, fmt.Sprintf("--dev %q: want an interface name of 1..15 characters", r.dev)
+	if msg := flagcheck.Ifname("dev", r.dev); msg != "" {
+		return o, msg
 	}
 	if r.hca != "rocev2" {
 		return o, fmt.Sprintf("--hca %q: only rocev2 is available ('ipoib fabric' runs the soft fabric)", r.hca)
@@ -169,13 +160,13 @@ func parseUp(args []string, r upRaw) (UpOptions, string) {
 	if !validMode(r.mode) {
 		return o, fmt.Sprintf("--mode %q: want connected or datagram", r.mode)
 	}
-	if r.mtu != 0 && (r.mtu < 576 || r.mtu > 65520) {
-		return o, fmt.Sprintf("--mtu %d: want 0 or 576..65520", r.mtu)
-	}
 	switch r.ibMTU {
 	case 1024, 2048, 4096:
 	default:
 		return o, fmt.Sprintf("--ib-mtu %d: want 1024, 2048 or 4096", r.ibMTU)
+	}
+	if msg := flagcheck.MTU(r.mode, r.mtu, r.ibMTU); msg != "" {
+		return o, msg
 	}
 	return UpOptions{Dev: r.dev, Addr: pfx, HCA: r.hca, Bind: netip.AddrPortFrom(bind, uint16(r.port)), Peers: peers,
 		Mode: r.mode, MTU: r.mtu, IBMTU: r.ibMTU}, ""

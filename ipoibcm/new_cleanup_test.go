@@ -100,7 +100,7 @@ func (rvSmallPort) BatchSize() int { return 1 }
 // Whichever resource New fails to create, it returns the error and
 // leaves nothing behind on the device: no QP, CQ, SRQ or AH (a leaked QP
 // would also keep its CQs alive, the backend refusing to destroy them).
-func TestReviewNewFailureLeaksNothing(t *testing.T) {
+func TestNewFailureLeaksNothing(t *testing.T) {
 	for _, v := range []struct {
 		name  string
 		tweak func(*Config)

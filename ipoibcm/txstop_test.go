@@ -24,7 +24,7 @@ func (p *rvReadSignalPort) ReadFrames(bufs [][]byte, sizes []int) (int, error) {
 // back (as the TX poller gives them back) just before it marks the queue
 // stopped, when returnCredits does not wake anyone. The reader must see
 // them on its re-check instead of sleeping forever.
-func TestReviewReaderStopForBuffersNoLostWakeup(t *testing.T) {
+func TestReaderStopForBuffersNoLostWakeup(t *testing.T) {
 	fab := rvFabric(t, 50)
 	port := &rvReadSignalPort{memPort: newMemPort(1, nil), reads: make(chan struct{}, 1)}
 	dev, err := fab.NewDevice("a")

@@ -49,7 +49,7 @@ func rvHostFrame(t *testing.T, ifc *Interface, f []byte, now time.Time) bool {
 // their MAC unmapped. A neighbour heard from recently, one with a passive
 // connection to us, or one whose TX connection is still being torn down
 // stays.
-func TestReviewIdleNeighboursEvicted(t *testing.T) {
+func TestIdleNeighboursEvicted(t *testing.T) {
 	fab := rvFabric(t, 60)
 	pa, pb := rvNewCapture(1), rvNewCapture(2)
 	a := rvStart(t, fab, "a", pa, func(c *Config) { c.CM = rvSlowCM() })
@@ -151,7 +151,7 @@ func rvNeighbourMAC(t *testing.T, ifc *Interface, gid hca.GID) frame.MAC {
 
 // MAC indices are handed out cyclically: past 2^32-1 the counter wraps
 // and skips indices still in use; a removed neighbour's index is free.
-func TestReviewNeighbourMACIndexWrapsAndSkipsUsed(t *testing.T) {
+func TestNeighbourMACIndexWrapsAndSkipsUsed(t *testing.T) {
 	tb := newNeighbourTable()
 	now := time.Now()
 	hw := func(k int) frame.HWAddr { return frame.NewHWAddr(0, 1, rvFakeGID(k)) }

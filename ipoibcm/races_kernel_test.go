@@ -13,6 +13,7 @@ import (
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/soft"
+	"github.com/ipoibcm/ipoib/internal/mutation"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 )
 
@@ -176,17 +177,16 @@ func raceSeq(ip []byte) (int, bool) {
 	return seq, true
 }
 
-// rxRecord is one packet a receiver's OnRXPacket saw.
+// rxRecord is one packet a receiver's rxPacket hook saw.
 type rxRecord struct {
 	seq    int
 	intact bool
 }
 
-// raceRecv is what a receiving Interface reports through its Config
-// callbacks and hooks.
+// raceRecv is what a receiving Interface reports through its test hooks.
 type raceRecv struct {
-	packets chan rxRecord // OnRXPacket
-	dead    chan hca.WC   // OnDeadCompletion
+	packets chan rxRecord // hooks.rxPacket
+	dead    chan hca.WC   // hooks.deadCompletion
 	reaped  chan *rxConn  // hooks.rxReaped
 }
 
@@ -194,12 +194,12 @@ func newRaceRecv() *raceRecv {
 	return &raceRecv{packets: make(chan rxRecord, 64), dead: make(chan hca.WC, 64), reaped: make(chan *rxConn, 64)}
 }
 
-func (r *raceRecv) configure(c *Config) {
-	c.OnRXPacket = func(_ frame.HWAddr, payload []byte) {
+func (r *raceRecv) observe(i *Interface) {
+	i.hooks.rxPacket = func(_ frame.HWAddr, payload []byte) {
 		seq, ok := raceSeq(payload)
 		r.packets <- rxRecord{seq, ok}
 	}
-	c.OnDeadCompletion = func(wc *hca.WC) { r.dead <- *wc }
+	i.hooks.deadCompletion = func(wc *hca.WC) { r.dead <- *wc }
 }
 
 // raceFabric is a soft fabric closed at cleanup, after every Interface
@@ -303,7 +303,7 @@ type afterDestroyRun struct {
 	reapedBefore uint64
 	drainsBefore uint64
 	// After.
-	delivered []rxRecord // OnRXPacket, in order
+	delivered []rxRecord // hooks.rxPacket, in order
 	deadWCs   []hca.WC
 	written   []int // sequence numbers the host port got
 	st        Stats
@@ -315,17 +315,16 @@ type afterDestroyRun struct {
 // (QP to Error, LAST_WQE, drain WR, all while the completion is held); the
 // hold is released and the RX poller finds the data completion, then the
 // drain's flush completion behind it.
-func runCompletionAfterDestroy(t *testing.T, unsafe func(*Config)) afterDestroyRun {
+func runCompletionAfterDestroy(t *testing.T, mut mutation.Soak) afterDestroyRun {
 	fab := raceFabric(t, soft.Config{Seed: 31})
 	pa, pb := newRacePort(1), rvNewCapture(2)
 	recv := newRaceRecv()
 	a := raceStart(t, fab, "a", pa, nil, nil)
-	b := raceStart(t, fab, "b", pb, func(c *Config) {
-		recv.configure(c)
-		if unsafe != nil {
-			unsafe(c)
-		}
-	}, func(i *Interface) { i.hooks.rxReaped = func(rc *rxConn) { recv.reaped <- rc } })
+	b := raceStart(t, fab, "b", pb, nil, func(i *Interface) {
+		recv.observe(i)
+		i.hooks.rxReaped = func(rc *rxConn) { recv.reaped <- rc }
+		i.mut = mut
+	})
 	mac := rvLearn(a, b.HWAddr(), netip.AddrFrom4(raceDstIP), time.Now())
 	src := frame.MAC(pa.mac)
 
@@ -399,7 +398,7 @@ func runCompletionAfterDestroy(t *testing.T, unsafe func(*Config)) afterDestroyR
 // drain switched off the same interleaving shows the violation.
 func TestRaceCompletionAfterDestroy(t *testing.T) {
 	t.Run("safe", func(t *testing.T) {
-		run := runCompletionAfterDestroy(t, nil)
+		run := runCompletionAfterDestroy(t, mutation.Soak{})
 		// Held at release: frame 2's receive and the drain's flush; the QP
 		// still alive although teardown, LAST_WQE and the drain post are
 		// all done.
@@ -440,15 +439,15 @@ func TestRaceCompletionAfterDestroy(t *testing.T) {
 			t.Fatalf("passive connections left: %+v", st.RXConns)
 		}
 	})
-	t.Run("UnsafeSkipDeadFlag delivers it", func(t *testing.T) {
-		run := runCompletionAfterDestroy(t, func(c *Config) { c.UnsafeSkipDeadFlag = true })
+	t.Run("SkipDeadFlag mutation delivers it", func(t *testing.T) {
+		run := runCompletionAfterDestroy(t, mutation.Soak{SkipDeadFlag: true})
 		if len(run.delivered) != 1 || run.delivered[0].seq != 2 || run.st.Counters.RxDeadDropped != 0 {
 			t.Fatalf("without the dead flag frame 2 must reach the host of a dead connection: delivered %+v, rx_dead_dropped %d",
 				run.delivered, run.st.Counters.RxDeadDropped)
 		}
 	})
-	t.Run("UnsafeSkipDrain polls it after destroy", func(t *testing.T) {
-		run := runCompletionAfterDestroy(t, func(c *Config) { c.UnsafeSkipDrain = true })
+	t.Run("SkipDrain mutation polls it after destroy", func(t *testing.T) {
+		run := runCompletionAfterDestroy(t, mutation.Soak{SkipDrain: true})
 		if run.reapedBefore != 1 || run.drainsBefore != 0 {
 			t.Fatalf("without the drain the QP goes at once: %d reaped, %d drains before release", run.reapedBefore, run.drainsBefore)
 		}
@@ -502,7 +501,8 @@ func testLastWQEBeforeLive(t *testing.T, reapFirst bool) {
 	var b *Interface
 	var barrier *eventBarrier
 	var hold *soft.CompletionHold
-	b = raceStart(t, fab, "b", pb, recv.configure, func(i *Interface) {
+	b = raceStart(t, fab, "b", pb, nil, func(i *Interface) {
+		recv.observe(i)
 		i.hooks.rxReaped = func(rc *rxConn) { recv.reaped <- rc }
 		i.hooks.rxAccepting = func(rc *rxConn) {
 			if calls.Add(1) != 1 {
@@ -676,10 +676,7 @@ func TestRacePacketsQueuedDuringConnect(t *testing.T) {
 			inWindow <- w
 		}
 	})
-	b := raceStart(t, fab, "b", pb, func(c *Config) {
-		c.CM = rvSlowCM()
-		recv.configure(c)
-	}, nil)
+	b := raceStart(t, fab, "b", pb, func(c *Config) { c.CM = rvSlowCM() }, recv.observe)
 	// A test that fails while the REP is held must not leave a's CM
 	// goroutine in the hook: Close (an earlier cleanup, so a later one to
 	// run) would wait for it.
@@ -734,7 +731,7 @@ func TestRacePacketsQueuedDuringConnect(t *testing.T) {
 // The engine's own teardown cannot get here: the drain completion queues
 // behind the old completions and the QP (and its QPN) lives until it is
 // polled. A destroy with completions still queued is what Close's drain
-// deadline does to a wedged backend; UnsafeSkipDrain does it on every
+// deadline does to a wedged backend; the SkipDrain mutation does it on every
 // teardown, and is how this test reaches the state.
 func TestRaceQPNReusedWhileCompletionsQueued(t *testing.T) {
 	fab := raceFabric(t, soft.Config{Seed: 34, Faults: soft.Faults{ImmediateQPNReuse: true}})
@@ -746,10 +743,11 @@ func TestRaceQPNReusedWhileCompletionsQueued(t *testing.T) {
 		i.hooks.txDestroyed = func(tc *txConn) { txGone <- tc }
 		i.hooks.repApplying = func(tc *txConn) { repApplying <- tc }
 	})
-	b := raceStart(t, fab, "b", pb, func(c *Config) {
-		recv.configure(c)
-		c.UnsafeSkipDrain = true
-	}, func(i *Interface) { i.hooks.rxReaped = func(rc *rxConn) { recv.reaped <- rc } })
+	b := raceStart(t, fab, "b", pb, nil, func(i *Interface) {
+		recv.observe(i)
+		i.hooks.rxReaped = func(rc *rxConn) { recv.reaped <- rc }
+		i.mut = mutation.Soak{SkipDrain: true}
+	})
 	mac := rvLearn(a, b.HWAddr(), netip.AddrFrom4(raceDstIP), time.Now())
 	src := frame.MAC(pa.mac)
 

@@ -24,7 +24,7 @@ func (p *rvMTUFailPort) SetMTU(mtu int) error {
 // A host that refuses the new MTU does not undo a mode switch: SetMode
 // reports that the mode switched but the host MTU was not updated, and
 // the same SetMode again retries the MTU.
-func TestReviewSetModeHostMTUFailureKeepsSwitch(t *testing.T) {
+func TestSetModeHostMTUFailureKeepsSwitch(t *testing.T) {
 	fab := rvFabric(t, 40)
 	port := &rvMTUFailPort{memPort: newMemPort(1, nil)}
 	ifc := rvStart(t, fab, "a", port, nil)

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -6,13 +6,12 @@ import (
 	"io"
 
 	"github.com/ipoibcm/ipoib/bench"
-	"github.com/ipoibcm/ipoib/cmd/ipoib/internal/cli"
 )
 
 // runInProc is 'ipoib bench' without --iperf: TCP between two in-process
 // netstack hosts joined directly and by ib0 in both modes, the median of
-// o.Runs runs per row, as a table with the issue 4 ratios or as JSON.
-func runInProc(ctx context.Context, o cli.InProcOptions, out io.Writer) error {
+// o.Runs runs per row, as a table with the ratios or as JSON.
+func runInProc(ctx context.Context, o inProcOptions, out io.Writer) error {
 	rep, err := bench.RunInProcSuite(ctx, bench.InProcSuiteConfig{
 		Bytes:        o.Bytes,
 		Runs:         o.Runs,

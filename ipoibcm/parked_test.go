@@ -17,7 +17,7 @@ import (
 // dropped as tx_neigh_queue_full, and a healthy datagram peer keeps
 // receiving. Without the cap 50 such peers would park 127 frames, stop
 // the reader at the credit limit and starve the healthy peer.
-func TestReviewParkedCreditsCappedHealthyPeerFlows(t *testing.T) {
+func TestParkedCreditsCappedHealthyPeerFlows(t *testing.T) {
 	fab := rvFabric(t, 21)
 	pa, pb := rvNewCapture(1), rvNewCapture(2)
 	a := rvStart(t, fab, "a", pa, func(c *Config) { c.CM = rvSlowCM() })
@@ -78,7 +78,7 @@ func TestReviewParkedCreditsCappedHealthyPeerFlows(t *testing.T) {
 // packet (here the interface's own 9000-byte MTU, below the peer's 65520)
 // gets ICMPv6 packet-too-big at REP time, never a silent drop or an
 // oversize send.
-func TestReviewParkedFrameTooBigGetsPacketTooBig(t *testing.T) {
+func TestParkedFrameTooBigGetsPacketTooBig(t *testing.T) {
 	fab := rvFabric(t, 22)
 	pa, pb := rvNewCapture(1), rvNewCapture(2)
 	a := rvStart(t, fab, "a", pa, func(c *Config) { c.MTU = 9000 })

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"errors"
@@ -6,32 +6,35 @@ import (
 	"log/slog"
 	"net/netip"
 
-	"github.com/ipoibcm/ipoib/cmd/ipoib/internal/cli"
 	"github.com/ipoibcm/ipoib/control"
 	"github.com/ipoibcm/ipoib/hca/soft"
 	"github.com/ipoibcm/ipoib/ipoibcm"
 	"github.com/ipoibcm/ipoib/tap"
 )
 
-// This file is the only place the CLI touches the engine: it builds
-// ipoibcm Interfaces on hca/soft devices with kernel TAPs as host ports.
+// This file builds ipoibcm Interfaces on hca/soft devices with kernel TAPs
+// as host ports: the lab ('ipoib fabric') and the ib0 rows of 'ipoib bench
+// --iperf'.
 
 var _ ipoibcm.HostPort = (*tap.Device)(nil)
 
-type softEngine struct{}
-
-func (softEngine) NewFabric(seed int64, log *slog.Logger) (cli.Fabric, error) {
+// newSoftFabric creates an in-process soft fabric of hosts.
+func newSoftFabric(seed int64, log *slog.Logger) *softFabric {
 	// Newest-first receive keeps the few buffers in flight cache-hot: the
 	// fabric's copy is the "wire", and cold buffers doubled its cost.
-	return &softFabric{fab: soft.NewFabric(soft.Config{Seed: seed, ReceiveOrder: soft.ReceiveNewestFirst}), log: log}, nil
+	return &softFabric{fab: soft.NewFabric(soft.Config{Seed: seed, ReceiveOrder: soft.ReceiveNewestFirst}), log: log}
 }
 
+// softFabric is one soft fabric of hosts.
 type softFabric struct {
 	fab *soft.Fabric
 	log *slog.Logger
 }
 
-func (f *softFabric) AddHost(host, ifname string, dev *tap.Device, addrs []netip.Prefix, mode string, mtu int) (cli.Host, error) {
+// AddHost creates a device on the fabric and an IPoIB interface named
+// ifname on it with dev as its host port, and starts it. The host owns dev
+// from then on: softHost.Close closes it.
+func (f *softFabric) AddHost(host, ifname string, dev *tap.Device, addrs []netip.Prefix, mode string, mtu int) (*softHost, error) {
 	m, err := ipoibcm.ParseMode(mode)
 	if err != nil {
 		return nil, err

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -20,7 +20,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ipoibcm/ipoib/cmd/ipoib/internal/cli"
 	"github.com/ipoibcm/ipoib/control"
 	"github.com/ipoibcm/ipoib/hca/rocev2"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
@@ -64,12 +63,12 @@ func newUpPair(t *testing.T, faults rocev2.Faults) *upPair {
 		f := faults
 		f.Seed += uint64(i)
 		dev, err := rocev2.New(rocev2.Config{Bind: netip.AddrPortFrom(binds[i], port), Peers: []netip.Addr{binds[1-i]},
-			Faults: f, MinAckTimeout: 20 * time.Millisecond, MinRetryCount: 6, Logger: log})
+			Faults: f, MinAckTimeout: 20 * time.Millisecond, Logger: log})
 		if err != nil {
 			t.Fatal(err)
 		}
 		p.devs[i] = dev
-		ifc, err := ipoibcm.New(ipoibcm.Config{Device: dev, Host: h, Name: "ib0", Mode: ipoibcm.ModeConnected, Logger: log})
+		ifc, err := ipoibcm.New(ipoibcm.Config{Device: dev, Host: h, Name: "ib0", Mode: ipoibcm.ModeConnected, RCRetry: 6, Logger: log})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -240,13 +239,12 @@ func TestUpOverRoCEv2(t *testing.T) {
 	}
 }
 
-func runCLI(t *testing.T, env cli.Env, args ...string) (int, string) {
+func runUpCLI(t *testing.T, env Env, args ...string) (int, string) {
 	t.Helper()
 	var out, errb bytes.Buffer
 	env.Stdout, env.Stderr = &out, &errb
-	env.Up = runUp
 	env.ControlDir = t.TempDir()
-	code := cli.Main(context.Background(), args, env)
+	code := Main(context.Background(), args, env)
 	return code, errb.String()
 }
 
@@ -259,15 +257,15 @@ func TestUpSetupErrorsExitTwo(t *testing.T) {
 	}
 	defer taken.Close()
 	port := fmt.Sprint(taken.LocalAddr().(*net.UDPAddr).Port)
-	root := cli.Env{Euid: func() int { return 0 }}
+	root := Env{Euid: func() int { return 0 }}
 	for _, tc := range []struct {
-		env  cli.Env
+		env  Env
 		args []string
 		want string
 	}{
 		{root, []string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--port", port}, "address already in use"},
 		{root, []string{"up", "--addr", "10.77.0.1/24", "--bind", "192.0.2.77"}, "cannot assign requested address"},
-		{cli.Env{Euid: func() int { return 1000 }}, []string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1"}, "needs root"},
+		{Env{Euid: func() int { return 1000 }}, []string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1"}, "needs root"},
 		{root, []string{"up", "--addr", "10.77.0.1", "--bind", "127.0.0.1"}, "--addr"},
 		{root, []string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--loss", "2"}, "--loss"},
 		{root, []string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--ib-mtu", "1500"}, "--ib-mtu"},
@@ -275,9 +273,9 @@ func TestUpSetupErrorsExitTwo(t *testing.T) {
 		{root, []string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--hca", "soft"}, "--hca"},
 		{root, []string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--rc-retry", "8"}, "--rc-retry"},
 	} {
-		code, stderr := runCLI(t, tc.env, tc.args...)
+		code, stderr := runUpCLI(t, tc.env, tc.args...)
 		lines := strings.Split(strings.TrimRight(stderr, "\n"), "\n")
-		if code != cli.ExitUsage || len(lines) != 1 || !strings.Contains(stderr, tc.want) || !strings.HasPrefix(stderr, "ipoib up") {
+		if code != ExitUsage || len(lines) != 1 || !strings.Contains(stderr, tc.want) || !strings.HasPrefix(stderr, "ipoib up") {
 			t.Errorf("%v: exit %d, stderr %q; want 2 and one line with %q", tc.args, code, stderr, tc.want)
 		}
 	}
@@ -305,11 +303,12 @@ func TestE2EScript(t *testing.T) {
 		}
 	}
 	_, file, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(file), "..", "..", ".ci", "e2e-rocev2.sh")
+	root := filepath.Join(filepath.Dir(file), "..", "..", "..", "..")
+	script := filepath.Join(root, ".ci", "e2e-rocev2.sh")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", script)
-	cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..")
+	cmd.Dir = root
 	out, err := cmd.CombinedOutput()
 	if err != nil || !bytes.Contains(out, []byte("e2e-rocev2: ALL PASS")) {
 		t.Fatalf("script failed: %v\n%s", err, out)

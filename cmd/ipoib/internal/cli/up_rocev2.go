@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/netip"
 
-	"github.com/ipoibcm/ipoib/cmd/ipoib/internal/cli"
 	"github.com/ipoibcm/ipoib/control"
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/rocev2"
@@ -56,9 +55,9 @@ func (h *upHost) SetMode(mode string) error { return setInterfaceMode(h.ifc, mod
 
 // runUp brings the interface up, serves the control socket until ctx ends
 // and removes everything. Failures before the interface runs wrap
-// cli.ErrSetup.
-func runUp(ctx context.Context, o cli.UpOptions, log *slog.Logger) (err error) {
-	setup := func(err error) error { return fmt.Errorf("%w: %w", cli.ErrSetup, err) }
+// ErrSetup.
+func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
+	setup := func(err error) error { return fmt.Errorf("%w: %w", ErrSetup, err) }
 	var cleanup []func() error
 	defer func() {
 		for i := len(cleanup) - 1; i >= 0; i-- {

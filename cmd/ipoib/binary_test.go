@@ -1,0 +1,525 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ipoibcm/ipoib/control"
+	"github.com/ipoibcm/ipoib/internal/proc"
+)
+
+// The CLI tests run ipoib as a separate process: its own signals, pipes,
+// exit status and /proc entry. The test binary is that process: with
+// runAsMainEnv set, TestMain runs main() instead of the tests, so the
+// binary under test is exactly this package's main, built once by go test
+// (with -race when the tests have it).
+const runAsMainEnv = "IPOIB_TEST_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runAsMainEnv) == "1" {
+		os.Args = append([]string{"ipoib"}, os.Args[1:]...)
+		main()
+		return // main exits; not reached
+	}
+	os.Exit(m.Run())
+}
+
+// ipoibCmd is the ipoib binary with args. Cancelling ctx sends SIGINT
+// (what Ctrl-C does), then SIGKILL after 20 s.
+func ipoibCmd(ctx context.Context, t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, self, args...)
+	cmd.Env = append(os.Environ(), runAsMainEnv+"=1")
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGINT) }
+	cmd.WaitDelay = 20 * time.Second
+	return cmd
+}
+
+type binResult struct {
+	code           int
+	stdout, stderr string
+}
+
+// runIpoib runs the binary to completion (at most 60 s).
+func runIpoib(t *testing.T, args ...string) binResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := ipoibCmd(ctx, t, args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee) && ee.Exited():
+	default:
+		t.Errorf("ipoib %v: %v (stderr %q)", args, err, short(errb.String()))
+		return binResult{-1, out.String(), errb.String()}
+	}
+	return binResult{cmd.ProcessState.ExitCode(), out.String(), errb.String()}
+}
+
+// short keeps a failure message readable when the binary dumped a stack.
+func short(s string) string {
+	if len(s) > 400 {
+		return s[:400] + "..."
+	}
+	return s
+}
+
+// oneLine reports whether s is exactly one non-empty line.
+func oneLine(s string) bool {
+	return s != "" && strings.Count(s, "\n") == 1 && strings.HasSuffix(s, "\n")
+}
+
+func TestBinaryHelpAboutHelp(t *testing.T) {
+	for _, args := range [][]string{{"help", "-h"}, {"help", "--help"}, {"help", "-help"}, {"help", "help"}, {"-h", "help"}} {
+		r := runIpoib(t, args...)
+		if r.code != 0 || !strings.Contains(r.stdout, "commands:") || r.stderr != "" {
+			t.Errorf("ipoib %v: exit %d stdout %q stderr %q; want the overview and 0", args, r.code, short(r.stdout), short(r.stderr))
+		}
+	}
+	fab, help := runIpoib(t, "fabric", "-h"), runIpoib(t, "help", "fabric")
+	if fab.code != 0 || help.stdout != fab.stdout || !strings.Contains(fab.stdout, "-hosts") {
+		t.Errorf("'help fabric' (exit %d) differs from 'fabric -h' (exit %d)", help.code, fab.code)
+	}
+	if r := runIpoib(t, "help", "nosuch"); r.code != 2 || !oneLine(r.stderr) {
+		t.Errorf("help nosuch: exit %d stderr %q", r.code, r.stderr)
+	}
+}
+
+// netnsWithPrefix lists network namespaces whose name starts with prefix.
+func netnsWithPrefix(t *testing.T, prefix string) []string {
+	t.Helper()
+	entries, err := os.ReadDir("/run/netns")
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), prefix) {
+			names = append(names, e.Name())
+		}
+	}
+	return names
+}
+
+// removeNetns deletes leftovers of a failed run so the next test starts
+// clean.
+func removeNetns(t *testing.T, names []string) {
+	for _, n := range names {
+		if out, err := exec.Command("ip", "netns", "delete", n).CombinedOutput(); err != nil {
+			t.Logf("ip netns delete %s: %v %s", n, err, out)
+		}
+		os.Remove(filepath.Join("/run/ipoib/netns-owner", n))
+	}
+}
+
+// TestBinaryFlagsCheckedBeforeAnything: every bad value gets one line and
+// status 2 before a namespace, TAP, socket or fabric exists, whichever
+// command it is given to. As root the fabric cases would otherwise create
+// namespaces (they did: --mtu 50 failed after the first).
+func TestBinaryFlagsCheckedBeforeAnything(t *testing.T) {
+	const nsPrefix = "ipoib-t12f"
+	ctl := t.TempDir()
+	long := "ib0-sixteen-char" // 16 bytes: the kernel keeps 15
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"fabric", "--mtu", "70000"}, "--mtu 70000"},
+		{[]string{"fabric", "--mode", "datagram", "--mtu", "9000"}, "--mtu 9000"},
+		{[]string{"fabric", "--mtu", "50"}, "--mtu 50"},
+		{[]string{"fabric", "--ifname", long}, "--ifname"},
+		{[]string{"fabric", "--hosts", "0"}, "--hosts 0"},
+		{[]string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--mtu", "70000"}, "--mtu 70000"},
+		{[]string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--mode", "datagram", "--mtu", "9000"}, "--mtu 9000"},
+		{[]string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--ib-mtu", "1024", "--mode", "datagram", "--mtu", "2000"}, "--mtu 2000"},
+		{[]string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--mtu", "50"}, "--mtu 50"},
+		{[]string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--dev", long}, "--dev"},
+		{[]string{"soak", "--ud-loss", "2"}, "--ud-loss 2"},
+		{[]string{"soak", "--hosts", "0"}, "--hosts 0"},
+		{[]string{"soak", "--duration", "-1s"}, "--duration -1s"},
+		{[]string{"soak", "--no-such-flag"}, "no-such-flag"},
+		{[]string{"bench", "--hca", "rocev2"}, "--hca applies to --iperf"},
+		{[]string{"bench", "--streams", "4"}, "--streams applies to --iperf"},
+		{[]string{"bench", "--iperf", "--bytes", "1000"}, "--bytes applies to in-process"},
+		{[]string{"bench", "--iperf", "--hca", "ib"}, "--hca \"ib\""},
+	} {
+		args := tc.args
+		switch args[0] {
+		case "fabric":
+			args = append(args, "--netns-prefix", nsPrefix, "--control-dir", ctl)
+		case "up":
+			args = append(args, "--control-dir", ctl)
+		}
+		r := runIpoib(t, args...)
+		if r.code != 2 || !oneLine(r.stderr) || !strings.Contains(r.stderr, tc.want) || !strings.HasPrefix(r.stderr, "ipoib "+args[0]+": ") || r.stdout != "" {
+			t.Errorf("ipoib %v: exit %d stderr %q stdout %q; want 2 and one line naming %q", tc.args, r.code, short(r.stderr), short(r.stdout), tc.want)
+		}
+		if left := netnsWithPrefix(t, nsPrefix); len(left) > 0 {
+			t.Errorf("ipoib %v created namespaces %v before failing", tc.args, left)
+			removeNetns(t, left)
+		}
+		if entries, _ := os.ReadDir(ctl); len(entries) > 0 {
+			t.Errorf("ipoib %v left %d entries in the control directory", tc.args, len(entries))
+		}
+	}
+}
+
+// TestBinarySoakWithoutTrafficFails: with every UD delivery lost no ARP
+// is answered, nothing connects and nothing is delivered; that run tested
+// nothing and must not PASS.
+func TestBinarySoakWithoutTrafficFails(t *testing.T) {
+	r := runIpoib(t, "soak", "--hosts", "2", "--duration", "300ms", "--ud-loss", "1", "--quiet")
+	if r.code != 1 || !strings.Contains(r.stdout, "traffic_carried") || !strings.Contains(r.stdout, "FAIL") {
+		t.Fatalf("soak with ud-loss 1: exit %d\n%s\nstderr %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+// daemon is a long-running ipoib (fabric, up) with stdout and stderr on
+// one pipe, as under '2>&1 | tee log'.
+type daemon struct {
+	t     *testing.T
+	cmd   *exec.Cmd
+	r     *os.File
+	lines chan string
+	exit  chan struct{}
+	mu    sync.Mutex
+	log   strings.Builder
+}
+
+// startDaemon starts ipoib with args and waits for a log line containing
+// ready.
+func startDaemon(t *testing.T, ready string, args ...string) *daemon {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &daemon{t: t, r: r, lines: make(chan string, 1024), exit: make(chan struct{})}
+	d.cmd = ipoibCmd(context.Background(), t, args...)
+	d.cmd.Stdout, d.cmd.Stderr = w, w
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	go func() {
+		defer close(d.lines)
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			d.mu.Lock()
+			d.log.WriteString(sc.Text() + "\n")
+			d.mu.Unlock()
+			select {
+			case d.lines <- sc.Text():
+			default:
+			}
+		}
+	}()
+	go func() { d.cmd.Wait(); close(d.exit) }()
+	t.Cleanup(func() {
+		select {
+		case <-d.exit:
+		default:
+			d.stop()
+		}
+	})
+	timeout := time.After(60 * time.Second)
+	for {
+		select {
+		case l, ok := <-d.lines:
+			if !ok {
+				<-d.exit
+				t.Fatalf("ipoib %v exited before %q: %v\n%s", args, ready, d.cmd.ProcessState, d.output())
+			}
+			if strings.Contains(l, ready) {
+				return d
+			}
+		case <-timeout:
+			t.Fatalf("ipoib %v: no %q within 60 s\n%s", args, ready, d.output())
+		}
+	}
+}
+
+func (d *daemon) output() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.log.String()
+}
+
+// closeLog closes the read end of the pipe, as tee does when it exits:
+// every later write of the daemon's fails with EPIPE.
+func (d *daemon) closeLog() { d.r.Close() }
+
+// stop sends SIGINT (Ctrl-C) and waits for the exit.
+func (d *daemon) stop() *os.ProcessState {
+	d.t.Helper()
+	if err := d.cmd.Process.Signal(syscall.SIGINT); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		d.t.Errorf("SIGINT: %v", err)
+	}
+	select {
+	case <-d.exit:
+	case <-time.After(30 * time.Second):
+		d.cmd.Process.Kill()
+		<-d.exit
+		d.t.Errorf("ipoib did not stop within 30 s of SIGINT\n%s", d.output())
+	}
+	return d.cmd.ProcessState
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (uid 0) for network namespaces and TAP devices")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("ip not in PATH: apt-get install iproute2")
+	}
+}
+
+// freeUDPPort finds a UDP port free on addr.
+func freeUDPPort(t *testing.T, addr string) string {
+	t.Helper()
+	c, err := net.ListenPacket("udp4", addr+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return fmt.Sprint(c.LocalAddr().(*net.UDPAddr).Port)
+}
+
+// checkGone fails the test for every namespace, marker, socket or device
+// the run left behind, and removes the namespaces.
+func checkGone(t *testing.T, nsPrefix, ctl string, devs ...string) {
+	t.Helper()
+	if left := netnsWithPrefix(t, nsPrefix); len(left) > 0 {
+		t.Errorf("namespaces left behind: %v", left)
+		removeNetns(t, left)
+	}
+	markers, _ := filepath.Glob(filepath.Join("/run/ipoib/netns-owner", nsPrefix+"*"))
+	if len(markers) > 0 {
+		t.Errorf("namespace markers left behind: %v", markers)
+		for _, m := range markers {
+			os.Remove(m)
+		}
+	}
+	socks, _ := filepath.Glob(filepath.Join(ctl, "*.sock"))
+	if len(socks) > 0 {
+		t.Errorf("control sockets left behind: %v", socks)
+	}
+	for _, d := range devs {
+		if _, err := os.Stat(filepath.Join("/sys/class/net", d)); err == nil {
+			t.Errorf("device %s left behind", d)
+			exec.Command("ip", "link", "delete", d).Run()
+		}
+	}
+}
+
+// TestBinaryBrokenLogPipe: 'ipoib fabric 2>&1 | tee log', then Ctrl-C.
+// tee exits first; the next log line used to kill ipoib with SIGPIPE and
+// leave its namespaces, markers and control socket behind. The same for
+// 'up' and its TAP.
+func TestBinaryBrokenLogPipe(t *testing.T) {
+	needRoot(t)
+	const nsPrefix = "ipoib-t12p"
+	ctl := t.TempDir()
+	checkGone(t, nsPrefix, ctl, "t12p0")
+	for _, args := range [][]string{
+		{"fabric", "--hosts", "2", "--netns-prefix", nsPrefix, "--prefix", "10.77.98.0/24", "--control-dir", ctl},
+		{"up", "--dev", "t12p0", "--addr", "10.77.97.1/24", "--bind", "127.0.0.1", "--port", freeUDPPort(t, "127.0.0.1"), "--control-dir", ctl},
+	} {
+		d := startDaemon(t, "stop with Ctrl-C", args...)
+		d.closeLog()
+		st := d.stop()
+		if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			t.Errorf("ipoib %s killed by %v after its log pipe closed", args[0], ws.Signal())
+		} else if st.ExitCode() != 0 {
+			t.Errorf("ipoib %s: exit %d after Ctrl-C", args[0], st.ExitCode())
+		}
+		checkGone(t, nsPrefix, ctl, "t12p0")
+	}
+}
+
+// TestBinaryStaleControlSockets: sockets of a process that is gone, and of
+// a pid now used by another process (this one, with another start time),
+// are removed by the next 'show' instead of being dialled.
+func TestBinaryStaleControlSockets(t *testing.T) {
+	ctl := t.TempDir()
+	if err := os.Chmod(ctl, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	start, err := proc.StartTime(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := []string{
+		control.SocketPath(ctl, dead.Process.Pid, 1),                 // process gone
+		control.SocketPath(ctl, os.Getpid(), start+1000),             // pid reused by this test
+		filepath.Join(ctl, fmt.Sprintf("%d.sock", dead.Process.Pid)), // an older ipoib's name
+	}
+	for _, p := range stale {
+		// A socket file nobody listens on, as a killed process leaves.
+		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: p, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.SetUnlinkOnClose(false)
+		l.Close()
+	}
+	r := runIpoib(t, "show", "--control-dir", ctl)
+	if r.code != 1 || !strings.Contains(r.stderr, "no running ipoib process") || !oneLine(r.stderr) {
+		t.Errorf("show over stale sockets: exit %d stderr %q", r.code, short(r.stderr))
+	}
+	for _, p := range stale {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("stale socket %s not removed", filepath.Base(p))
+		}
+	}
+}
+
+// failingEndpoint refuses every mode switch after the first call.
+type failingEndpoint struct {
+	mu   sync.Mutex
+	info control.InterfaceInfo
+}
+
+func (f *failingEndpoint) Info() control.InterfaceInfo {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.info
+}
+func (f *failingEndpoint) Stats() any { return map[string]any{} }
+func (f *failingEndpoint) SetMode(m string) error {
+	if f.info.Host == "refuses" {
+		return errors.New("refused by the test")
+	}
+	f.mu.Lock()
+	f.info.Mode = m
+	f.mu.Unlock()
+	return nil
+}
+
+// listModes is host -> mode of every interface in ctl.
+func listModes(t *testing.T, ctl string) map[string]string {
+	t.Helper()
+	resps, err := control.QueryAll(ctl, control.Request{Op: control.OpList}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	modes := map[string]string{}
+	for _, r := range resps {
+		for _, i := range r.Interfaces {
+			modes[i.Host] = i.Mode
+		}
+	}
+	return modes
+}
+
+// TestBinaryModeSwitchesAllOrNothing: the README's 'ipoib mode datagram'
+// with a 2-host fabric and an 'up' running switches all three; when one
+// interface refuses, none is left switched, in any process.
+func TestBinaryModeSwitchesAllOrNothing(t *testing.T) {
+	needRoot(t)
+	const nsPrefix = "ipoib-t12m"
+	ctl := t.TempDir()
+	checkGone(t, nsPrefix, ctl, "t12m0")
+	fab := startDaemon(t, "stop with Ctrl-C", "fabric", "--hosts", "2", "--netns-prefix", nsPrefix, "--prefix", "10.77.96.0/24", "--control-dir", ctl)
+	up := startDaemon(t, "stop with Ctrl-C", "up", "--dev", "t12m0", "--addr", "10.77.95.1/24", "--bind", "127.0.0.1",
+		"--port", freeUDPPort(t, "127.0.0.1"), "--control-dir", ctl, "--host", "up1")
+
+	r := runIpoib(t, "mode", "datagram", "--control-dir", ctl)
+	if r.code != 0 || strings.Count(r.stdout, "mode datagram mtu 4092") != 3 {
+		t.Fatalf("mode datagram: exit %d stdout %q stderr %q", r.code, r.stdout, short(r.stderr))
+	}
+	want := map[string]string{nsPrefix + "1": "datagram", nsPrefix + "2": "datagram", "up1": "datagram"}
+	if got := listModes(t, ctl); !maps.Equal(got, want) {
+		t.Fatalf("after mode datagram: %v, want %v", got, want)
+	}
+
+	// A third process (this test) whose second interface refuses: the
+	// switch must leave every interface of every process in datagram.
+	ok := &failingEndpoint{info: control.InterfaceInfo{Host: "accepts", Name: "ib0", Mode: "datagram"}}
+	bad := &failingEndpoint{info: control.InterfaceInfo{Host: "refuses", Name: "ib0", Mode: "datagram"}}
+	srv, err := control.Listen(ctl, []control.Endpoint{ok, bad}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = runIpoib(t, "mode", "connected", "--control-dir", ctl)
+	srv.Close()
+	if r.code != 1 || !oneLine(r.stderr) || !strings.Contains(r.stderr, "refused by the test") {
+		t.Errorf("mode connected with one refusing: exit %d stderr %q", r.code, short(r.stderr))
+	}
+	want["accepts"], want["refuses"] = "datagram", "datagram"
+	got := listModes(t, ctl)
+	got["accepts"], got["refuses"] = ok.Info().Mode, bad.Info().Mode
+	if !maps.Equal(got, want) {
+		t.Errorf("after a refused switch: %v, want every interface still datagram", got)
+	}
+	for _, d := range []*daemon{up, fab} {
+		if st := d.stop(); st.ExitCode() != 0 {
+			t.Errorf("exit %d\n%s", st.ExitCode(), d.output())
+		}
+	}
+	checkGone(t, nsPrefix, ctl, "t12m0")
+}
+
+// TestBinaryREADMECommands: README's commands section is 'ipoib <cmd> -h'
+// of every command. IPOIB_UPDATE_README=1 rewrites it.
+func TestBinaryREADMECommands(t *testing.T) {
+	const begin, end = "<!-- commands:begin (generated from ipoib <cmd> -h) -->\n", "<!-- commands:end -->"
+	readme := filepath.Join("..", "..", "README.md")
+	b, err := os.ReadFile(readme)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i, j := bytes.Index(b, []byte(begin)), bytes.Index(b, []byte(end))
+	if i < 0 || j < i {
+		t.Fatalf("README.md has no %q ... %q section", begin, end)
+	}
+	var gen strings.Builder
+	for k, c := range []string{"fabric", "up", "show", "mode", "bench", "soak"} {
+		r := runIpoib(t, c, "-h")
+		if r.code != 0 {
+			t.Fatalf("%s -h: exit %d", c, r.code)
+		}
+		if k > 0 {
+			gen.WriteString("\n")
+		}
+		fmt.Fprintf(&gen, "### ipoib %s\n\n```\n%s```\n", c, r.stdout)
+	}
+	got := string(b[i+len(begin) : j])
+	if got == gen.String() {
+		return
+	}
+	if os.Getenv("IPOIB_UPDATE_README") == "1" {
+		out := append(append(append([]byte{}, b[:i+len(begin)]...), gen.String()...), b[j:]...)
+		if err := os.WriteFile(readme, out, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	t.Errorf("README.md commands section differs from 'ipoib <cmd> -h'; run IPOIB_UPDATE_README=1 go test -run TestBinaryREADMECommands ./cmd/ipoib")
+}

@@ -1,0 +1,110 @@
+// Package flagcheck holds the bounds and messages of the flags that several
+// ipoib commands share (cmd/ipoib/internal/cli, and bench's soak, which
+// parses its own), so one flag has one set of bounds and one message
+// everywhere. Each check returns "" or a one-line usage message; commands
+// run them before they create anything (namespace, TAP, socket, profile
+// file).
+package flagcheck
+
+import (
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// IP MTU bounds. 576 is the smallest datagram every IPv4 host must accept
+// (RFC 1122 §3.3.2); 65520 is IPoIB-CM's largest (RFC 4755 §4, Linux's
+// IPOIB_CM_MTU). Datagram mode carries one IB packet: IB MTU minus the
+// 4-byte IPoIB header (RFC 4391 §4).
+const (
+	MinIPMTU        = 576
+	MaxConnectedMTU = 65520
+	IPoIBHeaderLen  = 4
+)
+
+// MTU validates --mtu for the initial mode on a port of ibMTU bytes. 0
+// means the mode's default. An MTU the mode cannot carry is refused, not
+// silently lowered: the user asked for one number and would get another.
+func MTU(mode string, mtu, ibMTU int) string {
+	if mtu == 0 {
+		return ""
+	}
+	max := MaxConnectedMTU
+	if mode == "datagram" {
+		max = ibMTU - IPoIBHeaderLen
+	}
+	if mtu < MinIPMTU || mtu > max {
+		return fmt.Sprintf("--mtu %d: want 0 (the mode's default) or %d..%d in %s mode", mtu, MinIPMTU, max, mode)
+	}
+	return ""
+}
+
+// IfnameMax is the longest interface name the kernel keeps (IFNAMSIZ 16
+// with its NUL); a longer one it cuts, and logs would name a device that
+// does not exist.
+const IfnameMax = 15
+
+// Ifname validates an interface name flag the way the kernel's
+// dev_valid_name does.
+func Ifname(flagName, name string) string {
+	if name == "" || len(name) > IfnameMax || name == "." || name == ".." || strings.ContainsAny(name, "/: \t\n") {
+		return fmt.Sprintf("--%s %q: want an interface name of 1..%d bytes without '/', ':' or spaces", flagName, name, IfnameMax)
+	}
+	return ""
+}
+
+// Probability validates a probability flag.
+func Probability(flagName string, v float64) string {
+	if !(v >= 0 && v <= 1) {
+		return fmt.Sprintf("--%s %v: want a probability in [0, 1]", flagName, v)
+	}
+	return ""
+}
+
+// Duration validates a duration flag against its least value.
+func Duration(flagName string, v, least time.Duration) string {
+	if v < least {
+		return fmt.Sprintf("--%s %v: want at least %v", flagName, v, least)
+	}
+	return ""
+}
+
+// IntRange validates an integer flag.
+func IntRange(flagName string, v, lo, hi int) string {
+	if v < lo || v > hi {
+		return fmt.Sprintf("--%s %d out of range %d..%d", flagName, v, lo, hi)
+	}
+	return ""
+}
+
+// UintMax validates an unsigned flag against its largest value.
+func UintMax(flagName string, v, hi uint) string {
+	if v > hi {
+		return fmt.Sprintf("--%s %d out of range 0..%d", flagName, v, hi)
+	}
+	return ""
+}
+
+// First returns the first non-empty message.
+func First(msgs ...string) string {
+	for _, m := range msgs {
+		if m != "" {
+			return m
+		}
+	}
+	return ""
+}
+
+// Set names the flags given on the command line.
+func Set(fs *flag.FlagSet) map[string]bool {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	return set
+}
+
+// Usage is the one line a bad command line gets: the program, the
+// command, what is wrong and where the flags are described.
+func Usage(cmd, msg string) string {
+	return fmt.Sprintf("ipoib %s: %s (run 'ipoib %s -h')", cmd, msg, cmd)
+}
