@@ -85,3 +85,14 @@ func VerifyChecksums(frame []byte, l3off int) bool {
 	}
 	return checksum.Checksum(l4, pseudoSum(frame, &h, len(l4))) == 0xFFFF
 }
+
+// fillPartial writes the IPv4 header checksum and leaves the L4 checksum
+// field holding the pseudo-header sum, as Linux does for CHECKSUM_PARTIAL.
+func fillPartial(frame []byte, h *Headers) {
+	if !h.IPv6 {
+		ip := frame[h.L3:h.L4]
+		ip[10], ip[11] = 0, 0
+		binary.BigEndian.PutUint16(ip[10:], ^checksum.Checksum(ip, 0))
+	}
+	binary.BigEndian.PutUint16(frame[h.L4+h.CsumOffset():], pseudoSum(frame, h, h.Len-h.L4))
+}

@@ -134,11 +134,14 @@ func TestSegmentProperties(t *testing.T) {
 		}
 		f := buildPacket(r, l3, v6, tcp, payload)
 		orig := bytes.Clone(f)
+		for i := range out {
+			out[i] = out[i][:cap(out[i])]
+		}
 		h, err := Parse(f, l3)
 		if err != nil {
 			t.Fatalf("parse: %v", err)
 		}
-		want := Segments(h, mss)
+		want := h.Segments(mss)
 		if want > len(out) {
 			if _, err := Segment(f, l3, mss, out); !errors.Is(err, ErrTooManySegments) {
 				t.Fatalf("%d segments into %d buffers: err %v", want, len(out), err)
@@ -298,4 +301,37 @@ func FuzzSegment(f *testing.F) {
 		}
 		VerifyChecksums(frame, int(l3%32))
 	})
+}
+
+// TestSegmentPartial: a segment left partial (csum false) completes to
+// exactly the segment with full checksums, so a receiver may either hand
+// it on as CHECKSUM_PARTIAL or finish it.
+func TestSegmentPartial(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	full, part := make([]byte, 10000), make([]byte, 10000)
+	for iter := range 300 {
+		f := buildPacket(r, 4, iter%2 == 0, iter%3 != 0, r.IntN(30000))
+		h, err := Parse(f, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mss := 100 + r.IntN(4000)
+		for i := range h.Segments(mss) {
+			n, err := h.SegmentInto(full, f, mss, i, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := h.SegmentInto(part, f, mss, i, false)
+			if err != nil || m != n || n != h.SegmentLen(mss, i) {
+				t.Fatalf("segment %d: lengths %d %d %d, err %v", i, n, m, h.SegmentLen(mss, i), err)
+			}
+			CompletePartial(part[:m], h.L4, h.CsumOffset())
+			if !bytes.Equal(part[:m], full[:n]) {
+				t.Fatalf("segment %d: completed partial differs from full", i)
+			}
+		}
+		if _, err := h.SegmentInto(full, f, mss, h.Segments(mss), true); !errors.Is(err, ErrTooManySegments) {
+			t.Fatalf("segment past the last: %v", err)
+		}
+	}
 }

@@ -115,55 +115,35 @@ func (h VnetHdr) Encode(b []byte) {
 }
 
 // VnetDrop names why a frame's virtio header was refused.
+//
+//go:generate go tool stringer -type=VnetDrop -linecomment
 type VnetDrop uint8
 
 // Reasons a vnet header is refused. Each is counted; none is fatal.
 const (
-	VnetOK VnetDrop = iota
+	VnetOK VnetDrop = iota // ok
 	// VnetDropShort: fewer bytes than the virtio header itself.
-	VnetDropShort
+	VnetDropShort // vnet_short
 	// VnetDropGSOType: an unknown GSO type, or UFO, which is never enabled.
-	VnetDropGSOType
+	VnetDropGSOType // vnet_gso_type
 	// VnetDropGSOSizeZero: a GSO frame with gso_size 0.
-	VnetDropGSOSizeZero
+	VnetDropGSOSizeZero // vnet_gso_size_zero
 	// VnetDropHdrLen: hdr_len points past the frame.
-	VnetDropHdrLen
+	VnetDropHdrLen // vnet_hdr_len_past_frame
 	// VnetDropCsumOffset: the checksum field lies outside the packet, or
 	// csum_offset is not TCP's 16 or UDP's 6.
-	VnetDropCsumOffset
+	VnetDropCsumOffset // vnet_csum_outside_packet
 	// VnetDropNotL4: a GSO type on a frame that is not the TCP or UDP
 	// packet of that IP version (or whose headers do not parse).
-	VnetDropNotL4
+	VnetDropNotL4 // vnet_gso_not_l4
 	// VnetDropNoCsum: a GSO frame without NEEDS_CSUM: the segments'
 	// checksums could not be produced.
-	VnetDropNoCsum
+	VnetDropNoCsum // vnet_gso_without_csum
 	vnetDropCount
 )
 
 // VnetDropReasons is the number of VnetDrop values, VnetOK included.
 const VnetDropReasons = int(vnetDropCount)
-
-func (r VnetDrop) String() string {
-	switch r {
-	case VnetOK:
-		return "ok"
-	case VnetDropShort:
-		return "vnet_short"
-	case VnetDropGSOType:
-		return "vnet_gso_type"
-	case VnetDropGSOSizeZero:
-		return "vnet_gso_size_zero"
-	case VnetDropHdrLen:
-		return "vnet_hdr_len_past_frame"
-	case VnetDropCsumOffset:
-		return "vnet_csum_outside_packet"
-	case VnetDropNotL4:
-		return "vnet_gso_not_l4"
-	case VnetDropNoCsum:
-		return "vnet_gso_without_csum"
-	}
-	return fmt.Sprintf("VnetDrop(%d)", uint8(r))
-}
 
 // Validate checks the header against the Ethernet frame it came with, so
 // that a lying header (from a buggy kernel path, or written by whatever
