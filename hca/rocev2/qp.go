@@ -421,7 +421,12 @@ type udInfo struct {
 }
 
 func (q *qp) completeRecv(id uint64, st hca.Status, n int, ud *udInfo) {
-	wc := hca.WC{ID: id, Status: st, Opcode: hca.WCRecv, ByteLen: n, QPN: q.qpn, Context: q.cfg.Context}
+	q.completeRecvFlags(id, st, n, ud, 0)
+}
+
+// completeRecvFlags is completeRecv with the offloads' verdict fl.
+func (q *qp) completeRecvFlags(id uint64, st hca.Status, n int, ud *udInfo, fl hca.WCFlags) {
+	wc := hca.WC{ID: id, Status: st, Opcode: hca.WCRecv, ByteLen: n, QPN: q.qpn, Context: q.cfg.Context, Flags: fl}
 	if ud != nil {
 		wc.SrcQPN, wc.SrcGID, wc.PKey = ud.srcQPN, ud.srcGID, ud.pkey
 	}

@@ -24,6 +24,10 @@ type Config struct {
 	// ReceiveOrder is which posted receive buffer a message lands in
 	// (default: the oldest, as rxe and hardware do).
 	ReceiveOrder ReceiveOrder
+	// NoOffloads makes every device report no checksum offload and no UD
+	// LSO, as an HCA without them, so consumers' software fallbacks can
+	// be exercised.
+	NoOffloads bool
 }
 
 // ReceiveOrder selects which posted receive buffer of a receive queue (a
