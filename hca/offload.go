@@ -17,8 +17,9 @@ import (
 // gets no checksum work and no WCIPCsumOK.
 type Offloads struct {
 	// IPCsum: sends flagged SendIPCsum get their IPv4 header and TCP/UDP
-	// checksums filled, and receives the device verified complete with
-	// WCIPCsumOK.
+	// checksums filled, and UD receives the device verified complete with
+	// WCIPCsumOK (IB_DEVICE_UD_IP_CSUM). Whether RC receives are verified
+	// is the backend's choice; it never flags what it did not verify.
 	IPCsum bool
 	// UDLSOMaxSize is the largest UD LSO message (SendWR.MSS set), headers
 	// included; 0 means the device has no LSO.

@@ -78,10 +78,14 @@ func offloadsOrSkip(t *testing.T, dev hca.Device, lso bool) hca.Offloads {
 // offload for: the device either verified it (WCIPCsumOK, and then the
 // bytes are exactly the sent packet with valid checksums) or passed it on
 // unfinished (WCCsumPartial, and then completing the checksums gives
-// exactly those bytes).
-func checkOffloaded(t *testing.T, f Fabric, wc hca.WC, got, want []byte) {
+// exactly those bytes). With unflagged allowed (RC, whose receives a
+// device need not verify) a message without either flag must carry
+// exactly the right checksums: the device filled them before the wire.
+func checkOffloaded(t *testing.T, f Fabric, wc hca.WC, got, want []byte, unflagged bool) {
 	t.Helper()
-	expectOffloadFlag(t, f, wc)
+	if !unflagged {
+		expectOffloadFlag(t, f, wc)
+	}
 	wantFilled := bytes.Clone(want)
 	if _, err := offload.FillChecksums(wantFilled, hca.OffloadL3Offset); err != nil {
 		t.Fatalf("test packet does not parse: %v", err)
@@ -95,6 +99,10 @@ func checkOffloaded(t *testing.T, f Fabric, wc hca.WC, got, want []byte) {
 		g := bytes.Clone(got)
 		if _, err := offload.FillChecksums(g, hca.OffloadL3Offset); err != nil || !bytes.Equal(g, wantFilled) {
 			t.Fatalf("partial message differs from the sent one beyond its checksums")
+		}
+	case unflagged:
+		if !bytes.Equal(got, wantFilled) {
+			t.Fatalf("checksum-offloaded send arrived without the right checksums")
 		}
 	default:
 		t.Fatalf("checksum-offloaded send arrived with flags %v: neither verified nor partial", wc.Flags)
@@ -153,7 +161,7 @@ func testUDCsumOffload(t *testing.T, f Fabric) {
 			if wc.ByteLen != n {
 				t.Fatalf("v6=%t tcp=%t: %d bytes, sent %d", v6, tcp, wc.ByteLen, n)
 			}
-			checkOffloaded(t, f, wc, buf[:n], sent)
+			checkOffloaded(t, f, wc, buf[:n], sent, false)
 			id++
 		}
 	}
@@ -290,7 +298,8 @@ func testLSORejects(t *testing.T, f Fabric) {
 }
 
 // testRCCsumOffload: SendIPCsum on an RC message (connected mode's
-// checksum path) arrives verified or honestly partial.
+// checksum path) arrives verified, honestly partial, or with the right
+// checksums filled in.
 func testRCCsumOffload(t *testing.T, f Fabric) {
 	a, b := rcPair(t, f, qpOpts{}, qpOpts{})
 	offloadsOrSkip(t, a.dev, false)
@@ -303,7 +312,7 @@ func testRCCsumOffload(t *testing.T, f Fabric) {
 	expectWC(t, a.sendCQ.wait(t, 1)[0], 2, hca.StatusSuccess, hca.WCSend)
 	wc := b.recvCQ.wait(t, 1)[0]
 	expectWC(t, wc, 1, hca.StatusSuccess, hca.WCRecv)
-	checkOffloaded(t, f, wc, buf[:wc.ByteLen], sent)
+	checkOffloaded(t, f, wc, buf[:wc.ByteLen], sent, true)
 	if k, err := a.qp.PostSend([]hca.SendWR{{ID: 3, Data: msg[:n], MSS: 1000}}); k != 0 || !isErr(err, hca.ErrInvalidArgument) {
 		t.Fatalf("LSO on RC: posted %d, err %v; want ErrInvalidArgument", k, err)
 	}

@@ -25,7 +25,7 @@ type Properties struct {
 	// PurgesCompletionsOnDestroy: destroying a QP removes its queued CQEs
 	// (mlx5 style) instead of leaving them to be polled.
 	PurgesCompletionsOnDestroy bool
-	// OffloadedRecv is the flag a receive of a checksum-offloaded send
+	// OffloadedRecv is the flag a UD receive of a checksum-offloaded send
 	// carries on this backend: WCIPCsumOK for one that computes and
 	// verifies checksums (hca/rocev2, hardware), WCCsumPartial for one
 	// that passes the unfinished state across (hca/soft). With
