@@ -137,10 +137,10 @@ func (q *qp) deliverUD(p *wire.Packet, info *udInfo) {
 		q.completeRecv(wr.ID, hca.StatusLocLenErr, len(p.Payload), info)
 		return
 	}
-	copy(wr.Buf, p.Payload)
-	var fl hca.WCFlags
+	info.flags = 0
 	if q.typ == hca.QPTypeUD { // CM MADs on the GSI QP are no IP packets
-		fl = q.dev.rxCsumFlags(wr.Buf[:len(p.Payload)])
+		info.flags = q.dev.rxCsumFlags(p.Payload)
 	}
-	q.completeRecvFlags(wr.ID, hca.StatusSuccess, len(p.Payload), info, fl)
+	copy(wr.Buf, p.Payload)
+	q.completeRecv(wr.ID, hca.StatusSuccess, len(p.Payload), info)
 }

@@ -7,11 +7,10 @@ import (
 	"github.com/ipoibcm/ipoib/offload"
 )
 
-// udSend is one UD send on its way: the request, the sender's P_Key, and
-// what the offloads made of it.
+// udSend is one UD send on its way: the request and what the offloads
+// made of it.
 type udSend struct {
-	wr   *hca.SendWR
-	pkey hca.PKey
+	wr *hca.SendWR
 	// lso and segments describe an LSO send (segments 0 otherwise).
 	lso      offload.Headers
 	segments int
@@ -49,7 +48,7 @@ func (f *Fabric) sendUD(s *qp, wr *hca.SendWR) error {
 		f.stats.udTooBig.Add(1)
 		return nil
 	}
-	u.pkey = s.pkey()
+	pkey := s.pkey()
 	if wr.RemoteQPN&hca.QPNMask == hca.QPNMulticast {
 		members := f.groups[a.dgid]
 		if !a.dgid.IsMulticast() || len(members) == 0 {
@@ -57,7 +56,7 @@ func (f *Fabric) sendUD(s *qp, wr *hca.SendWR) error {
 			return nil
 		}
 		for _, r := range members {
-			f.deliverUD(s, r, &u)
+			f.deliverUD(s, r, &u, pkey)
 		}
 		return nil
 	}
@@ -65,26 +64,26 @@ func (f *Fabric) sendUD(s *qp, wr *hca.SendWR) error {
 	if d := f.devices[a.dgid]; d != nil {
 		r = d.qps[wr.RemoteQPN&hca.QPNMask]
 	}
-	f.deliverUD(s, r, &u)
+	f.deliverUD(s, r, &u, pkey)
 	return nil
 }
 
 // deliverUD delivers u to r: one message, or for LSO one message per
 // segment, each dropped or delivered on its own as the HCA's packets are.
-func (f *Fabric) deliverUD(s, r *qp, u *udSend) {
+func (f *Fabric) deliverUD(s, r *qp, u *udSend, pkey hca.PKey) {
 	if u.segments == 0 {
-		f.deliverUDOne(s, r, u, -1)
+		f.deliverUDOne(s, r, u, pkey, -1)
 		return
 	}
 	for i := range u.segments {
-		f.deliverUDOne(s, r, u, i)
+		f.deliverUDOne(s, r, u, pkey, i)
 	}
 }
 
 // deliverUDOne copies u's message (seg < 0) or its LSO segment seg into
 // r's next receive buffer if r accepts it.
-func (f *Fabric) deliverUDOne(s, r *qp, u *udSend, seg int) {
-	wr, pkey := u.wr, u.pkey
+func (f *Fabric) deliverUDOne(s, r *qp, u *udSend, pkey hca.PKey, seg int) {
+	wr := u.wr
 	switch {
 	case r == nil || r.typ == hca.QPTypeRC:
 		f.stats.udNoQP.Add(1)
