@@ -70,6 +70,7 @@ func (rc *rxConn) recvWR(idx int) hca.RecvWR {
 // or its own ring, and answer with {UD QPN, 65524} and a random PSN.
 func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	if ifState(i.state.Load()) != ifRunning {
+		i.rxLimitCtr.rejectedDown.Add(1)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	peerQPN, _, err := parseCMPrivateData(req.PrivateData)
@@ -88,6 +89,12 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		i.rs.rxRejectedNoQP.Add(1)
 		return cm.Decision{Reject: cm.RejectNoQP}
 	}
+	// Limits before anything is learnt or created from the REQ.
+	old, ok := i.admitRXLocked(rc)
+	if !ok {
+		i.mu.Unlock()
+		return cm.Decision{Reject: cm.RejectNoQP}
+	}
 	var n *neighbour
 	if peerQPN != 0 {
 		n = i.learnLocked(rc.peer, netip.Addr{}, now)
@@ -99,8 +106,11 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		i.nonSRQ++
 	}
 	i.mu.Unlock()
+	if old != nil {
+		i.replaceRX(old)
+	}
 	if n == nil {
-		i.releaseNonSRQ()
+		i.releaseRX(rc)
 		return cm.Decision{Reject: cm.RejectConsumerDefined}
 	}
 	rc.mac = n.mac
@@ -121,14 +131,14 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	qp, err := i.dev.CreateQP(cfg)
 	if err != nil {
 		i.log.Warn("create RX QP", "peer", rc.peer, "err", err)
-		i.releaseNonSRQ()
+		i.releaseRX(rc)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	rc.qp = qp
 	if err := i.initRXQP(rc); err != nil {
 		i.log.Warn("init RX QP", "peer", rc.peer, "err", err)
 		qp.Destroy()
-		i.releaseNonSRQ()
+		i.releaseRX(rc)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	if h := i.hooks.rxAccepting; h != nil {
@@ -142,6 +152,7 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	i.mu.Lock()
 	if rc.state == rxDestroyed {
 		i.mu.Unlock()
+		i.rxLimitCtr.rejectedError.Add(1)
 		return cm.Decision{Reject: cm.RejectNoQP}
 	}
 	i.rxConns[rc] = struct{}{}
@@ -156,12 +167,15 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	}
 }
 
-func (i *Interface) releaseNonSRQ() {
-	if i.srq != nil {
-		return
-	}
+// releaseRX gives back what acceptREQ reserved for a REQ it then
+// rejected: the connection slot and, without SRQ, the ring.
+func (i *Interface) releaseRX(rc *rxConn) {
+	i.rxLimitCtr.rejectedError.Add(1)
 	i.mu.Lock()
-	i.nonSRQ--
+	i.releaseRXLocked(rc)
+	if i.srq == nil {
+		i.nonSRQ--
+	}
 	i.mu.Unlock()
 }
 

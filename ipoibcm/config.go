@@ -53,8 +53,15 @@ const (
 	// retransmits per second); 1024 absorbed the bursts with no drops.
 	DefaultUDRecvQueueSize = 1024
 	DefaultMaxNonSRQConns  = 128
-	DefaultRXBudget        = 64
-	DefaultTXBudget        = 64
+	// DefaultMaxRXConns: one passive connection per peer of a 1024-host
+	// subnet, plus the same again in teardown or restart.
+	DefaultMaxRXConns = 2048
+	// DefaultMaxRXConnsPerGID: a peer has one TX connection to us; a
+	// restart adds one until the old goes stale, and a few more cover a
+	// peer restarting repeatedly.
+	DefaultMaxRXConnsPerGID = 4
+	DefaultRXBudget         = 64
+	DefaultTXBudget         = 64
 
 	// DefaultCMBackoff is how long a peer that advertises 'C' but rejects
 	// or never answers a REQ is reached over UD. Linux retries CM on the
@@ -111,6 +118,13 @@ type Config struct {
 	UDRecvQueueSize int
 	DisableSRQ      bool
 	MaxNonSRQConns  int // passive connections without SRQ (128)
+	// MaxRXConns bounds the passive connections, with or without SRQ,
+	// from REQ to reaped (DefaultMaxRXConns); MaxRXConnsPerGID bounds
+	// them per remote GID (DefaultMaxRXConnsPerGID). REQs over either
+	// are rejected NO_QP, unless the GID holds an established
+	// connection, which is then replaced (rxlimit.go).
+	MaxRXConns       int
+	MaxRXConnsPerGID int
 
 	RXBudget int // completions per RX poll (64)
 	TXBudget int // completions per TX poll (64)
@@ -173,6 +187,8 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	setDefault(&c.RecvQueueSize, DefaultRecvQueueSize)
 	setDefault(&c.MaxNonSRQConns, DefaultMaxNonSRQConns)
+	setDefault(&c.MaxRXConns, DefaultMaxRXConns)
+	setDefault(&c.MaxRXConnsPerGID, DefaultMaxRXConnsPerGID)
 	setDefault(&c.RXBudget, DefaultRXBudget)
 	setDefault(&c.TXBudget, DefaultTXBudget)
 	setDefault(&c.CMBackoff, DefaultCMBackoff)

@@ -86,6 +86,7 @@ type Interface struct {
 	txConns map[*txConn]struct{}
 	rxConns map[*rxConn]struct{}
 	nonSRQ  int // passive connections with their own ring
+	rxLimit rxLimits
 	rng     *rand.Rand
 	hostIPs []netip.Addr // host addresses seen, for re-resolving neighbours
 	// mcastScratch collects the groups of one IGMP/MLD report (reader).
@@ -137,8 +138,9 @@ type Interface struct {
 		repApplying func(tc *txConn)
 	}
 
-	ctr counters
-	rs  reaperCounters
+	ctr        counters
+	rs         reaperCounters
+	rxLimitCtr rxLimitCounters
 
 	stop     chan struct{} // closed by Close: reader and control loop end
 	readerWG sync.WaitGroup

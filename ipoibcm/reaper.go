@@ -161,6 +161,7 @@ func (i *Interface) reapRX(rc *rxConn) {
 	}
 	rc.state = rxDestroyed
 	delete(i.rxConns, rc)
+	i.releaseRXLocked(rc)
 	if i.srq == nil {
 		i.nonSRQ--
 	}

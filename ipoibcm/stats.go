@@ -109,6 +109,7 @@ type Stats struct {
 	NAPI        NAPIStats         `json:"napi"`
 	Reaper      ReaperStats       `json:"reaper"`
 	CM          cm.Stats          `json:"cm"`
+	RXLimits    RXLimits          `json:"rx_limits"`
 	Outstanding int64             `json:"tx_outstanding"`
 	SRQPosted   int               `json:"srq_posted"`
 }
@@ -132,6 +133,7 @@ func (i *Interface) Stats() Stats {
 		Drops:       make(map[string]uint64),
 		NAPI:        NAPIStats{RX: i.rxNAPI.Stats(), TX: i.txNAPI.Stats()},
 		Reaper:      i.reaperStats(),
+		RXLimits:    i.rxLimitStats(),
 		Outstanding: i.outstanding.Load(),
 	}
 	// Every reason, zero included: scripts find each key from the start.

@@ -28,7 +28,7 @@ func TestStatsSchemaStable(t *testing.T) {
 	}
 	slices.Sort(keys)
 	want := []string{"cm", "counters", "drops", "hwaddr", "link_up", "mode", "mtu", "name", "napi",
-		"neighbours", "reaper", "rx_conns", "srq_posted", "tx_conns", "tx_outstanding"}
+		"neighbours", "reaper", "rx_conns", "rx_limits", "srq_posted", "tx_conns", "tx_outstanding"}
 	if !slices.Equal(keys, want) {
 		t.Fatalf("top-level keys %v, want %v", keys, want)
 	}
@@ -47,7 +47,7 @@ func TestStatsSchemaStable(t *testing.T) {
 		}
 	}
 	cmj := top["cm"].(map[string]any)
-	for _, k := range []string{"sent", "received", "dropped", "rej_sent", "rej_received"} {
+	for _, k := range []string{"sent", "received", "dropped", "rej_sent", "rej_received", "req_outcomes"} {
 		m, ok := cmj[k].(map[string]any)
 		if !ok || len(m) == 0 {
 			t.Errorf("cm.%s = %v, want every key with 0", k, cmj[k])

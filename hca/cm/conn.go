@@ -54,6 +54,12 @@ type Conn struct {
 	retries   int
 	deadline  time.Time
 	heapIndex int
+
+	// Half-open bookkeeping (halfopen.go): set from the REQ until the
+	// peer is verified; credit is the MADs we may still send it.
+	halfOpen    bool
+	halfOpenSeq uint64
+	credit      int
 }
 
 func (m *Manager) newConn(active bool, h Handler) *Conn {
@@ -208,6 +214,14 @@ func (m *Manager) onTimeout(c *Conn) {
 	switch c.state {
 	case StateREQSent, StateREPSent, StateDREQSent:
 		if c.retries < c.maxRetries {
+			if !m.mayAnswer(c) {
+				// The unverified source spent its budget: end the
+				// handshake without another MAD toward it.
+				m.stats.unverifiedGiveUps++
+				m.forget(c)
+				m.queue(Event{Type: EventTimedOut, Conn: c}, nil)
+				return
+			}
 			c.retries++
 			m.stats.retries++
 			if err := m.sendRaw(c.retx[:], c.retxType, c.remoteGID); err != nil {
@@ -245,6 +259,10 @@ func (m *Manager) sendTracked(c *Conn, msg Message) {
 	}
 	c.retxType = msg.Type()
 	c.retries = 0
+	if !m.mayAnswer(c) {
+		m.setDeadline(c, m.opts.ResponseTimeout)
+		return
+	}
 	if err := m.sendRaw(c.retx[:], c.retxType, c.remoteGID); err != nil {
 		m.log.Debug("cm: send", "conn", c, "err", err)
 	}

@@ -32,6 +32,7 @@ func (m *Manager) sendDREP(r *DREQ, dst hca.GID) {
 // m.mu must be held.
 func (m *Manager) enterTimeWait(c *Conn) {
 	m.leaveEstablished(c)
+	m.leaveHalfOpen(c)
 	c.state = StateTimeWait
 	m.setDeadline(c, m.timeWait(c))
 }

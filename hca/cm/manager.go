@@ -81,17 +81,22 @@ type Manager struct {
 	byRemote    map[remoteKey]*Conn
 	byRemoteQPN map[qpnKey]*Conn // established passive connections
 	listeners   map[uint64]*Listener
-	ahs         ahCache
-	freeSlots   []uint32
-	deadlines   deadlines
-	timer       *time.Timer
-	timerAt     time.Time
-	timerArmed  bool
-	pending     []pendingEvent
-	pendingHead int
-	stats       counters
-	scratch     [MADSize]byte
-	sendWR      [1]hca.SendWR
+	// halfOpen holds the passive connections not yet verified, per
+	// remote GID (halfopen.go); halfOpenCount is their total.
+	halfOpen      map[hca.GID]*halfOpenSet
+	halfOpenCount int
+	halfOpenSeq   uint64
+	ahs           ahCache
+	freeSlots     []uint32
+	deadlines     deadlines
+	timer         *time.Timer
+	timerAt       time.Time
+	timerArmed    bool
+	pending       []pendingEvent
+	pendingHead   int
+	stats         counters
+	scratch       [MADSize]byte
+	sendWR        [1]hca.SendWR
 }
 
 // recvSlotSize leaves room past a MAD so an oversized message completes
@@ -135,6 +140,7 @@ func NewManager(dev hca.Device, opts Options) (*Manager, error) {
 		byRemote:    make(map[remoteKey]*Conn),
 		byRemoteQPN: make(map[qpnKey]*Conn),
 		listeners:   make(map[uint64]*Listener),
+		halfOpen:    make(map[hca.GID]*halfOpenSet),
 		ahs:         newAHCache(maxCachedAHs),
 	}
 	if len(port.PKeys) > 0 {
@@ -184,6 +190,8 @@ func (m *Manager) Close() error {
 	clear(m.conns)
 	clear(m.byRemote)
 	clear(m.byRemoteQPN)
+	clear(m.halfOpen)
+	m.halfOpenCount = 0
 	m.deadlines = nil
 	return m.teardownGSI()
 }
@@ -194,6 +202,9 @@ func (m *Manager) Stats() Stats {
 	defer m.mu.Unlock()
 	s := m.stats.snapshot()
 	s.LiveConns = len(m.conns)
+	s.HalfOpen = m.halfOpenCount
+	s.MaxHalfOpen = m.opts.MaxHalfOpen
+	s.MaxHalfOpenPerGID = m.opts.MaxHalfOpenPerGID
 	s.Listeners = len(m.listeners)
 	return s
 }
@@ -284,6 +295,7 @@ func (m *Manager) forget(c *Conn) {
 		delete(m.byRemote, k)
 	}
 	m.leaveEstablished(c)
+	m.leaveHalfOpen(c)
 	c.state = StateIdle
 }
 

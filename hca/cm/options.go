@@ -39,6 +39,14 @@ type Options struct {
 	// QueueDepth is the number of GSI send slots and of posted 256-byte
 	// receive buffers. Default 1024, capped by the device's MaxQPWR.
 	QueueDepth int
+	// MaxHalfOpen bounds the passive connections whose REQ was answered
+	// but whose peer has not yet proved it exists (no RTU, no packet on
+	// the QP); a REQ that finds the set full evicts a handshake of the
+	// remote GID holding the most (halfopen.go). Default 256.
+	MaxHalfOpen int
+	// MaxHalfOpenPerGID bounds them per remote GID; REQs over it are
+	// rejected with NO_RESOURCES. Default 8.
+	MaxHalfOpenPerGID int
 }
 
 // Defaults.
@@ -47,6 +55,10 @@ const (
 	DefaultPacketLifeTime  = 16
 	DefaultMaxRetries      = 15
 	DefaultQueueDepth      = 1024
+	// DefaultMaxHalfOpen is twice Linux IPoIB's max_nonsrq_conn_qp (128):
+	// room for every peer of a large subnet to connect at once.
+	DefaultMaxHalfOpen       = 256
+	DefaultMaxHalfOpenPerGID = 8
 )
 
 func (o Options) withDefaults(maxWR int) Options {
@@ -63,6 +75,13 @@ func (o Options) withDefaults(maxWR int) Options {
 		o.PacketLifeTime = DefaultPacketLifeTime
 	}
 	o.PacketLifeTime = min(o.PacketLifeTime, 31)
+	if o.MaxHalfOpen <= 0 {
+		o.MaxHalfOpen = DefaultMaxHalfOpen
+	}
+	if o.MaxHalfOpenPerGID <= 0 {
+		o.MaxHalfOpenPerGID = DefaultMaxHalfOpenPerGID
+	}
+	o.MaxHalfOpenPerGID = min(o.MaxHalfOpenPerGID, o.MaxHalfOpen)
 	if o.QueueDepth <= 0 {
 		o.QueueDepth = DefaultQueueDepth
 	}

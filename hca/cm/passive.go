@@ -128,16 +128,19 @@ func (m *Manager) handleREQ(r *REQ, src hca.GID) {
 	key := remoteKey{r.LocalCommID, src}
 	if c := m.byRemote[key]; c != nil {
 		if c.tid == r.TransactionID {
+			m.stats.reqs[REQDuplicate]++
 			m.duplicateREQ(c, r)
 			return
 		}
 		if c.state == StateEstablished {
 			// Same comm ID, new transaction: a restarted peer drew the
 			// same comm ID. The old connection is stale.
+			m.stats.reqs[REQStale]++
 			m.staleREQ(c, r, src)
 			delete(m.byRemote, key)
 			return
 		}
+		m.stats.reqs[REQUnexpected]++
 		m.stats.dropped[DropUnexpected]++
 		return
 	}
@@ -146,18 +149,27 @@ func (m *Manager) handleREQ(r *REQ, src hca.GID) {
 		// lost the connection without a DREQ. Refuse the REQ and tell the
 		// old connection so the consumer tears it down; its index entry
 		// goes now, so the peer's next REQ succeeds (IBTA 12.9.8.3.1).
+		m.stats.reqs[REQStale]++
 		m.staleREQ(old, r, src)
 		return
 	}
 	l := m.listeners[r.ServiceID]
 	if l == nil {
+		m.stats.reqs[REQNoListener]++
 		m.rejectREQ(r, src, RejectInvalidServiceID)
 		return
 	}
 	if r.TransportServiceType != TransportRC {
+		m.stats.reqs[REQBadTransport]++
 		m.rejectREQ(r, src, RejectInvalidTransportType)
 		return
 	}
+	if !m.admitHalfOpen(src) {
+		m.stats.reqs[REQHalfOpenPerGID]++
+		m.rejectREQ(r, src, RejectNoResources)
+		return
+	}
+	m.stats.reqs[REQToListener]++
 	c := m.newConn(false, nil)
 	c.state = StateREQReceived
 	c.tid = r.TransactionID
@@ -178,6 +190,7 @@ func (m *Manager) handleREQ(r *REQ, src hca.GID) {
 	c.respTimeout = convertToMS(r.LocalCMResponseTimeout)
 	c.avTimeout = max(r.Primary.LocalACKTimeout, 1)
 	m.byRemote[key] = c
+	m.enterHalfOpen(c)
 	req := &Request{
 		ServiceID:    r.ServiceID,
 		RemoteGID:    src,
@@ -219,7 +232,11 @@ func (m *Manager) duplicateREQ(c *Conn, r *REQ) {
 	// cm_dup_req_handler: a REQ still being decided is dropped, one whose
 	// decision was deferred gets the MRA again, one in time-wait a REJ;
 	// in every other state (REP_SENT included: the REP has its own timer)
-	// the REQ is old news.
+	// the REQ is old news. To an unverified source it still buys answers
+	// (halfopen.go), which the REP's timer may spend.
+	if c.halfOpen {
+		c.credit += unverifiedMADsPerREQ
+	}
 	switch c.state {
 	case StateREQReceived:
 		if !c.deferred {
@@ -231,6 +248,9 @@ func (m *Manager) duplicateREQ(c *Conn, r *REQ) {
 			RemoteCommID:   c.remoteCommID,
 			MessageMRAed:   RespondsToREQ,
 			ServiceTimeout: timeoutCode(m.opts.ResponseTimeout),
+		}
+		if !m.mayAnswer(c) {
+			return
 		}
 		if err := m.sendMsg(&mra, c.remoteGID); err != nil {
 			m.log.Debug("cm: send MRA", "conn", c, "err", err)
@@ -319,6 +339,7 @@ func (m *Manager) handleRTU(r *RTU) {
 // held.
 func (m *Manager) establishPassive(c *Conn) {
 	m.clearDeadline(c)
+	m.leaveHalfOpen(c)
 	c.state = StateEstablished
 	m.byRemoteQPN[qpnKey{c.remoteQPN, c.remoteGID}] = c
 	m.queue(Event{Type: EventEstablished, Conn: c}, nil)

@@ -8,6 +8,9 @@ import (
 
 // sendREJ rejects c's current transaction. m.mu must be held.
 func (m *Manager) sendREJ(c *Conn, reason RejectReason, rejected MsgResponse) {
+	if !m.mayAnswer(c) {
+		return
+	}
 	rej := REJ{
 		TransactionID:   c.tid,
 		LocalCommID:     c.localCommID,
@@ -25,6 +28,9 @@ func (m *Manager) sendREJ(c *Conn, reason RejectReason, rejected MsgResponse) {
 // the peer may not know our comm ID yet and finds the connection by
 // (our comm ID, our GID). m.mu must be held.
 func (m *Manager) sendREJTimeout(c *Conn, rejected MsgResponse) {
+	if !m.mayAnswer(c) {
+		return
+	}
 	rej := REJ{
 		TransactionID:    c.tid,
 		LocalCommID:      c.localCommID,

@@ -47,6 +47,37 @@ func dropReasonOf(err error) DropReason {
 	return DropInconsistent
 }
 
+// REQOutcome says what became of a received, well-formed REQ: every REQ
+// is counted under exactly one.
+//
+//go:generate go tool stringer -type=REQOutcome -linecomment
+type REQOutcome int
+
+// REQ outcomes.
+const (
+	// REQToListener: a new handshake, handed to the listener, whose
+	// decision (REP or REJ) is the consumer's to count.
+	REQToListener REQOutcome = iota // to_listener
+	// REQDuplicate: a resent REQ of a handshake already known.
+	REQDuplicate // duplicate
+	// REQStale: rejected STALE_CONN; the old connection was told.
+	REQStale // stale
+	// REQNoListener: rejected INVALID_SERVICE_ID.
+	REQNoListener // no_listener
+	// REQBadTransport: rejected INVALID_TRANSPORT_TYPE (not RC).
+	REQBadTransport // bad_transport
+	// REQHalfOpenPerGID: rejected NO_RESOURCES, the source already has
+	// Options.MaxHalfOpenPerGID handshakes pending.
+	REQHalfOpenPerGID // half_open_per_gid_limit
+	// REQUnexpected: a new transaction for a comm ID in a state that
+	// cannot take it; dropped.
+	REQUnexpected // unexpected
+	numREQOutcomes
+)
+
+// MarshalText names the outcome in JSON map keys.
+func (o REQOutcome) MarshalText() ([]byte, error) { return []byte(o.String()), nil }
+
 // Stats is a snapshot of a Manager's counters.
 type Stats struct {
 	Sent     map[MsgType]uint64 `json:"sent"`     // MADs posted, per type (retries included)
@@ -68,6 +99,24 @@ type Stats struct {
 	// SendErrors counts MADs that could not be posted (no free send slot,
 	// PostSend error) or completed in error; the retry timer covers them.
 	SendErrors uint64 `json:"send_errors"`
+	// REQs counts every well-formed REQ received by what became of it;
+	// the values sum to Received[REQ].
+	REQs map[REQOutcome]uint64 `json:"req_outcomes"`
+	// HalfOpen is the number of passive connections not yet verified
+	// (REQ answered, no RTU or packet yet); MaxHalfOpen and
+	// MaxHalfOpenPerGID are its limits.
+	HalfOpen          int `json:"half_open"`
+	MaxHalfOpen       int `json:"max_half_open"`
+	MaxHalfOpenPerGID int `json:"max_half_open_per_gid"`
+	// HalfOpenEvicted counts handshakes dropped, silently, to make room
+	// for a REQ that found the half-open set full.
+	HalfOpenEvicted uint64 `json:"half_open_evicted"`
+	// UnverifiedGiveUps counts handshakes ended silently when their
+	// unverified source's answer budget (two MADs per REQ) was spent.
+	UnverifiedGiveUps uint64 `json:"unverified_give_ups"`
+	// UnverifiedSuppressed counts MADs not sent to an unverified source
+	// because its budget was spent.
+	UnverifiedSuppressed uint64 `json:"unverified_suppressed"`
 	// LiveConns is the number of connections the Manager tracks, time-wait
 	// included.
 	LiveConns int `json:"live_conns"`
@@ -87,6 +136,9 @@ type counters struct {
 	rejSent        map[RejectReason]uint64
 	rejReceived    map[RejectReason]uint64
 	sendErrors     uint64
+	reqs           [numREQOutcomes]uint64
+
+	halfOpenEvicted, unverifiedGiveUps, unverifiedSuppressed uint64
 }
 
 func (c *counters) snapshot() Stats {
@@ -102,9 +154,17 @@ func (c *counters) snapshot() Stats {
 		RejSent:       make(map[RejectReason]uint64, len(c.rejSent)),
 		RejReceived:   make(map[RejectReason]uint64, len(c.rejReceived)),
 		SendErrors:    c.sendErrors,
+		REQs:          make(map[REQOutcome]uint64),
+
+		HalfOpenEvicted:      c.halfOpenEvicted,
+		UnverifiedGiveUps:    c.unverifiedGiveUps,
+		UnverifiedSuppressed: c.unverifiedSuppressed,
 	}
-	// Every message type, drop and reject reason is present, zero
-	// included, so the JSON has one schema whatever has happened.
+	// Every message type, REQ outcome, drop and reject reason is present,
+	// zero included, so the JSON has one schema whatever has happened.
+	for o, n := range c.reqs {
+		s.REQs[REQOutcome(o)] = n
+	}
 	for i, t := range msgTypes {
 		s.Sent[t] = c.sent[i]
 		s.Received[t] = c.received[i]

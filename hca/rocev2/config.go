@@ -17,8 +17,20 @@ type Config struct {
 	// port means wire.RoCEv2Port.
 	Bind netip.AddrPort
 	// Peers are the broadcast-group members known without a subnet
-	// manager. Any peer heard from is added at run time.
+	// manager. Any peer heard from (a datagram from the fabric port that
+	// passed the allow list, the ICRC and P_Key checks) is added at run
+	// time, up to MaxMembers.
 	Peers []netip.Addr
+	// Allow lists the source prefixes datagrams are accepted from;
+	// others are dropped (counted not_allowed) before they are parsed.
+	// The device's own address is always allowed. Empty allows every
+	// source.
+	Allow []netip.Prefix
+	// MaxMembers bounds the broadcast group: peers, self and hosts heard
+	// from. Beyond it hosts heard from are not added (counted
+	// member_refused), so a flood of spoofed sources cannot turn every
+	// broadcast into that many copies. 0 means DefaultMaxMembers.
+	MaxMembers int
 	// MTU is the path MTU, 1024..4096; 0 means 4096.
 	MTU hca.MTU
 	// PKeys is the P_Key table; empty means {0xFFFF}.
@@ -71,6 +83,21 @@ func (c *Config) normalize() error {
 	if c.MTU == 0 {
 		c.MTU = hca.MTU4096
 	}
+	allow := make([]netip.Prefix, 0, len(c.Allow))
+	for _, p := range c.Allow {
+		if !p.IsValid() {
+			return fmt.Errorf("rocev2: allow prefix %v: %w", p, hca.ErrInvalidArgument)
+		}
+		if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+			// Sources arrive unmapped: ::ffff:a.b.c.d/n is a.b.c.d/(n-96).
+			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+		}
+		allow = append(allow, p.Masked())
+	}
+	c.Allow = allow
+	if c.MaxMembers <= 0 {
+		c.MaxMembers = DefaultMaxMembers
+	}
 	if !c.MTU.Valid() || c.MTU < hca.MTU1024 {
 		return fmt.Errorf("rocev2: MTU %d not in 1024..4096: %w", c.MTU, hca.ErrInvalidArgument)
 	}
@@ -98,6 +125,10 @@ func (c *Config) normalize() error {
 	}
 	return nil
 }
+
+// DefaultMaxMembers bounds the broadcast group: a large IPoIB subnet,
+// with room for the peers configured.
+const DefaultMaxMembers = 1024
 
 // rnrTimerTable is the IBTA RNR NAK timer encoding (Vol 1 table 45), in
 // microseconds; code 0 is the longest, 655.36 ms.

@@ -169,7 +169,14 @@ func (d *Device) Limits() hca.Limits {
 }
 
 // Stats returns a snapshot of the device's counters.
-func (d *Device) Stats() Stats { return d.ctr.snapshot() }
+func (d *Device) Stats() Stats {
+	s := d.ctr.snapshot()
+	if n, ok := d.sock.drops(); ok {
+		d.ctr.socketDrops.Store(n)
+	}
+	s.SocketDrops = d.ctr.socketDrops.Load() // the last reading once closed
+	return s
+}
 
 // Members returns the multicast replication set: self, peers and every
 // address heard from.
@@ -261,6 +268,9 @@ func (d *Device) Close() error {
 	d.srcPorts.closeAll(&d.ctr)
 	d.mu.Unlock()
 	close(d.done)
+	if n, ok := d.sock.drops(); ok {
+		d.ctr.socketDrops.Store(n)
+	}
 	err := d.sock.Close()
 	d.wg.Wait()
 	if err != nil {
@@ -273,6 +283,10 @@ func (d *Device) Close() error {
 // before the device is shared.
 func (d *Device) addMember(a netip.Addr) {
 	if _, ok := d.memberSet[a]; ok || !a.IsValid() || a.Is4() != d.local.Addr().Is4() {
+		return
+	}
+	if len(d.members) >= d.cfg.MaxMembers {
+		d.ctr.memberRefused.Add(1)
 		return
 	}
 	d.memberSet[a] = struct{}{}
@@ -486,4 +500,18 @@ func (d *Device) kickTimers() {
 	case d.timerKick <- struct{}{}:
 	default:
 	}
+}
+
+// allowed reports whether datagrams from a may be parsed: a is the
+// device itself or inside Config.Allow (empty: everyone).
+func (d *Device) allowed(a netip.Addr) bool {
+	if len(d.cfg.Allow) == 0 || a == d.local.Addr() {
+		return true
+	}
+	for _, p := range d.cfg.Allow {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }

@@ -93,11 +93,14 @@ func (d *Device) receiveMessage(b []byte, from netip.AddrPort, seg int, p *wire.
 	} else {
 		d.ctr.rxGROMessages.Add(1)
 	}
+	allowed := d.allowed(from.Addr())
 	for {
 		n := min(seg, len(b))
 		d.ctr.rxPackets.Add(1)
 		d.ctr.rxBytes.Add(uint64(n))
-		if n > d.maxPacket {
+		if !allowed {
+			d.ctr.drop(wire.DropNotAllowed)
+		} else if n > d.maxPacket {
 			d.ctr.drop(wire.DropTruncated)
 		} else {
 			d.receive(b[:n], from, p)

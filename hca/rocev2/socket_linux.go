@@ -90,6 +90,28 @@ func openSocket(bind netip.AddrPort, want offloads) (*udpSocket, error) {
 
 func (s *udpSocket) Close() error { return s.conn.Close() }
 
+// soMeminfo is SO_MEMINFO (asm-generic/socket.h, Linux 4.6), which
+// x/sys does not name: the socket's memory counters, whose
+// SK_MEMINFO_DROPS is sk_drops, the datagrams the kernel discarded
+// because the receive buffer was full.
+const soMeminfo = 55
+
+// drops reads sk_drops; false if the socket is closed or the kernel
+// does not report it.
+func (s *udpSocket) drops() (uint64, bool) {
+	var info [unix.SK_MEMINFO_VARS]uint32
+	var errno syscall.Errno
+	err := s.raw.Control(func(fd uintptr) {
+		l := uint32(unsafe.Sizeof(info))
+		_, _, errno = unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_SOCKET, soMeminfo,
+			uintptr(unsafe.Pointer(&info[0])), uintptr(unsafe.Pointer(&l)), 0)
+	})
+	if err != nil || errno != 0 {
+		return 0, false
+	}
+	return uint64(info[unix.SK_MEMINFO_DROPS]), true
+}
+
 // mmsgBatch is a reusable recvmmsg/sendmmsg vector: per message one
 // header, one socket address and room for one control message; per
 // datagram one iovec. All allocated once. Without GSO message i carries

@@ -40,6 +40,13 @@ type Stats struct {
 	RNRNAKsReceived uint64 `json:"rnr_naks_received"`
 	Duplicates      uint64 `json:"duplicates"` // RC request packets received twice
 	CQOverflows     uint64 `json:"cq_overflows"`
+	// MemberRefused counts hosts heard from that were not added to the
+	// broadcast group because it had Config.MaxMembers members.
+	MemberRefused uint64 `json:"member_refused"`
+	// SocketDrops is the kernel's count of datagrams dropped because the
+	// socket's receive buffer was full (SO_MEMINFO's sk_drops): lost
+	// before the device could see or count them.
+	SocketDrops uint64 `json:"socket_drops"`
 
 	// SourcePorts is the number of per-QP source-port sockets open;
 	// SourcePortFallbacks counts QPs that send from the fabric port
@@ -101,6 +108,7 @@ type counters struct {
 	faultDropped, faultDuplicated, faultReordered    atomic.Uint64
 	faultDelayed                                     atomic.Uint64
 	sourcePorts, sourcePortFallbacks                 atomic.Uint64
+	memberRefused, socketDrops                       atomic.Uint64
 }
 
 func (c *counters) drop(r wire.DropReason) { c.drops[r].Add(1) }
@@ -118,6 +126,7 @@ func (c *counters) snapshot() Stats {
 		FaultDropped: c.faultDropped.Load(), FaultDuplicated: c.faultDuplicated.Load(),
 		FaultReordered: c.faultReordered.Load(), FaultDelayed: c.faultDelayed.Load(),
 		SourcePorts: c.sourcePorts.Load(), SourcePortFallbacks: c.sourcePortFallbacks.Load(),
+		MemberRefused: c.memberRefused.Load(),
 	}
 	for i := range c.drops {
 		s.Drops[i] = c.drops[i].Load()

@@ -41,6 +41,9 @@ const (
 	DropBadLength // bad_length
 	// DropFault: dropped on purpose by fault injection.
 	DropFault // fault
+	// DropNotAllowed: the source address is outside the receiver's allow
+	// list; found before the datagram is parsed.
+	DropNotAllowed // not_allowed
 
 	// NumDropReasons sizes per-reason counter arrays.
 	NumDropReasons

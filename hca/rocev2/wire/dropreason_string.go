@@ -22,12 +22,13 @@ func _() {
 	_ = x[DropNoBuffer-11]
 	_ = x[DropBadLength-12]
 	_ = x[DropFault-13]
-	_ = x[NumDropReasons-14]
+	_ = x[DropNotAllowed-14]
+	_ = x[NumDropReasons-15]
 }
 
-const _DropReason_name = "nonegarbagetruncatedbad_tverbad_opcodebad_padcntbad_icrcbad_pkeybad_qkeyunknown_qpwrong_stateno_bufferbad_lengthfaultNumDropReasons"
+const _DropReason_name = "nonegarbagetruncatedbad_tverbad_opcodebad_padcntbad_icrcbad_pkeybad_qkeyunknown_qpwrong_stateno_bufferbad_lengthfaultnot_allowedNumDropReasons"
 
-var _DropReason_index = [...]uint8{0, 4, 11, 20, 28, 38, 48, 56, 64, 72, 82, 93, 102, 112, 117, 131}
+var _DropReason_index = [...]uint8{0, 4, 11, 20, 28, 38, 48, 56, 64, 72, 82, 93, 102, 112, 117, 128, 142}
 
 func (i DropReason) String() string {
 	idx := int(i) - 0

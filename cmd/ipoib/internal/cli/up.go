@@ -26,9 +26,15 @@ type UpOptions struct {
 	// Bind is the local UDP address; its IP is the port GID.
 	Bind  netip.AddrPort
 	Peers []netip.Addr
-	Mode  string // "connected" or "datagram"
-	MTU   int    // IP MTU; 0: the mode's default
-	IBMTU int    // IB path MTU, 1024..4096
+	// Allow is the underlay source prefixes accepted; nil means the
+	// default, --peers plus the bind address's connected subnet.
+	Allow []netip.Prefix
+	// MaxRXConns, MaxRXConnsPerPeer and MaxHalfOpen bound the passive
+	// connections (ipoibcm.Config, cm.Options).
+	MaxRXConns, MaxRXConnsPerPeer, MaxHalfOpen int
+	Mode                                       string // "connected" or "datagram"
+	MTU                                        int    // IP MTU; 0: the mode's default
+	IBMTU                                      int    // IB path MTU, 1024..4096
 	// Fault injection on the UDP transmit path, for tests.
 	Loss, Dup, Reorder, Delay float64
 	DelayTime                 time.Duration
@@ -54,7 +60,11 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	hcaName := fs.String("hca", "rocev2", "HCA backend: rocev2")
 	bind := fs.String("bind", "", "local IP address for RoCEv2/UDP, e.g. 192.0.2.1 (required; its GID is ::ffff:<addr>)")
 	port := fs.Uint("port", 4791, "UDP port of the fabric (every host uses the same)")
-	peers := fs.String("peers", "", "comma-separated IP addresses of the other hosts (the broadcast group); hosts heard from join too")
+	peers := fs.String("peers", "", "comma-separated IP addresses of the other hosts (the broadcast group); hosts heard from inside --allow join too, up to 1024")
+	allow := fs.String("allow", "", "comma-separated underlay source prefixes to accept, or 'any'; others are dropped before parsing (default: --peers and the subnet --bind is on)")
+	maxRX := fs.Int("max-rx-conns", 2048, "passive connections at most (REQs over it get REJ NO_QP); a peer holding an established one may replace it")
+	maxRXPeer := fs.Int("max-rx-conns-per-peer", 4, "passive connections from one peer GID at most")
+	maxHalfOpen := fs.Int("max-half-open", 256, "passive handshakes awaiting the peer's RTU at most; a REQ beyond evicts one of the source holding the most")
 	mode := fs.String("mode", "connected", "initial mode: connected or datagram")
 	mtu := fs.Int("mtu", 0, "IP MTU of the device; 0 = the mode's default (65520 connected, IB MTU - 4 datagram)")
 	ibMTU := fs.Int("ib-mtu", 4096, "IB path MTU: 1024, 2048 or 4096 (the UDP path must carry it plus 60 bytes)")
@@ -86,6 +96,19 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 		); msg != "" {
 			return usageError(env, "up", msg)
 		}
+		allowed, err := ParseAllow(*allow, o.Bind.Addr().Is4())
+		if err != nil {
+			return usageError(env, "up", "--allow: "+err.Error())
+		}
+		for _, l := range []struct {
+			name string
+			v    int
+		}{{"max-rx-conns", *maxRX}, {"max-rx-conns-per-peer", *maxRXPeer}, {"max-half-open", *maxHalfOpen}} {
+			if l.v < 1 {
+				return usageError(env, "up", fmt.Sprintf("--%s %d: want at least 1", l.name, l.v))
+			}
+		}
+		o.Allow, o.MaxRXConns, o.MaxRXConnsPerPeer, o.MaxHalfOpen = allowed, *maxRX, *maxRXPeer, *maxHalfOpen
 		o.RCRetry, o.AckTimeout, o.UDPOffload = uint8(*rcRetry), *ackTimeout, *udpOffload
 		o.Loss, o.Dup, o.Reorder, o.Delay, o.DelayTime, o.Seed = *loss, *dup, *reorder, *delay, *delayTime, *seed
 		o.Host, o.ControlDir = *host, *dir

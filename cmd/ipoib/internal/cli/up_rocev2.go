@@ -10,6 +10,7 @@ import (
 
 	"github.com/ipoibcm/ipoib/control"
 	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/hca/cm"
 	"github.com/ipoibcm/ipoib/hca/rocev2"
 	"github.com/ipoibcm/ipoib/ipoibcm"
 	"github.com/ipoibcm/ipoib/tap"
@@ -53,6 +54,41 @@ func (h *upHost) Stats() any {
 
 func (h *upHost) SetMode(mode string) error { return setInterfaceMode(h.ifc, mode) }
 
+// upDeviceConfig is the RoCEv2 device of 'ipoib up' o, with the default
+// allow list (the peers and the bind address's subnet) filled in.
+func upDeviceConfig(o UpOptions, log *slog.Logger) (rocev2.Config, error) {
+	allow := o.Allow
+	if allow == nil {
+		var err error
+		if allow, err = defaultAllow(o.Bind.Addr(), o.Peers); err != nil {
+			return rocev2.Config{}, err
+		}
+	}
+	return rocev2.Config{
+		Bind:  o.Bind,
+		Peers: o.Peers,
+		Allow: allow,
+		MTU:   hca.MTU(o.IBMTU),
+		Faults: rocev2.Faults{Seed: o.Seed, Drop: o.Loss, Duplicate: o.Dup, Reorder: o.Reorder,
+			Delay: o.Delay, DelayTime: o.DelayTime},
+		MinAckTimeout: o.AckTimeout,
+		DisableGSO:    !o.UDPOffload,
+		DisableGRO:    !o.UDPOffload,
+		Logger:        log,
+		Name:          "rocev2:" + o.Bind.String(),
+	}, nil
+}
+
+// upInterfaceConfig is the engine of 'ipoib up' o on dev, in front of
+// host.
+func upInterfaceConfig(o UpOptions, mode ipoibcm.Mode, dev hca.Device, host ipoibcm.HostPort, log *slog.Logger) ipoibcm.Config {
+	return ipoibcm.Config{
+		Device: dev, Host: host, Name: o.Dev, Mode: mode, MTU: o.MTU, RCRetry: o.RCRetry, Logger: log,
+		MaxRXConns: o.MaxRXConns, MaxRXConnsPerGID: o.MaxRXConnsPerPeer,
+		CM: cm.Options{MaxHalfOpen: o.MaxHalfOpen},
+	}
+}
+
 // runUp brings the interface up, serves the control socket until ctx ends
 // and removes everything. Failures before the interface runs wrap
 // ErrSetup.
@@ -68,18 +104,11 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 	if err != nil {
 		return setup(err)
 	}
-	dev, err := rocev2.New(rocev2.Config{
-		Bind:  o.Bind,
-		Peers: o.Peers,
-		MTU:   hca.MTU(o.IBMTU),
-		Faults: rocev2.Faults{Seed: o.Seed, Drop: o.Loss, Duplicate: o.Dup, Reorder: o.Reorder,
-			Delay: o.Delay, DelayTime: o.DelayTime},
-		MinAckTimeout: o.AckTimeout,
-		DisableGSO:    !o.UDPOffload,
-		DisableGRO:    !o.UDPOffload,
-		Logger:        log,
-		Name:          "rocev2:" + o.Bind.String(),
-	})
+	dcfg, err := upDeviceConfig(o, log)
+	if err != nil {
+		return setup(err)
+	}
+	dev, err := rocev2.New(dcfg)
 	if err != nil {
 		return setup(fmt.Errorf("RoCEv2 device on %v: %w", o.Bind, err))
 	}
@@ -88,8 +117,7 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 	if err != nil {
 		return setup(fmt.Errorf("TAP %s: %w", o.Dev, err))
 	}
-	ifc, err := ipoibcm.New(ipoibcm.Config{Device: dev, Host: port, Name: o.Dev, Mode: mode, MTU: o.MTU,
-		RCRetry: o.RCRetry, Logger: log})
+	ifc, err := ipoibcm.New(upInterfaceConfig(o, mode, dev, port, log))
 	if err != nil {
 		return setup(errors.Join(fmt.Errorf("ipoibcm: %w", err), port.Close()))
 	}
@@ -108,7 +136,7 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 	}
 	cleanup = append(cleanup, srv.Close)
 	log.Info("up; stop with Ctrl-C", "dev", o.Dev, "addr", o.Addr, "bind", dev.LocalAddr(), "hwaddr", ifc.HWAddr(),
-		"mode", ifc.Mode(), "mtu", ifc.MTU(), "peers", o.Peers, "control", srv.Path())
+		"mode", ifc.Mode(), "mtu", ifc.MTU(), "peers", o.Peers, "allow", dcfg.Allow, "control", srv.Path())
 	if o.Ready != nil {
 		o.Ready(srv.Path())
 	}

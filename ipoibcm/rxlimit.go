@@ -1,0 +1,127 @@
+package ipoibcm
+
+import (
+	"sync/atomic"
+
+	"github.com/ipoibcm/ipoib/hca"
+)
+
+// rxLimits bounds the passive connections of an Interface: every one
+// costs a QP from the REQ until it is reaped, whether it ever carried a
+// packet or not, so an unbounded set is memory a REQ flood can take.
+// Connections count from admission (before the QP exists) to reapRX,
+// teardown included, so a flood of handshakes that the CM abandons
+// cannot outrun the reaper either. Guarded by Interface.mu.
+type rxLimits struct {
+	count int
+	byGID map[hca.GID]map[*rxConn]struct{}
+}
+
+// rxLimitCounters say why a REQ the CM handed to the listener was not
+// accepted, so that rx_accepted plus these equal the CM's to_listener
+// REQs.
+type rxLimitCounters struct {
+	rejectedLimit, rejectedGIDLimit, replaced atomic.Uint64
+	rejectedDown, rejectedError               atomic.Uint64
+}
+
+// RXLimits is the passive-connection bookkeeping 'ipoib show' reports.
+type RXLimits struct {
+	// Conns counts passive connections from the REQ's admission until
+	// the QP is destroyed (teardown included).
+	Conns            int    `json:"rx_conns"`
+	MaxConns         int    `json:"max_rx_conns"`
+	MaxConnsPerGID   int    `json:"max_rx_conns_per_gid"`
+	MaxNonSRQConns   int    `json:"max_non_srq_conns"`
+	RejectedLimit    uint64 `json:"rx_rejected_limit"`
+	RejectedGIDLimit uint64 `json:"rx_rejected_gid_limit"`
+	// Replaced counts established connections torn down to admit a new
+	// REQ from the same GID at a limit: the peer restarted.
+	Replaced      uint64 `json:"rx_replaced"`
+	RejectedDown  uint64 `json:"rx_rejected_down"`
+	RejectedError uint64 `json:"rx_rejected_error"`
+}
+
+// admitRXLocked reserves a slot for rc. Over MaxRXConns or
+// MaxRXConnsPerGID, a GID that holds an established connection still
+// gets in: its least recently used established connection is returned
+// to be torn down (a restarted peer whose old connection the STALE_CONN
+// check did not catch, because its QPN changed). Such replacements need
+// a connection that completed a handshake, so a source that cannot
+// answer our REPs can never use them, and the set exceeds the limit by
+// at most the established connections in teardown. i.mu held.
+func (i *Interface) admitRXLocked(rc *rxConn) (old *rxConn, ok bool) {
+	l := &i.rxLimit
+	gid := rc.peer.GID()
+	set := l.byGID[gid]
+	if l.count >= i.cfg.MaxRXConns || len(set) >= i.cfg.MaxRXConnsPerGID {
+		old = lruEstablished(set)
+		if old == nil {
+			if l.count >= i.cfg.MaxRXConns {
+				i.rxLimitCtr.rejectedLimit.Add(1)
+			} else {
+				i.rxLimitCtr.rejectedGIDLimit.Add(1)
+			}
+			return nil, false
+		}
+		i.rxLimitCtr.replaced.Add(1)
+	}
+	if set == nil {
+		set = make(map[*rxConn]struct{})
+		if l.byGID == nil {
+			l.byGID = make(map[hca.GID]map[*rxConn]struct{})
+		}
+		l.byGID[gid] = set
+	}
+	set[rc] = struct{}{}
+	l.count++
+	return old, true
+}
+
+// releaseRXLocked gives rc's slot back. Idempotent. i.mu held.
+func (i *Interface) releaseRXLocked(rc *rxConn) {
+	l := &i.rxLimit
+	gid := rc.peer.GID()
+	set := l.byGID[gid]
+	if _, ok := set[rc]; !ok {
+		return
+	}
+	delete(set, rc)
+	if len(set) == 0 {
+		delete(l.byGID, gid)
+	}
+	l.count--
+}
+
+// lruEstablished is the live, established connection of set used least
+// recently, or nil. i.mu held.
+func lruEstablished(set map[*rxConn]struct{}) *rxConn {
+	var old *rxConn
+	for rc := range set {
+		if rc.state != rxLive || !rc.established.Load() {
+			continue
+		}
+		if old == nil || rc.stamp.Load() < old.stamp.Load() {
+			old = rc
+		}
+	}
+	return old
+}
+
+func (i *Interface) rxLimitStats() RXLimits {
+	c := &i.rxLimitCtr
+	i.mu.Lock()
+	n := i.rxLimit.count
+	i.mu.Unlock()
+	return RXLimits{
+		Conns: n, MaxConns: i.cfg.MaxRXConns, MaxConnsPerGID: i.cfg.MaxRXConnsPerGID, MaxNonSRQConns: i.cfg.MaxNonSRQConns,
+		RejectedLimit: c.rejectedLimit.Load(), RejectedGIDLimit: c.rejectedGIDLimit.Load(), Replaced: c.replaced.Load(),
+		RejectedDown: c.rejectedDown.Load(), RejectedError: c.rejectedError.Load(),
+	}
+}
+
+// replaceRX tears down a connection admitRXLocked chose to replace
+// (control loop).
+func (i *Interface) replaceRX(old *rxConn) {
+	i.ctl.post(func() { i.teardownRX(old, "replaced by a new REQ from its GID") })
+}
