@@ -328,6 +328,7 @@ func (q *qp) recvRequest(p *wire.Packet, from netip.Addr) {
 	q.nakSent = false
 	if op.EndsMessage() {
 		q.msn = (q.msn + 1) & psnMask
+		q.dev.ctr.rcMessages.Add(1)
 		q.completeRecv(q.cur.ID, hca.StatusSuccess, q.curOff, nil)
 		q.cur, q.curValid, q.inMsg = hca.RecvWR{}, false, false
 	}

@@ -70,7 +70,7 @@ func (d *Device) rxLoop() {
 		for _, q := range d.ackQPs {
 			if q.ackPending {
 				q.ackPending = false
-				if !q.destroyed && q.state != hca.QPStateError {
+				if !q.destroyed.Load() && q.state != hca.QPStateError {
 					q.sendAck(wire.SyndromeACK, q.ackPSN)
 				}
 			}

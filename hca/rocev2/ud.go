@@ -93,7 +93,7 @@ func (q *qp) queueDatagram(buf []byte, h, n int, to netip.Addr) {
 // local QP attached to a group with the packet's Q_Key. mu held.
 func (d *Device) recvUD(p *wire.Packet, from netip.Addr) {
 	if len(p.Payload) > int(d.cfg.MTU) {
-		d.ctr.drop(wire.DropBadLength)
+		d.ctr.dropUD(wire.DropBadLength)
 		return
 	}
 	info := udInfo{srcQPN: hca.QPN(p.DETH.SrcQP), srcGID: hca.GIDFromAddr(from), pkey: hca.PKey(p.BTH.PKey)}
@@ -108,20 +108,20 @@ func (d *Device) recvUD(p *wire.Packet, from netip.Addr) {
 			q.deliverUD(p, &info)
 		}
 		if !delivered {
-			d.ctr.drop(wire.DropUnknownQP)
+			d.ctr.dropUD(wire.DropUnknownQP)
 		}
 		return
 	}
 	q := d.qps[hca.QPN(p.BTH.DestQP)]
 	switch {
 	case q == nil:
-		d.ctr.drop(wire.DropUnknownQP)
+		d.ctr.dropUD(wire.DropUnknownQP)
 	case q.typ == hca.QPTypeRC || q.state < hca.QPStateRTR || q.state == hca.QPStateError:
-		d.ctr.drop(wire.DropWrongState)
+		d.ctr.dropUD(wire.DropWrongState)
 	case q.typ != hca.QPTypeGSI && !info.pkey.Matches(q.pkey):
-		d.ctr.drop(wire.DropBadPKey)
+		d.ctr.dropUD(wire.DropBadPKey)
 	case uint32(q.qkey) != p.DETH.QKey:
-		d.ctr.drop(wire.DropBadQKey)
+		d.ctr.dropUD(wire.DropBadQKey)
 	default:
 		q.deliverUD(p, &info)
 	}
@@ -130,7 +130,7 @@ func (d *Device) recvUD(p *wire.Packet, from netip.Addr) {
 func (q *qp) deliverUD(p *wire.Packet, info *udInfo) {
 	wr, ok := q.takeRecv()
 	if !ok {
-		q.dev.ctr.drop(wire.DropNoBuffer)
+		q.dev.ctr.dropUD(wire.DropNoBuffer)
 		return
 	}
 	if len(p.Payload) > len(wr.Buf) {
@@ -142,5 +142,6 @@ func (q *qp) deliverUD(p *wire.Packet, info *udInfo) {
 		info.flags = q.dev.rxCsumFlags(p.Payload)
 	}
 	copy(wr.Buf, p.Payload)
+	q.dev.ctr.udMessages.Add(1)
 	q.completeRecv(wr.ID, hca.StatusSuccess, len(p.Payload), info)
 }
