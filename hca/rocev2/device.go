@@ -182,7 +182,8 @@ func (d *Device) Port() hca.Port {
 // Limits implements hca.Device.
 func (d *Device) Limits() hca.Limits {
 	return hca.Limits{MaxQP: maxQP, MaxQPWR: maxQPWR, MaxCQE: maxCQE, MaxSRQWR: maxSRQWR, MaxMsgSize: maxMsgSize,
-		LocalCAACKDelay: localCAACKDelay, NodeGUID: d.nodeGUID}
+		LocalCAACKDelay: localCAACKDelay, NodeGUID: d.nodeGUID,
+		Offloads: d.offloads()}
 }
 
 // Stats returns a snapshot of the device's counters.

@@ -154,7 +154,10 @@ func (d *Device) CreateQP(cfg hca.QPConfig) (hca.QP, error) {
 		}
 	}
 	d.qps[q.qpn] = q
-	q.src = d.srcPorts.acquire(sourcePortOf(q), &d.ctr)
+	q.src = d.sock // an RC QP sends nothing before RTR names its peer
+	if q.typ != hca.QPTypeRC {
+		q.src = d.srcPorts.acquire(sourcePortOf(q), &d.ctr)
+	}
 	sc.refs++
 	rc.refs++
 	if s != nil {
@@ -428,12 +431,17 @@ type udInfo struct {
 	srcQPN hca.QPN
 	srcGID hca.GID
 	pkey   hca.PKey
+	// flags is the checksum verdict on the payload (rxCsumFlags).
+	flags hca.WCFlags
 }
 
 func (q *qp) completeRecv(id uint64, st hca.Status, n int, ud *udInfo) {
 	wc := hca.WC{ID: id, Status: st, Opcode: hca.WCRecv, ByteLen: n, QPN: q.qpn, Context: q.cfg.Context}
 	if ud != nil {
 		wc.SrcQPN, wc.SrcGID, wc.PKey = ud.srcQPN, ud.srcGID, ud.pkey
+		if st == hca.StatusSuccess {
+			wc.Flags = ud.flags
+		}
 	}
 	q.recvCQ.push(q, &wc)
 }
