@@ -11,13 +11,15 @@
 #      kernel's ib0 counters in every namespace
 #   6. switch every host to datagram under a running iperf3; then UD MTU
 #      4092, ping, ICMP frag-needed from the engine, iperf3 5 s (datagram)
-#   7. soak 10 s with 0 violations; its two mutations must report violations
+#   7. soak 10 s with 0 violations; its two mutations must report violations;
+#      then the same on the RoCEv2 backend (16 hosts on loopback UDP sockets,
+#      UDP faults on) for 5 s each, every mutation failing its invariant
 #   8. SIGTERM the fabric; no namespace, TAP, socket or marker left behind
 # The first failing check ends the run (exit 1) after printing the fabric
 # log tail; an EXIT trap always stops the fabric and verifies cleanup.
 #
 # Needs: root, go, iproute2 (ip with -j), iputils ping, iperf3, jq,
-# coreutils timeout. Runs in about 1.5 minutes.
+# coreutils timeout. Runs in about 2 minutes.
 #
 # Environment:
 #   BIN=path            binary to build and run (default: $E2E_ARTIFACTS/ipoib)
@@ -46,6 +48,7 @@ readonly UD_MTU=4092
 readonly IPERF_SECONDS=5
 readonly SWITCH_IPERF_SECONDS=6
 readonly SOAK_DURATION=10s
+readonly ROCEV2_SOAK_DURATION=5s
 
 ART=${E2E_ARTIFACTS:-$(mktemp -d /tmp/ipoib-e2e.XXXXXX)}
 mkdir -p "$ART"
@@ -149,7 +152,7 @@ remove_leftovers() {
 		ip netns delete "$(ns "$i")" 2>/dev/null || true
 		rm -f "$MARKER_DIR/$(ns "$i")"
 	done
-	[[ -n "${FABRIC_SEEN_PID:-}" ]] && rm -f "$CONTROL_DIR/$FABRIC_SEEN_PID.sock"
+	[[ -n "${FABRIC_SEEN_PID:-}" ]] && rm -f "$CONTROL_DIR/$FABRIC_SEEN_PID"-*.sock
 	return 0
 }
 
@@ -359,11 +362,12 @@ check_mode() {
 	done
 }
 
-# run_soak DESC WANT_EXIT WANT_VIOLATIONS(zero|some) [SOAK FLAGS...]
+# run_soak DESC WANT_EXIT WANT_VIOLATIONS(zero|some|INVARIANT) [SOAK FLAGS...]
+# An INVARIANT name means that invariant must be among those violated.
 run_soak() {
 	local what=$1 want_rc=$2 want=$3 rc=0 name
 	shift 3
-	name=$ART/soak-$(tr -c 'a-z0-9\n' '-' <<<"${1:-plain}" | sed 's/^-*//')
+	name=$ART/soak-$(tr -c 'a-z0-9\n' '-' <<<"${*:-plain}" | sed 's/^-*//')
 	timeout 120 "$BIN" soak --duration "$SOAK_DURATION" --json --quiet "$@" >"$name.json" 2>"$name.err" || rc=$?
 	local viol
 	if ! viol=$(jq -er '.violations' "$name.json" 2>/dev/null); then
@@ -376,8 +380,20 @@ run_soak() {
 		ci_fail "$what: exit $rc, want $want_rc ($viol violations)" "violated: $broken" "$(tail -n 10 "$name.err")"
 		return 0
 	fi
-	if [[ "$want" == zero && "$viol" != 0 ]] || [[ "$want" == some && "$viol" == 0 ]]; then
+	if [[ "$want" == zero && "$viol" != 0 ]] || [[ "$want" != zero && "$viol" == 0 ]]; then
 		ci_fail "$what: $viol violations, want $want" "violated: $broken"
+		return 0
+	fi
+	if [[ "$want" != zero && "$want" != some ]] &&
+		! jq -e --arg n "$want" '.invariants[] | select(.name == $n and .violations > 0)' "$name.json" >/dev/null; then
+		ci_fail "$what: $want not violated" "violated: $broken"
+		return 0
+	fi
+	local hca want_hca=soft
+	hca=$(jq -r '.settings.hca' "$name.json")
+	[[ " $* " == *" --hca rocev2 "* ]] && want_hca=rocev2
+	if [[ "$hca" != "$want_hca" ]]; then
+		ci_fail "$what: report names backend '$hca', want $want_hca"
 		return 0
 	fi
 	if ((viol > 0)); then
@@ -420,6 +436,7 @@ done
 for s in "$CONTROL_DIR"/*.sock; do
 	[[ -e "$s" ]] || continue
 	pid=$(basename "$s" .sock)
+	pid=${pid%%-*} # <pid>-<start time>.sock
 	if [[ -d /proc/$pid ]]; then
 		ci_fail "ipoib process $pid is serving $s; 'ipoib show' would mix its interfaces into the checks"
 	fi
@@ -445,8 +462,8 @@ if ! ci_wait_until 30 "$HOSTS interfaces with link up" ready; then
 	fi
 	ci_fail "fabric not ready in 30 s" "$(show_json 2>&1 | jq -c '[.[] | .interface] ' 2>&1 || true)"
 fi
-ci_pass "$HOSTS interfaces report link up; control socket $CONTROL_DIR/$FABRIC_PID.sock"
-ci_check "control socket belongs to the fabric" test -S "$CONTROL_DIR/$FABRIC_PID.sock"
+ci_pass "$HOSTS interfaces report link up; control socket $CONTROL_DIR/$FABRIC_PID-<start>.sock"
+ci_check "control socket belongs to the fabric" compgen -G "$CONTROL_DIR/$FABRIC_PID-*.sock"
 check_mode connected "$CONNECTED_MTU"
 
 step "3. ping (connected)"
@@ -550,6 +567,12 @@ else
 		run_soak "soak $SOAK_DURATION" 0 zero
 		run_soak "soak $SOAK_DURATION --unsafe-skip-dead-flag (mutation must be caught)" 1 some --unsafe-skip-dead-flag
 		run_soak "soak $SOAK_DURATION --unsafe-skip-drain (mutation must be caught)" 1 some --unsafe-skip-drain
+		rv2=(--hca rocev2 --hosts 16 --duration "$ROCEV2_SOAK_DURATION")
+		run_soak "soak rocev2 $ROCEV2_SOAK_DURATION" 0 zero "${rv2[@]}"
+		run_soak "soak rocev2 $ROCEV2_SOAK_DURATION --unsafe-skip-dead-flag (mutation must be caught)" 1 dead_completion_delivered \
+			"${rv2[@]}" --unsafe-skip-dead-flag
+		run_soak "soak rocev2 $ROCEV2_SOAK_DURATION --unsafe-skip-drain (mutation must be caught)" 1 completion_after_reap \
+			"${rv2[@]}" --unsafe-skip-drain
 	fi
 fi
 

@@ -390,7 +390,8 @@ step "datagram mode"
 # The switch tears the connections down: capture their DREQ and DREP.
 ip netns exec "$NS1" tshark -i "$VETH1" -f "udp port 4791" -s 0 -F pcap -w "$CAP2" -q >"$WORK/tshark2.log" 2>&1 &
 TSHARK_PID=$!
-wait_for "$WORK/tshark2.log" "Capturing on" 20 || fail "tshark did not start capturing the teardown"
+# "Capturing on" comes before the capture is open; "Capture started" after.
+wait_for "$WORK/tshark2.log" "Capture started" 20 || fail "tshark did not start capturing the teardown"
 "$BIN" mode datagram --control-dir "$CTL" --host r1 >/dev/null || fail "mode r1"
 "$BIN" mode datagram --control-dir "$CTL" --host r2 >/dev/null || fail "mode r2"
 for h in r1 r2; do

@@ -59,6 +59,11 @@ func newChurnRig(rc churnRigConfig) (_ *churnRig, err error) {
 		CM:         cm.Options{ResponseTimeout: 200 * time.Millisecond, PacketLifeTime: 1, MaxRetries: 3, TimeWait: time.Millisecond, Seed: 1},
 		StaleAfter: stale, StaleScan: min(stale/4, time.Second), StaleUpdate: stale / 2,
 		DrainTimeout: 10 * time.Second,
+		// The rig's one peer GID stands for many hosts: it opens a
+		// connection per cycle while earlier ones are still being reaped,
+		// which the per-GID passive limit (meant for one real peer) would
+		// refuse with REJ NO_QP.
+		MaxRXConnsPerGID: 1 << 16,
 	})
 	if err != nil {
 		r.host.Close()

@@ -13,11 +13,12 @@ import (
 	"github.com/ipoibcm/ipoib/ipoibcm"
 )
 
-// soakRun is one soak: a soft fabric with cfg.Hosts interfaces, each with
-// a soakHost and a traffic generator.
+// soakRun is one soak: an HCA backend (soak_backend.go) with cfg.Hosts
+// interfaces, each with a soakHost and a traffic generator.
 type soakRun struct {
 	cfg   SoakConfig
-	fab   *soft.Fabric
+	open  func(*SoakConfig, soft.Tap) (soakBackend, error)
+	hca   soakBackend
 	hosts []*soakHost
 	ifcs  []*ipoibcm.Interface
 	// watches check the dead flag through the verbs (soak_verbs.go).
@@ -28,6 +29,7 @@ type soakRun struct {
 
 	start      time.Time
 	goroutines int // baseline before the fabric started
+	sockets    int // open sockets before the fabric started (-1: unknown)
 	heapStart  uint64
 	heapPeak   uint64
 	heapLimit  uint64
@@ -39,11 +41,16 @@ type soakRun struct {
 // report, whose Violations field is what decides pass or fail. An error
 // means the soak could not run at all.
 func RunSoak(ctx context.Context, cfg SoakConfig) (*SoakReport, error) {
+	return runSoak(ctx, cfg, newSoakBackend)
+}
+
+// runSoak is RunSoak on the backend open returns.
+func runSoak(ctx context.Context, cfg SoakConfig, open func(*SoakConfig, soft.Tap) (soakBackend, error)) (*SoakReport, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	s := &soakRun{cfg: cfg, flows: newSoakFlows(cfg.Hosts), goroutines: runtime.NumGoroutine()}
+	s := &soakRun{cfg: cfg, open: open, flows: newSoakFlows(cfg.Hosts), goroutines: runtime.NumGoroutine(), sockets: openSockets()}
 	if s.observe, err = newSoakObserve(&s.cfg); err != nil {
 		return nil, err
 	}
@@ -132,9 +139,13 @@ func (s *soakRun) progressNow() SoakProgress {
 // setUp creates the fabric and starts every interface.
 func (s *soakRun) setUp() error {
 	cfg := &s.cfg
-	s.fab = soft.NewFabric(soft.Config{Seed: cfg.Seed, TimerScale: cfg.TimerScale, Faults: cfg.Faults, Tap: s.observe.tap()})
+	b, err := s.open(cfg, s.observe.tap())
+	if err != nil {
+		return err
+	}
+	s.hca = b
 	for k := range cfg.Hosts {
-		dev, err := s.fab.NewDevice(fmt.Sprintf("soak%d", k))
+		dev, err := s.hca.device(k)
 		if err != nil {
 			return fmt.Errorf("soak: host %d: %w", k, err)
 		}
@@ -151,6 +162,7 @@ func (s *soakRun) setUp() error {
 				Seed: cfg.Seed*7919 + int64(k), QueueDepth: 256,
 			},
 			CMBackoff:   cfg.CMBackoff,
+			RCRetry:     s.hca.rcRetry(),
 			StaleUpdate: cfg.StaleUpdate, StaleAfter: cfg.StaleAfter, StaleScan: cfg.StaleScan,
 			NeighbourTimeout: cfg.NeighbourTimeout, DrainTimeout: cfg.DrainTimeout,
 			// The soak's hosts keep ARP entries forever, where Linux lets
@@ -180,8 +192,8 @@ func (s *soakRun) setUp() error {
 // closeAll closes every interface and then the fabric (setup failed).
 func (s *soakRun) closeAll() {
 	s.closeIfaces()
-	if s.fab != nil {
-		s.fab.Close()
+	if s.hca != nil {
+		s.hca.close()
 	}
 }
 

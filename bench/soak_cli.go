@@ -10,6 +10,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/ipoibcm/ipoib/hca/rocev2"
 	"github.com/ipoibcm/ipoib/hca/soft"
 	"github.com/ipoibcm/ipoib/internal/flagcheck"
 )
@@ -35,16 +36,24 @@ func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs := flag.NewFlagSet("ipoib soak", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long traffic runs (the end checks follow)")
-	fs.IntVar(&cfg.Hosts, "hosts", cfg.Hosts, "hosts on the soft fabric")
+	fs.StringVar(&cfg.HCA, "hca", cfg.HCA, "HCA backend: soft (in-process fabric) or rocev2 (one loopback UDP socket per host)")
+	fs.IntVar(&cfg.Hosts, "hosts", cfg.Hosts, "hosts on the fabric")
 	fs.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the fabric's faults and of the traffic")
-	fs.Float64Var(&cfg.Faults.CompletionDelay.Probability, "delay-prob", cfg.Faults.CompletionDelay.Probability, "probability a completion is held back (delivered past destroy)")
-	fs.DurationVar(&cfg.Faults.CompletionDelay.Max, "delay-max", cfg.Faults.CompletionDelay.Max, "longest completion hold-back")
-	purge := fs.Bool("purge", false, "purge a destroyed QP's completions (mlx5) instead of leaving them in the CQ (rxe)")
-	fs.BoolVar(&cfg.Faults.ImmediateQPNReuse, "qpn-reuse", cfg.Faults.ImmediateQPNReuse, "hand a freed QPN to the next QP at once")
-	fs.Float64Var(&cfg.Faults.RNR, "rnr", cfg.Faults.RNR, "probability of an injected RNR NAK")
-	fs.Float64Var(&cfg.Faults.UDLoss, "ud-loss", cfg.Faults.UDLoss, "probability a UD delivery is lost")
-	fs.DurationVar(&cfg.Faults.LastWQEDelay, "lastwqe-delay", cfg.Faults.LastWQEDelay, "delay of LAST_WQE_REACHED")
-	fs.Float64Var(&cfg.Faults.SpuriousCompletionEvents, "spurious", cfg.Faults.SpuriousCompletionEvents, "probability of a spurious completion event on re-arm")
+	delayProb := fs.Float64("delay-prob", cfg.Faults.CompletionDelay.Probability, "probability a completion is held back (delivered past destroy)")
+	delayMax := fs.Duration("delay-max", cfg.Faults.CompletionDelay.Max, "longest completion hold-back")
+	r := &cfg.RoCEv2
+	fs.BoolVar(&r.IPv6, "ipv6", r.IPv6, "rocev2: IPv6 loopback addresses in a private network namespace (needs CAP_SYS_ADMIN)")
+	fs.Float64Var(&r.Faults.Drop, "udp-loss", r.Faults.Drop, "rocev2: probability a datagram is lost")
+	fs.Float64Var(&r.Faults.Duplicate, "udp-dup", r.Faults.Duplicate, "rocev2: probability an RC datagram is sent twice")
+	fs.Float64Var(&r.Faults.Reorder, "udp-reorder", r.Faults.Reorder, "rocev2: probability an RC datagram swaps with the next")
+	fs.Float64Var(&r.Faults.Delay, "udp-delay", r.Faults.Delay, "rocev2: probability an RC datagram is delayed")
+	fs.DurationVar(&r.Faults.DelayTime, "udp-delay-time", r.Faults.DelayTime, "rocev2: how long a delayed datagram waits")
+	purge := fs.Bool("purge", false, "soft: purge a destroyed QP's completions (mlx5) instead of leaving them in the CQ (rxe)")
+	fs.BoolVar(&cfg.Faults.ImmediateQPNReuse, "qpn-reuse", cfg.Faults.ImmediateQPNReuse, "soft: hand a freed QPN to the next QP at once")
+	fs.Float64Var(&cfg.Faults.RNR, "rnr", cfg.Faults.RNR, "soft: probability of an injected RNR NAK")
+	fs.Float64Var(&cfg.Faults.UDLoss, "ud-loss", cfg.Faults.UDLoss, "soft: probability a UD delivery is lost")
+	fs.DurationVar(&cfg.Faults.LastWQEDelay, "lastwqe-delay", cfg.Faults.LastWQEDelay, "soft: delay of LAST_WQE_REACHED")
+	fs.Float64Var(&cfg.Faults.SpuriousCompletionEvents, "spurious", cfg.Faults.SpuriousCompletionEvents, "soft: probability of a spurious completion event on re-arm")
 	fs.DurationVar(&cfg.StaleAfter, "stale-after", cfg.StaleAfter, "passive connections idle this long are reaped")
 	fs.DurationVar(&cfg.StaleScan, "stale-scan", cfg.StaleScan, "period of the stale scan")
 	fs.DurationVar(&cfg.StaleUpdate, "stale-update", cfg.StaleUpdate, "LRU stamp refresh period (0: stale-after/2)")
@@ -77,6 +86,12 @@ func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintln(stderr, flagcheck.Usage("soak", err.Error()))
 		return SoakExitUsage
 	}
+	set := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	maxHosts := soakMaxHosts
+	if cfg.HCA == SoakHCARoCEv2 {
+		maxHosts = rocev2.MaxLoopbackDevices
+	}
 	msg := flagcheck.First(
 		func() string {
 			if fs.NArg() > 0 {
@@ -84,10 +99,16 @@ func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			}
 			return ""
 		}(),
+		applyBackendFlags(&cfg, set, *delayProb, *delayMax),
 		flagcheck.Duration("duration", cfg.Duration, time.Millisecond),
-		flagcheck.IntRange("hosts", cfg.Hosts, 2, soakMaxHosts),
-		flagcheck.Probability("delay-prob", cfg.Faults.CompletionDelay.Probability),
-		flagcheck.Duration("delay-max", cfg.Faults.CompletionDelay.Max, 0),
+		flagcheck.IntRange("hosts", cfg.Hosts, 2, maxHosts),
+		flagcheck.Probability("delay-prob", *delayProb),
+		flagcheck.Duration("delay-max", *delayMax, 0),
+		flagcheck.Probability("udp-loss", cfg.RoCEv2.Faults.Drop),
+		flagcheck.Probability("udp-dup", cfg.RoCEv2.Faults.Duplicate),
+		flagcheck.Probability("udp-reorder", cfg.RoCEv2.Faults.Reorder),
+		flagcheck.Probability("udp-delay", cfg.RoCEv2.Faults.Delay),
+		flagcheck.Duration("udp-delay-time", cfg.RoCEv2.Faults.DelayTime, 0),
 		flagcheck.Probability("rnr", cfg.Faults.RNR),
 		flagcheck.Probability("ud-loss", cfg.Faults.UDLoss),
 		flagcheck.Probability("spurious", cfg.Faults.SpuriousCompletionEvents),
@@ -145,6 +166,44 @@ func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return SoakExitViolation
 	}
 	return SoakExitOK
+}
+
+// Flags that configure one backend only.
+var (
+	softOnlyFlags   = []string{"purge", "qpn-reuse", "rnr", "ud-loss", "lastwqe-delay", "spurious"}
+	rocev2OnlyFlags = []string{"ipv6", "udp-loss", "udp-dup", "udp-reorder", "udp-delay", "udp-delay-time"}
+)
+
+// applyBackendFlags refuses an unknown backend and flags of the other
+// backend, and points the completion hold-back flags at the chosen one:
+// the soft fabric's completion delay or the RoCEv2 devices' held
+// completions. It returns the usage message, "" if none.
+func applyBackendFlags(cfg *SoakConfig, set map[string]bool, delayProb float64, delayMax time.Duration) string {
+	var other []string
+	switch cfg.HCA {
+	case SoakHCASoft:
+		other = rocev2OnlyFlags
+	case SoakHCARoCEv2:
+		other = softOnlyFlags
+	default:
+		return fmt.Sprintf("--hca %q: want %s or %s", cfg.HCA, SoakHCASoft, SoakHCARoCEv2)
+	}
+	for _, name := range other {
+		if set[name] {
+			return fmt.Sprintf("--%s does not apply to --hca %s", name, cfg.HCA)
+		}
+	}
+	if cfg.HCA == SoakHCASoft {
+		cfg.Faults.CompletionDelay.Probability, cfg.Faults.CompletionDelay.Max = delayProb, delayMax
+		return ""
+	}
+	if set["delay-prob"] {
+		cfg.RoCEv2.Faults.HoldCompletion = delayProb
+	}
+	if set["delay-max"] {
+		cfg.RoCEv2.Faults.HoldCompletionMax = delayMax
+	}
+	return ""
 }
 
 // isTerminal reports whether w is a character device (a terminal), where

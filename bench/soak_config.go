@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/ipoibcm/ipoib/hca/rocev2"
 	"github.com/ipoibcm/ipoib/hca/soft"
 	"github.com/ipoibcm/ipoib/internal/mutation"
 	"github.com/ipoibcm/ipoib/ipoibcm"
@@ -26,12 +27,16 @@ type SoakConfig struct {
 	// time that a loaded machine fills with less work.
 	Until func(SoakProgress) bool
 
+	// HCA is the backend: SoakHCASoft (default) or SoakHCARoCEv2.
+	HCA string
 	// Faults is the soft fabric's fault injection (delayed completions,
 	// completions left after destroy, QPN reuse, RNR, UD loss, LAST_WQE
 	// delay, spurious completion events).
 	Faults soft.Faults
-	// TimerScale scales the fabric's RNR and transport timers.
+	// TimerScale scales the soft fabric's RNR and transport timers.
 	TimerScale float64
+	// RoCEv2 configures the RoCEv2 backend.
+	RoCEv2 SoakRoCEv2
 
 	// Engine timing: the passive LRU, TX neighbour aging, CM.
 	StaleAfter, StaleScan, StaleUpdate time.Duration
@@ -89,6 +94,21 @@ type SoakConfig struct {
 	Logger *slog.Logger
 }
 
+// SoakRoCEv2 configures the RoCEv2 backend of a soak: one device per
+// host on its own loopback address and socket (rocev2.Loopback).
+type SoakRoCEv2 struct {
+	// IPv6 puts the devices on IPv6 addresses (needs CAP_SYS_ADMIN for a
+	// private network namespace; IPv4 needs no privilege).
+	IPv6 bool `json:"ipv6"`
+	// Faults are every device's UDP-layer faults and held completions;
+	// their seed is derived from SoakConfig.Seed and the host's index.
+	Faults rocev2.Faults `json:"faults"`
+	// MinAckTimeout is the floor of the RC transport timeout.
+	MinAckTimeout time.Duration `json:"min_ack_timeout_ns"`
+	// TimeScale scales the transport timeout and the RNR timer.
+	TimeScale float64 `json:"time_scale"`
+}
+
 // SoakProgress is what SoakConfig.Until sees: the engines' reaper
 // counters summed over every interface, and the violations so far by
 // invariant name (see SoakReport.Invariants).
@@ -104,6 +124,23 @@ func DefaultSoakConfig() SoakConfig {
 		Hosts:    64,
 		Duration: 30 * time.Second,
 		Seed:     1,
+		HCA:      SoakHCASoft,
+		RoCEv2: SoakRoCEv2{
+			// Loss, duplication, reordering and delay of RC datagrams,
+			// which go-back-N must absorb; UD (ARP, and IP packets while
+			// a peer has no connection) is only lost, as on an IB subnet.
+			// A held completion (the soft fabric's delayed completion)
+			// can reach its CQ after its QP was destroyed.
+			Faults: rocev2.Faults{
+				Drop: 0.005, Duplicate: 0.005, Reorder: 0.01, Delay: 0.005, DelayTime: 2 * time.Millisecond,
+				UDLossOnly:     true,
+				HoldCompletion: 0.02, HoldCompletionMax: 4 * time.Millisecond,
+			},
+			// Loopback round trips are microseconds; the floor is the
+			// retransmit delay after a lost tail packet.
+			MinAckTimeout: 20 * time.Millisecond,
+			TimeScale:     0.01,
+		},
 		Faults: soft.Faults{
 			CompletionDelay:          soft.CompletionDelay{Probability: 0.02, Max: 4 * time.Millisecond},
 			DestroyedQPCompletions:   soft.LeaveCompletionsAfterDestroy,
@@ -157,6 +194,9 @@ func (c SoakConfig) withDefaults() (SoakConfig, error) {
 		}
 	}
 	fillInt(&c.Hosts, d.Hosts)
+	if c.HCA == "" {
+		c.HCA = d.HCA
+	}
 	fill(&c.Duration, d.Duration)
 	if c.TimerScale <= 0 {
 		c.TimerScale = d.TimerScale
@@ -194,8 +234,12 @@ func (c SoakConfig) withDefaults() (SoakConfig, error) {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	switch {
+	case c.HCA != SoakHCASoft && c.HCA != SoakHCARoCEv2:
+		return c, fmt.Errorf("%w: HCA %q (%s or %s)", ErrSoakConfig, c.HCA, SoakHCASoft, SoakHCARoCEv2)
 	case c.Hosts < 2 || c.Hosts > 250*250:
 		return c, fmt.Errorf("%w: %d hosts (2..62500)", ErrSoakConfig, c.Hosts)
+	case c.HCA == SoakHCARoCEv2 && c.Hosts > rocev2.MaxLoopbackDevices:
+		return c, fmt.Errorf("%w: %d hosts on %s (2..%d)", ErrSoakConfig, c.Hosts, c.HCA, rocev2.MaxLoopbackDevices)
 	case c.MaxPacket < soakMinIP || c.MaxPacket > 65520:
 		return c, fmt.Errorf("%w: max packet %d (%d..65520)", ErrSoakConfig, c.MaxPacket, soakMinIP)
 	case c.RepeatPeer < 0 || c.RepeatPeer > 1 || c.ReARP < 0 || c.ReARP > 1:

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"runtime"
 	"time"
-
-	"github.com/ipoibcm/ipoib/hca/soft"
 )
 
 // finish runs the end-of-soak checks, with the generators stopped:
@@ -31,13 +29,13 @@ func (s *soakRun) finish() *SoakReport {
 			queued += h.queued()
 		}
 		t := s.totals()
-		fs := s.fab.Stats()
+		v := s.hca.view()
 		_, recv := s.flows.totals()
 		now := [4]uint64{t.RxPackets, t.DropTotal, t.DeadDropped, recv}
 		still := now == last
 		last = now
-		return queued == 0 && t.Outstanding == 0 && fs.PendingCompletion == 0 && still,
-			fmt.Sprintf("%d frames queued, %d TX credits held, %d completions held", queued, t.Outstanding, fs.PendingCompletion)
+		return queued == 0 && t.Outstanding == 0 && v.Held == 0 && still,
+			fmt.Sprintf("%d frames queued, %d TX credits held, %d completions or datagrams held", queued, t.Outstanding, v.Held)
 	})
 	if !drained.ok {
 		s.viol.record(violQuiesce, "traffic did not drain: "+drained.state)
@@ -50,9 +48,9 @@ func (s *soakRun) finish() *SoakReport {
 	want := 2 * cfg.Hosts // each host's UD QP and the CM's GSI QP
 	idle := s.waitFor(func() (bool, string) {
 		t := s.totals()
-		fs := s.fab.Stats()
-		return t.LiveConns == 0 && t.CMLive == 0 && fs.QPs == want,
-			fmt.Sprintf("%d RX and %d TX connections, %d CM ids, %d QPs (want %d)", t.RXConns, t.TXConns, t.CMLive, fs.QPs, want)
+		v := s.hca.view()
+		return t.LiveConns == 0 && t.CMLive == 0 && v.QPs == want,
+			fmt.Sprintf("%d RX and %d TX connections, %d CM ids, %d QPs (want %d)", t.RXConns, t.TXConns, t.CMLive, v.QPs, want)
 	})
 	if !idle.ok {
 		s.viol.record(violLeak, "idle connections not reaped: "+idle.state)
@@ -63,10 +61,10 @@ func (s *soakRun) finish() *SoakReport {
 	for _, w := range s.watches {
 		w.settle(nil) // the pollers are stopped: their last batches are handled
 	}
-	fs := s.fab.Stats()
-	if left := fs.QPs + fs.CQs + fs.SRQs + fs.AHs + fs.McastAttachments; left > 0 {
-		s.viol.record(violLeak, fmt.Sprintf("after Close: %d QPs, %d CQs, %d SRQs, %d AHs, %d multicast attachments",
-			fs.QPs, fs.CQs, fs.SRQs, fs.AHs, fs.McastAttachments))
+	fs := s.hca.view()
+	if left := fs.QPs + fs.CQs + fs.SRQs + fs.AHs + fs.McastAttachments + fs.Held; left > 0 {
+		s.viol.record(violLeak, fmt.Sprintf("after Close: %d QPs, %d CQs, %d SRQs, %d AHs, %d multicast attachments, %d completions or datagrams held",
+			fs.QPs, fs.CQs, fs.SRQs, fs.AHs, fs.McastAttachments, fs.Held))
 	}
 	after := s.totals()
 	s.observeFabric(fs, after)
@@ -76,24 +74,27 @@ func (s *soakRun) finish() *SoakReport {
 	for name := range nonDataDrops {
 		dataDrops -= after.Drops[name]
 	}
-	explained := dataDrops + after.DeadDropped + fs.UDDrops.Total()
+	explained := dataDrops + after.DeadDropped + fs.UDDrops
 	var lost uint64
 	if sent > received {
 		lost = sent - received
 	}
 	if lost > explained {
 		s.viol.record(violLost, fmt.Sprintf("%d packets lost, %d drops counted (engine %d, dead %d, fabric UD %d)",
-			lost, explained, dataDrops, after.DeadDropped, fs.UDDrops.Total()))
+			lost, explained, dataDrops, after.DeadDropped, fs.UDDrops))
 	}
 	if received == 0 || after.Reaper.TXEstablished == 0 {
 		s.viol.record(violNoTraffic, fmt.Sprintf("%d packets sent, %d received, %d connections established",
 			sent, received, after.Reaper.TXEstablished))
 	}
 
-	s.fab.Close()
-	final := s.fab.Stats()
+	s.hca.close()
+	final := s.hca.view()
 	if final.Goroutines != 0 {
 		s.viol.record(violLeak, fmt.Sprintf("%d fabric goroutines after Close", final.Goroutines))
+	}
+	if n := openSockets(); n > s.sockets {
+		s.viol.record(violLeak, fmt.Sprintf("%d sockets open after Close, %d at start", n, s.sockets))
 	}
 	gor := s.waitFor(func() (bool, string) {
 		n := runtime.NumGoroutine()
@@ -113,7 +114,7 @@ var nonDataDrops = map[string]bool{
 
 // observeFabric applies the counter invariants (the dead-flag one is
 // recorded by the verbs watches as it happens).
-func (s *soakRun) observeFabric(fs soft.FabricStats, t soakTotals) {
+func (s *soakRun) observeFabric(fs backendView, t soakTotals) {
 	s.viol.observe(violAfterReap, fs.CompletionsAfterDestroy,
 		fmt.Sprintf("%d completions polled for QPs already destroyed", fs.CompletionsAfterDestroy))
 	s.viol.observe(violDestroyedQPOp, fs.DestroyedQPOps, fmt.Sprintf("%d verbs on destroyed QPs", fs.DestroyedQPOps))

@@ -96,8 +96,7 @@ func (s *soakRun) monitor(ctx context.Context) {
 // check runs the invariants that hold at every moment.
 func (s *soakRun) check() soakTotals {
 	t := s.totals()
-	fs := s.fab.Stats()
-	s.observeFabric(fs, t)
+	s.observeFabric(s.hca.view(), t)
 	if t.SRQOver > 0 {
 		s.viol.record(violSRQ, t.firstSRQDetail)
 	}

@@ -35,7 +35,8 @@ type SoakTraffic struct {
 	ICMP      uint64            `json:"icmp_from_engine"`
 }
 
-// SoakFabric is the soft fabric's view.
+// SoakFabric is the HCA backend's view (counters a backend does not have
+// stay zero; the transport and UDP ones are the RoCEv2 backend's).
 type SoakFabric struct {
 	RCMessages              uint64 `json:"rc_messages"`
 	UDMessages              uint64 `json:"ud_messages"`
@@ -47,6 +48,19 @@ type SoakFabric struct {
 	LastWQEReached          uint64 `json:"last_wqe_reached"`
 	PurgedCompletions       uint64 `json:"purged_completions"`
 	SpuriousEvents          uint64 `json:"spurious_events"`
+	// Retransmits counts RC packets sent again; Timeouts transport timer
+	// expiries; SeqNAKs sequence NAKs sent; Duplicates RC request packets
+	// received twice.
+	Retransmits uint64 `json:"retransmits"`
+	Timeouts    uint64 `json:"timeouts"`
+	SeqNAKs     uint64 `json:"seq_naks"`
+	Duplicates  uint64 `json:"duplicates"`
+	// UDP* count the datagrams the RoCEv2 fault injection dropped,
+	// duplicated, reordered and delayed.
+	UDPDropped    uint64 `json:"udp_dropped"`
+	UDPDuplicated uint64 `json:"udp_duplicated"`
+	UDPReordered  uint64 `json:"udp_reordered"`
+	UDPDelayed    uint64 `json:"udp_delayed"`
 }
 
 // SoakHeap is the heap bound.
@@ -58,15 +72,20 @@ type SoakHeap struct {
 
 // SoakSettings echoes what the soak ran with.
 type SoakSettings struct {
-	Hosts              int         `json:"hosts"`
-	Duration           string      `json:"duration"`
-	Seed               int64       `json:"seed"`
-	StaleAfter         string      `json:"stale_after"`
-	StaleScan          string      `json:"stale_scan"`
-	NeighbourTimeout   string      `json:"neighbour_timeout"`
-	Faults             soft.Faults `json:"faults"`
-	UnsafeSkipDeadFlag bool        `json:"unsafe_skip_dead_flag"`
-	UnsafeSkipDrain    bool        `json:"unsafe_skip_drain"`
+	// HCA is the backend the soak ran on: "soft" or "rocev2".
+	HCA              string `json:"hca"`
+	Hosts            int    `json:"hosts"`
+	Duration         string `json:"duration"`
+	Seed             int64  `json:"seed"`
+	StaleAfter       string `json:"stale_after"`
+	StaleScan        string `json:"stale_scan"`
+	NeighbourTimeout string `json:"neighbour_timeout"`
+	// Faults are the soft fabric's (soft only); RoCEv2 the RoCEv2
+	// backend's settings (rocev2 only).
+	Faults             *soft.Faults `json:"faults,omitempty"`
+	RoCEv2             *SoakRoCEv2  `json:"rocev2,omitempty"`
+	UnsafeSkipDeadFlag bool         `json:"unsafe_skip_dead_flag"`
+	UnsafeSkipDrain    bool         `json:"unsafe_skip_drain"`
 }
 
 // SoakReport is the outcome of RunSoak.
@@ -112,32 +131,51 @@ type SoakEngine struct {
 	DeadVerified uint64 `json:"dead_completions_verified"`
 }
 
+// backend names the HCA the soak ran on, with its address family.
+func (s *SoakSettings) backend() string {
+	switch {
+	case s.RoCEv2 != nil && s.RoCEv2.IPv6:
+		return s.HCA + " (IPv6 loopback)"
+	case s.RoCEv2 != nil:
+		return s.HCA + " (IPv4 loopback)"
+	}
+	return s.HCA
+}
+
 // Failed reports whether any invariant was violated.
 func (r *SoakReport) Failed() bool { return r.Violations > 0 }
 
-func (s *soakRun) report(elapsed time.Duration, before, after soakTotals, fs soft.FabricStats, sent, received, lost, explained uint64) *SoakReport {
+func (s *soakRun) report(elapsed time.Duration, before, after soakTotals, fs backendView, sent, received, lost, explained uint64) *SoakReport {
 	cfg := &s.cfg
 	r := &SoakReport{
 		Settings: SoakSettings{
-			Hosts: cfg.Hosts, Duration: cfg.Duration.String(), Seed: cfg.Seed,
+			HCA: cfg.HCA, Hosts: cfg.Hosts, Duration: cfg.Duration.String(), Seed: cfg.Seed,
 			StaleAfter: cfg.StaleAfter.String(), StaleScan: cfg.StaleScan.String(),
-			NeighbourTimeout: cfg.NeighbourTimeout.String(), Faults: cfg.Faults,
+			NeighbourTimeout:   cfg.NeighbourTimeout.String(),
 			UnsafeSkipDeadFlag: cfg.Mutations.SkipDeadFlag, UnsafeSkipDrain: cfg.Mutations.SkipDrain,
 		},
 		Elapsed: elapsed,
 		Traffic: SoakTraffic{
 			Sent: sent, Received: received, Lost: lost, Explained: explained,
-			Drops: after.Drops, DeadDrops: after.DeadDropped, FabricUD: fs.UDDrops.Total(),
+			Drops: after.Drops, DeadDrops: after.DeadDropped, FabricUD: fs.UDDrops,
 		},
 		Fabric: SoakFabric{
 			RCMessages: fs.RCMessages, UDMessages: fs.UDMessages, RNRNaks: fs.RNRNaks,
 			DelayedCompletions: fs.DelayedCompletions, CompletionsAfterDestroy: fs.CompletionsAfterDestroy,
 			DestroyedQPOps: fs.DestroyedQPOps, CQOverflows: fs.CQOverflows, LastWQEReached: fs.LastWQEReached,
 			PurgedCompletions: fs.PurgedCompletions, SpuriousEvents: fs.SpuriousEvents,
+			Retransmits: fs.Retransmits, Timeouts: fs.Timeouts, SeqNAKs: fs.SeqNAKs, Duplicates: fs.Duplicate,
+			UDPDropped: fs.UDPDropped, UDPDuplicated: fs.UDPDuplicated, UDPReordered: fs.UDPReordered, UDPDelayed: fs.UDPDelayed,
 		},
 		Heap:       SoakHeap{StartBytes: s.heapStart, PeakBytes: s.heapPeak, LimitBytes: s.heapLimit},
 		Invariants: s.viol.results(),
 		Violations: s.viol.total(),
+	}
+	switch cfg.HCA {
+	case SoakHCARoCEv2:
+		r.Settings.RoCEv2 = &cfg.RoCEv2
+	default:
+		r.Settings.Faults = &cfg.Faults
 	}
 	for _, h := range s.hosts {
 		r.Traffic.ARPAsked += h.ctr.arpRequestsAnswered.Load()
@@ -174,7 +212,7 @@ func (r *SoakReport) WriteJSON(w io.Writer) error {
 func (r *SoakReport) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	s := &r.Settings
-	fmt.Fprintf(tw, "soak\t%d hosts, %s (ran %s), seed %d, stale after %s\n", s.Hosts, s.Duration, r.Elapsed.Round(time.Millisecond), s.Seed, s.StaleAfter)
+	fmt.Fprintf(tw, "soak\t%d hosts on %s, %s (ran %s), seed %d, stale after %s\n", s.Hosts, s.backend(), s.Duration, r.Elapsed.Round(time.Millisecond), s.Seed, s.StaleAfter)
 	if s.UnsafeSkipDeadFlag || s.UnsafeSkipDrain {
 		fmt.Fprintf(tw, "mutations\tskip dead flag %v, skip drain %v\n", s.UnsafeSkipDeadFlag, s.UnsafeSkipDrain)
 	}
@@ -184,8 +222,12 @@ func (r *SoakReport) WriteTable(w io.Writer) error {
 		e.StaleReaped, e.MovedToError, e.LastWQESeen, e.DrainsPosted, e.Reaped, e.ForcedAtStop, e.NeighAged)
 	f := &r.Fabric
 	fmt.Fprintf(tw, "dead flag\t%d completions of QPs in teardown seen recycled, %d delivered\n", e.DeadVerified, e.DeliveredAfterTeardown)
-	fmt.Fprintf(tw, "fabric\t%d RC, %d UD messages, %d RNR NAKs, %d delayed completions, %d LAST_WQE\n",
-		f.RCMessages, f.UDMessages, f.RNRNaks, f.DelayedCompletions, f.LastWQEReached)
+	fmt.Fprintf(tw, "fabric\t%d RC, %d UD messages, %d RNR NAKs, %d delayed completions, %d LAST_WQE, %d retransmits\n",
+		f.RCMessages, f.UDMessages, f.RNRNaks, f.DelayedCompletions, f.LastWQEReached, f.Retransmits)
+	if s.HCA == SoakHCARoCEv2 {
+		fmt.Fprintf(tw, "transport\t%d timeouts, %d sequence NAKs, %d duplicates received\n", f.Timeouts, f.SeqNAKs, f.Duplicates)
+		fmt.Fprintf(tw, "UDP faults\t%d dropped, %d duplicated, %d reordered, %d delayed\n", f.UDPDropped, f.UDPDuplicated, f.UDPReordered, f.UDPDelayed)
+	}
 	t := &r.Traffic
 	fmt.Fprintf(tw, "packets\t%d sent, %d received, %d lost, %d drops counted (%d dead, %d fabric UD)\n",
 		t.Sent, t.Received, t.Lost, t.Explained, t.DeadDrops, t.FabricUD)

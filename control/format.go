@@ -44,6 +44,9 @@ func (o FormatOptions) Format(w io.Writer, s InterfaceStats) error {
 	for _, a := range info.Addrs {
 		fmt.Fprintf(b, "    inet %s\n", a)
 	}
+	for _, n := range info.Notes {
+		fmt.Fprintf(b, "    note: %s\n", n)
+	}
 
 	counters, err := flatten(sections["counters"])
 	if err != nil {

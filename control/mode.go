@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -17,10 +16,6 @@ import (
 // first and changes nothing unless all answer; a failure while switching
 // rolls back what was switched, in the failing process (Server.setMode)
 // and in the processes before it (here).
-
-// modeLockName serialises concurrent 'ipoib mode' commands on one
-// control directory, so two switches cannot interleave their rollbacks.
-const modeLockName = "mode.lock"
 
 // SetModeAll switches every interface in dir (only host's, if host is
 // set) to mode and returns their new state. On error no interface is left
@@ -95,10 +90,11 @@ func do(path string, req Request, timeout time.Duration) (Response, error) {
 	return c.Do(req)
 }
 
-// lockDir takes the exclusive mode lock of dir, waiting for another
-// 'ipoib mode' to finish.
+// lockDir takes the exclusive mode lock of dir (a flock on the directory
+// itself, so nothing is left behind), waiting for another 'ipoib mode'
+// to finish. Concurrent switches then cannot interleave their rollbacks.
 func lockDir(dir string) (unlock func(), err error) {
-	f, err := os.OpenFile(filepath.Join(dir, modeLockName), os.O_RDWR|os.O_CREATE, socketMode)
+	f, err := os.Open(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		// No directory: nothing runs; Discover says so.
 		return func() {}, nil

@@ -48,6 +48,9 @@ type InterfaceInfo struct {
 	HWAddr string   `json:"hwaddr"` // 20-byte IPoIB address, colon hex
 	LinkUp bool     `json:"link_up"`
 	Addrs  []string `json:"addrs,omitempty"`
+	// Notes say what the host did to the interface that the engine did
+	// not follow (an MTU above the mode's limit, the link set down).
+	Notes []string `json:"notes,omitempty"`
 }
 
 // InterfaceStats is one interface's snapshot: Stats is the engine's Stats

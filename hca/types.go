@@ -126,4 +126,6 @@ type Limits struct {
 	LocalCAACKDelay uint8
 	// NodeGUID identifies the CA (the CM's Local CA GUID).
 	NodeGUID uint64
+	// Offloads are the device's stateless IPoIB offloads.
+	Offloads Offloads
 }

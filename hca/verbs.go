@@ -159,6 +159,16 @@ type AH interface {
 type SendWR struct {
 	ID   uint64
 	Data []byte
+	// Flags ask for offloads (SendIPCsum).
+	Flags SendFlags
+	// MSS, when positive, makes this a UD LSO send (IB_WR_LSO): Data is
+	// one TCP or UDP super packet behind the IPoIB header, at most
+	// Offloads.UDLSOMaxSize bytes, and the device sends it as UD packets
+	// of its headers plus at most MSS payload bytes each, every one with
+	// its own IP length, IPv4 ID, TCP sequence number and checksums. It
+	// completes as one work request. Requests the device cannot honour
+	// fail at PostSend (ErrLSOTooLarge, ErrInvalidArgument).
+	MSS int
 	// UD only: destination address, QPN (QPNMulticast for groups) and Q_Key.
 	AH         AH
 	RemoteQPN  QPN
@@ -185,4 +195,7 @@ type WC struct {
 	SrcGID GID
 	// UD receives only: the P_Key of the packet (from the BTH).
 	PKey PKey
+	// Flags report the offloads' verdict on a received message
+	// (WCIPCsumOK, WCCsumPartial).
+	Flags WCFlags
 }

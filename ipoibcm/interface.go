@@ -46,10 +46,13 @@ type Interface struct {
 	host HostPort
 	log  *slog.Logger
 
-	port    hca.Port
-	udMTU   int
-	hw      frame.HWAddr
-	hostMAC frame.MAC
+	port  hca.Port
+	udMTU int
+	hw    frame.HWAddr
+	// hostMAC is the host's MAC (frame.MAC packed by packMAC): the
+	// destination of every frame written to the host, which the host may
+	// change at run time (FollowHostMAC).
+	hostMAC atomic.Uint64
 	bcast   hca.GID
 
 	mode  atomic.Int32 // Mode
@@ -170,7 +173,9 @@ func New(cfg Config) (_ *Interface, err error) {
 	}
 	i.udMTU = frame.UDMTU(i.port.ActiveMTU)
 	i.bcast = frame.BroadcastMGID(cfg.PKey)
-	copy(i.hostMAC[:], cfg.Host.HostMAC())
+	var hm frame.MAC
+	copy(hm[:], cfg.Host.HostMAC())
+	i.hostMAC.Store(packMAC(hm))
 	i.mode.Store(int32(cfg.Mode))
 	i.mtu.Store(int64(i.modeMTU(cfg.Mode)))
 

@@ -38,6 +38,9 @@ type neighbour struct {
 	lastUse        time.Time // last host packet sent to it (TX aging)
 	lastSeen       time.Time // last time it was learnt from the wire (ARP, ND, UD, REQ)
 	cmBackoffUntil time.Time // CM refused: UD until then
+	// pathMTU is the IB path MTU our REQs to this peer carry; 0 until a
+	// REJ INVALID_MTU lowered it from our port's (cmpathmtu.go).
+	pathMTU hca.MTU
 }
 
 // idleSince is when the neighbour was last used in either direction.
@@ -184,16 +187,21 @@ func (i *Interface) learnLocked(hw frame.HWAddr, ip netip.Addr, now time.Time) *
 	if hw.IsMulticast() || hw.GID() == i.hw.GID() {
 		return nil
 	}
+	_, known := i.neigh.byGID[hw.GID()]
 	n, err := i.neigh.lookupOrCreate(hw, now)
 	if err != nil {
 		i.log.Error("neighbour table", "err", err)
 		return nil
+	}
+	if !known {
+		i.log.Debug("neighbour", "ip", ip, "hw", hw, "mac", n.mac)
 	}
 	n.addIP(ip)
 	n.lastSeen = now
 	if n.hw != hw {
 		old := n.hw
 		n.hw = hw
+		i.log.Debug("neighbour", "ip", ip, "hw", hw, "was", old, "mac", n.mac)
 		if old.QPN() != hw.QPN() || (old.Connected() && !hw.Connected()) {
 			i.rs.neighRestarts.Add(1)
 			n.cmBackoffUntil = time.Time{}

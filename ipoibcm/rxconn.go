@@ -66,9 +66,13 @@ func (i *Interface) decideREQ(req *cm.Request) cm.Decision {
 // WR's completion must land behind the receives), receiving from the SRQ
 // or its own ring, and answer with {UD QPN, 65524} and a random PSN.
 func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
+	i.log.Debug("CM REQ", "from", req.RemoteGID, "qpn", req.RemoteQPN, "path_mtu", req.PathMTU)
 	if ifState(i.state.Load()) != ifRunning {
 		i.rxLimitCtr.rejectedDown.Add(1)
 		return cm.Decision{Reject: cm.RejectNoResources}
+	}
+	if req.PathMTU > i.port.ActiveMTU {
+		return i.rejectPathMTU(req)
 	}
 	peerQPN, _, err := parseCMPrivateData(req.PrivateData)
 	if err != nil {
@@ -205,6 +209,7 @@ func (i *Interface) initRXQP(rc *rxConn) error {
 // onCMEvent runs on the CM goroutine: everything but the RTU becomes an
 // event of the connection's state machine, on the control loop.
 func (rc *rxConn) onCMEvent(ev cm.Event) {
+	rc.i.log.Debug("CM RX event", "event", ev.Type, "peer", rc.peer, "reject", ev.RejectReason, "err", ev.Err)
 	switch ev.Type {
 	case cm.EventEstablished:
 		rc.established.Store(true)

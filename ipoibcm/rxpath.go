@@ -298,7 +298,7 @@ func (r *rxPath) rxConnPacket(rc *rxConn, b []byte, idx, byteLen int) {
 func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, peer frame.HWAddr, ud bool) {
 	i := r.i
 	pkt := b[frame.EthHdrLen : headroom+byteLen]
-	dst := frame.MAC(i.hostMAC)
+	dst := i.hostMACNow()
 	switch et {
 	case frame.EtherTypeIPv4:
 		if !validIPv4(pkt) {
@@ -347,7 +347,7 @@ func (r *rxPath) deliverND(pkt []byte, byteLen int, srcMAC frame.MAC, peer frame
 	if r.macOf == nil {
 		r.macOf = func(hw frame.HWAddr) (frame.MAC, bool) {
 			if hw.GID() == i.hw.GID() {
-				return i.hostMAC, true
+				return i.hostMACNow(), true
 			}
 			n := i.learnLocked(hw, netip.Addr{}, r.clock())
 			if n == nil {
@@ -371,7 +371,7 @@ func (r *rxPath) deliverND(pkt []byte, byteLen int, srcMAC frame.MAC, peer frame
 			nb.addIP(info.Target)
 		}
 	}
-	dst := frame.MAC(i.hostMAC)
+	dst := i.hostMACNow()
 	if mac, ok := hostMulticastMAC(frame.EtherTypeIPv6, pkt); ok {
 		dst = mac
 	}
@@ -402,7 +402,7 @@ func (r *rxPath) rxARPLocked(body []byte) {
 	var target frame.MAC
 	switch {
 	case a.TargetHW.GID() == i.hw.GID() && a.TargetHW.QPN() == i.hw.QPN():
-		target = i.hostMAC
+		target = i.hostMACNow()
 	case !a.TargetHW.IsZero():
 		if t := i.neigh.byGID[a.TargetHW.GID()]; t != nil {
 			target = t.mac
@@ -417,7 +417,7 @@ func (r *rxPath) rxARPLocked(body []byte) {
 	m := eth.Marshal(out[frame.EthHdrLen:])
 	dst := frame.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 	if a.Op == arpOpReply {
-		dst = i.hostMAC
+		dst = i.hostMACNow()
 	}
 	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: n.mac, EtherType: frame.EtherTypeARP})
 	r.frames = append(r.frames, out[:frame.EthHdrLen+m])

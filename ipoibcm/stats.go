@@ -73,6 +73,8 @@ type ReaperStats struct {
 	CQErrors          uint64 `json:"cq_errors"`
 	RXAccepted        uint64 `json:"rx_accepted"`
 	RXRejectedNoQP    uint64 `json:"rx_rejected_no_qp"`
+	RXRejectedMTU     uint64 `json:"rx_rejected_mtu"`
+	TXMTUDowngrades   uint64 `json:"tx_mtu_downgrades"`
 	TXConnects        uint64 `json:"tx_connects"`
 	TXEstablished     uint64 `json:"tx_established"`
 	TXConnectFailures uint64 `json:"tx_connect_failures"`
@@ -211,6 +213,7 @@ func (i *Interface) reaperStats() ReaperStats {
 		DrainsPosted: r.drainsPosted.Load(), DrainsCompleted: r.drainsCompleted.Load(),
 		DrainPostFailures: r.drainPostFailures.Load(), Reaped: r.reaped.Load(), ForcedAtStop: r.forcedAtStop.Load(),
 		CQErrors: r.cqErrors.Load(), RXAccepted: r.rxAccepted.Load(), RXRejectedNoQP: r.rxRejectedNoQP.Load(),
+		RXRejectedMTU: r.rxRejectedMTU.Load(), TXMTUDowngrades: r.txMTUDowngrades.Load(),
 		TXConnects: r.txConnects.Load(), TXEstablished: r.txEstablished.Load(),
 		TXConnectFailures: r.txConnectFailures.Load(), TXTeardowns: r.txTeardowns.Load(), TXDestroyed: r.txDestroyed.Load(),
 		TXQueueStops: r.txStops.Load(), TXQueueWakes: r.txWakes.Load(),
@@ -240,4 +243,8 @@ type reaperCounters struct {
 	rxAccepted, rxRejectedNoQP, neighRestarts        atomic.Uint64
 	neighAged, modeSwitches, lateLastWQE, reresolves atomic.Uint64
 	neighEvicted                                     atomic.Uint64
+	// rxRejectedMTU: REQs whose path MTU is above our port's, refused
+	// with REJ INVALID_MTU; txMTUDowngrades: REQs resent one IB MTU
+	// lower after such a REJ (cmpathmtu.go).
+	rxRejectedMTU, txMTUDowngrades atomic.Uint64
 }

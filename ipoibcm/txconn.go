@@ -100,7 +100,7 @@ func (tc *txConn) connect() {
 		QP:          qp,
 		StartingPSN: 0, // Linux sends 0 (FIXME in ipoib_cm_send_req); the REP's PSN is what counts
 		PrivateData: cmPrivateData(i.ud.qp.QPN()),
-		PathMTU:     i.port.ActiveMTU,
+		PathMTU:     i.reqPathMTU(tc.neigh),
 		RetryCount:  i.cfg.RCRetry, // what the QPs use goes on the wire
 		RNRRetry:    0,             // "RFC draft warns against retries"
 		// ipoib_cm_send_req: "arbitrary defaults".
@@ -124,6 +124,7 @@ func (tc *txConn) connect() {
 // start_xmit/REP race); everything else goes to the control loop.
 func (tc *txConn) onCMEvent(ev cm.Event) {
 	i := tc.i
+	i.log.Debug("CM TX event", "event", ev.Type, "peer", tc.peer, "reject", ev.RejectReason, "err", ev.Err)
 	switch ev.Type {
 	case cm.EventREPReceived:
 		if h := i.hooks.repReceived; h != nil {
@@ -149,6 +150,10 @@ func (tc *txConn) onCMEvent(ev cm.Event) {
 		}
 		stale := ev.Type == cm.EventRejected && ev.RejectReason == cm.RejectStaleConn
 		gone := ev.Type == cm.EventRejected && ev.RejectReason == cm.RejectInvalidServiceID
+		if ev.Type == cm.EventRejected && ev.RejectReason == cm.RejectInvalidMTU {
+			i.ctl.post(func() { tc.fail(!i.lowerPathMTU(tc)) })
+			return
+		}
 		i.ctl.post(func() {
 			tc.fail(!stale && !gone)
 			if gone || ev.Type == cm.EventTimedOut {

@@ -241,7 +241,7 @@ func (i *Interface) answerTooBig(dst []byte, n *neighbour, pkt []byte, mtu int) 
 	if dst == nil {
 		return nil
 	}
-	m := frame.BuildTooBig(dst, i.hostMAC, n.mac, pkt, mtu)
+	m := frame.BuildTooBig(dst, i.hostMACNow(), n.mac, pkt, mtu)
 	if m == 0 {
 		return nil
 	}

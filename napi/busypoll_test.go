@@ -291,6 +291,9 @@ func TestBusyPollStress(t *testing.T) {
 	if dup.Load() != 0 || cq.len() != 0 {
 		t.Fatalf("duplicates %d, left in CQ %d", dup.Load(), cq.len())
 	}
+	// Handle's last call closed allDone before its poller counted the
+	// batch; Stop waits for every poller to return.
+	ctx.Stop()
 	st := ctx.Stats()
 	if st.BusyPolls == 0 || st.Completions != total {
 		t.Fatalf("busy polls %d completions %d", st.BusyPolls, st.Completions)

@@ -3,6 +3,7 @@ package tap
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -25,11 +26,19 @@ type Config struct {
 	// the ipoibcm.Interface raise the link when its broadcast join
 	// completes (HostPort.SetLinkUp).
 	Link LinkConfig
+	// VnetHdr opens the TAP with IFF_VNET_HDR and offers the host stack
+	// checksum, TSO and USO offload (see Device.Offloads): reads return
+	// fewer, larger frames, which ReadFrames finishes in software and
+	// ReadPacket hands over as they are. Off by default: one plain frame
+	// per read(2), as before.
+	VnetHdr bool
 }
 
-// Device is a kernel TAP opened through water. It implements
-// ipoibcm.HostPort with a batch size of 1: each read(2) on a TAP returns
-// exactly one frame.
+// Device is a kernel TAP opened through water, or with Config.VnetHdr
+// directly through /dev/net/tun. It implements ipoibcm.HostPort: each
+// read(2) on a TAP returns exactly one frame, so the batch size is 1,
+// except in vnet mode, where one read may be a super frame that
+// ReadFrames cuts into up to VnetMaxSegments frames.
 //
 // ReadFrames and WriteFrames may run concurrently with each other and with
 // the netlink setters.
@@ -38,7 +47,8 @@ type Device struct {
 	ns    *Netns
 	index int
 	mac   net.HardwareAddr
-	file  *water.Interface
+	file  io.ReadWriteCloser
+	vnet  *vnet // nil unless Config.VnetHdr
 
 	nlMu sync.Mutex // a netlink.Handle is not safe for concurrent requests
 	nl   *netlink.Handle
@@ -55,6 +65,9 @@ type Device struct {
 func Open(cfg Config) (*Device, error) {
 	if cfg.Name == "" {
 		return nil, errors.New("tap: open: empty name")
+	}
+	if cfg.VnetHdr {
+		return openVnetDevice(cfg)
 	}
 	var ifce *water.Interface
 	create := func() error {
@@ -86,6 +99,33 @@ func Open(cfg Config) (*Device, error) {
 		return nil, fmt.Errorf("tap %s: open: %w", cfg.Name, err)
 	}
 	d := &Device{name: ifce.Name(), ns: cfg.Netns, file: ifce}
+	if err := d.setup(cfg.Link); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("tap %s: %w", cfg.Name, err)
+	}
+	return d, nil
+}
+
+func openVnetDevice(cfg Config) (*Device, error) {
+	var (
+		f    *os.File
+		name string
+		o    Offloads
+	)
+	create := func() (err error) {
+		f, name, o, err = openVnet(cfg.Name)
+		return err
+	}
+	var err error
+	if cfg.Netns != nil {
+		err = cfg.Netns.Do(create)
+	} else {
+		err = create()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("tap %s: open: %w", cfg.Name, err)
+	}
+	d := &Device{name: name, ns: cfg.Netns, file: f, vnet: newVnet(o)}
 	if err := d.setup(cfg.Link); err != nil {
 		d.Close()
 		return nil, fmt.Errorf("tap %s: %w", cfg.Name, err)
@@ -127,6 +167,11 @@ func (d *Device) setup(cfg LinkConfig) error {
 	if len(d.mac) != 6 {
 		return fmt.Errorf("netlink: link has %d-byte address, want a 6-byte MAC", len(d.mac))
 	}
+	if d.vnet != nil {
+		if err := limitSegments(d.nl, link); err != nil {
+			return fmt.Errorf("netlink: %w", err)
+		}
+	}
 	return configureLink(d.nl, link, cfg)
 }
 
@@ -136,8 +181,14 @@ func (d *Device) Name() string { return d.name }
 // Index is the kernel interface index inside the device's namespace.
 func (d *Device) Index() int { return d.index }
 
-// BatchSize is 1: a TAP read returns one frame per system call.
-func (d *Device) BatchSize() int { return 1 }
+// BatchSize is 1: a TAP read returns one frame per system call; in vnet
+// mode that frame may become VnetMaxSegments.
+func (d *Device) BatchSize() int {
+	if d.vnet != nil {
+		return VnetMaxSegments
+	}
+	return 1
+}
 
 // HostMAC is the TAP's kernel MAC: the host stack's own address on ib0.
 func (d *Device) HostMAC() net.HardwareAddr { return d.mac }
@@ -147,6 +198,9 @@ func (d *Device) HostMAC() net.HardwareAddr { return d.mac }
 func (d *Device) ReadFrames(bufs [][]byte, sizes []int) (int, error) {
 	if len(bufs) == 0 || len(sizes) == 0 {
 		return 0, nil
+	}
+	if d.vnet != nil {
+		return d.readFramesVnet(bufs, sizes)
 	}
 	n, err := d.file.Read(bufs[0])
 	if err != nil {
@@ -162,6 +216,9 @@ func (d *Device) ReadFrames(bufs [][]byte, sizes []int) (int, error) {
 // WriteFrames writes each frame with one write(2). It stops at the first
 // error and reports how many frames went out before it.
 func (d *Device) WriteFrames(frames [][]byte) (int, error) {
+	if d.vnet != nil {
+		return d.writeFramesVnet(frames)
+	}
 	for i, f := range frames {
 		if _, err := d.file.Write(f); err != nil {
 			if d.closed.Load() || errors.Is(err, os.ErrClosed) {

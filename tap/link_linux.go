@@ -6,6 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // DefaultTxQueueLen sizes a TAP's (and the bench veths') transmit queue. A
@@ -47,7 +48,7 @@ func configureLink(h *netlink.Handle, link netlink.Link, cfg LinkConfig) error {
 		if p.Addr().Is6() {
 			// DAD would hold the address tentative for a second; these
 			// links are private to the lab.
-			a.Flags = 0x80 // IFA_F_NODAD
+			a.Flags = unix.IFA_F_NODAD
 		}
 		if err := h.AddrAdd(link, a); err != nil {
 			return fmt.Errorf("%s: add %s: %w", name, p, err)

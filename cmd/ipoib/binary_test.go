@@ -4,13 +4,16 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -159,6 +162,11 @@ func TestBinaryFlagsCheckedBeforeAnything(t *testing.T) {
 		{[]string{"soak", "--hosts", "0"}, "--hosts 0"},
 		{[]string{"soak", "--duration", "-1s"}, "--duration -1s"},
 		{[]string{"soak", "--no-such-flag"}, "no-such-flag"},
+		{[]string{"soak", "--hca", "ib"}, "--hca \"ib\""},
+		{[]string{"soak", "--hca", "rocev2", "--purge"}, "--purge does not apply to --hca rocev2"},
+		{[]string{"soak", "--udp-loss", "0.1"}, "--udp-loss does not apply to --hca soft"},
+		{[]string{"soak", "--hca", "rocev2", "--udp-dup", "2"}, "--udp-dup 2"},
+		{[]string{"soak", "--hca", "rocev2", "--hosts", "5000"}, "--hosts 5000"},
 		{[]string{"bench", "--hca", "rocev2"}, "--hca applies to --iperf"},
 		{[]string{"bench", "--streams", "4"}, "--streams applies to --iperf"},
 		{[]string{"bench", "--iperf", "--bytes", "1000"}, "--bytes applies to in-process"},
@@ -264,6 +272,23 @@ func (d *daemon) output() string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.log.String()
+}
+
+// waitLog waits up to 10 s for a log line containing s; the log is read
+// as it comes, so the wait ends with the line, not with a timer.
+func (d *daemon) waitLog(s string) bool {
+	timeout := time.After(10 * time.Second)
+	for !strings.Contains(d.output(), s) {
+		select {
+		case _, ok := <-d.lines:
+			if !ok {
+				return strings.Contains(d.output(), s)
+			}
+		case <-timeout:
+			return false
+		}
+	}
+	return true
 }
 
 // closeLog closes the read end of the pipe, as tee does when it exits:
@@ -522,4 +547,182 @@ func TestBinaryREADMECommands(t *testing.T) {
 		return
 	}
 	t.Errorf("README.md commands section differs from 'ipoib <cmd> -h'; run IPOIB_UPDATE_README=1 go test -run TestBinaryREADMECommands ./cmd/ipoib")
+}
+
+// TestBinaryUpRefusesUnderlayTooSmall: with a 1500-byte underlay a 4096
+// IB MTU is a black hole for every large packet; 'up' refuses it at
+// start-up, naming the IB MTU that fits, and starts with that one.
+func TestBinaryUpRefusesUnderlayTooSmall(t *testing.T) {
+	needRoot(t)
+	const ns = "ipoib-t12u"
+	exec.Command("ip", "netns", "delete", ns).Run()
+	for _, c := range [][]string{
+		{"netns", "add", ns},
+		{"-n", ns, "link", "set", "lo", "up"},
+		{"-n", ns, "link", "add", "v0", "mtu", "1500", "type", "veth", "peer", "name", "v1", "mtu", "1500"},
+		{"-n", ns, "addr", "add", "192.0.2.1/24", "dev", "v0"},
+		{"-n", ns, "link", "set", "v0", "up"},
+		{"-n", ns, "link", "set", "v1", "up"},
+	} {
+		if out, err := exec.Command("ip", c...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v %s", c, err, out)
+		}
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "delete", ns).Run() })
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl := t.TempDir()
+	// Before the check, 'up' ran on into the black hole: the context
+	// bounds that run.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	up := func(ibMTU string) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, self, "up", "--addr", "10.77.0.1/24", "--bind", "192.0.2.1",
+			"--peers", "192.0.2.2", "--ib-mtu", ibMTU, "--control-dir", ctl)
+		cmd.Env = append(os.Environ(), runAsMainEnv+"=1")
+		return cmd
+	}
+	var errb bytes.Buffer
+	cmd := up("4096")
+	cmd.Stderr = &errb
+	err = cmd.Run()
+	if cmd.ProcessState.ExitCode() != 2 || !oneLine(errb.String()) || !strings.Contains(errb.String(), "carries 1500-byte packets") ||
+		!strings.Contains(errb.String(), "use --ib-mtu 1024") {
+		t.Fatalf("up --ib-mtu 4096 over 1500: %v, stderr %q; want exit 2 and one line naming --ib-mtu 1024", err, short(errb.String()))
+	}
+	// 1024 fits: it starts (and is stopped once ready).
+	ok := up("1024")
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok.Stderr = w
+	if err := ok.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	sc := bufio.NewScanner(r)
+	ready := false
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), "stop with Ctrl-C") {
+			ready = true
+			break
+		}
+	}
+	ok.Process.Signal(syscall.SIGINT)
+	go io.Copy(io.Discard, r)
+	ok.Wait()
+	if !ready || ok.ProcessState.ExitCode() != 0 {
+		t.Fatalf("up --ib-mtu 1024 over 1500: ready %v, exit %d", ready, ok.ProcessState.ExitCode())
+	}
+}
+
+// showInterfaces is 'ipoib show --json' of ctl, by host.
+func showInterfaces(t *testing.T, ctl string) map[string]control.InterfaceInfo {
+	t.Helper()
+	r := runIpoib(t, "show", "--json", "--control-dir", ctl)
+	var all []control.InterfaceStats
+	if err := json.Unmarshal([]byte(r.stdout), &all); err != nil {
+		t.Fatalf("show --json: exit %d, %v: %s", r.code, err, short(r.stdout+r.stderr))
+	}
+	m := map[string]control.InterfaceInfo{}
+	for _, s := range all {
+		m[s.Interface.Host] = s.Interface
+	}
+	return m
+}
+
+// waitShow waits (up to 10 s) until show's view of host satisfies cond:
+// the netlink event travels from the kernel to the engine asynchronously.
+func waitShow(t *testing.T, ctl, host, what string, cond func(control.InterfaceInfo) bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info := showInterfaces(t, ctl)[host]
+		if cond(info) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: show never reported %s; last %+v", host, what, info)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func ipIn(t *testing.T, ns string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput(); err != nil {
+		t.Fatalf("ip -n %s %v: %v %s", ns, args, err, out)
+	}
+}
+
+// TestBinaryShowFollowsTheHost: what the host does to ib0 shows, and the
+// engine follows it: an MTU within the mode's limit is taken and one
+// above it is refused with a note; extra addresses are listed; a new MAC
+// is followed (a ping to the host works after it: the replies reach the
+// new MAC); a host that sets ib0 down shows DOWN.
+func TestBinaryShowFollowsTheHost(t *testing.T) {
+	needRoot(t)
+	if _, err := exec.LookPath("ping"); err != nil {
+		t.Skip("ping not in PATH: apt-get install iputils-ping")
+	}
+	const nsPrefix = "ipoib-t12s"
+	h1, h2 := nsPrefix+"1", nsPrefix+"2"
+	ctl := t.TempDir()
+	checkGone(t, nsPrefix, ctl)
+	fab := startDaemon(t, "stop with Ctrl-C", "fabric", "--hosts", "2", "--netns-prefix", nsPrefix, "--prefix", "10.77.94.0/24",
+		"--control-dir", ctl, "--log-level", "debug")
+	ping := func(from, to string) error {
+		return exec.Command("ip", "netns", "exec", from, "ping", "-c", "1", "-W", "5", to).Run()
+	}
+	if err := ping(h1, "10.77.94.2"); err != nil {
+		t.Fatalf("ping before any change: %v", err)
+	}
+	// CM and neighbour events are in the debug log (the connection is
+	// made before the ping's reply is back, the neighbour learnt before).
+	for _, want := range []string{`msg="CM REQ"`, `msg="CM TX event"`, `msg=neighbour`} {
+		if !fab.waitLog(want) {
+			t.Errorf("debug log lacks %s", want)
+		}
+	}
+
+	ipIn(t, h2, "link", "set", "ib0", "mtu", "9000")
+	waitShow(t, ctl, h2, "mtu 9000", func(i control.InterfaceInfo) bool { return i.MTU == 9000 && len(i.Notes) == 0 })
+
+	ipIn(t, h2, "addr", "add", "10.77.93.2/24", "dev", "ib0")
+	waitShow(t, ctl, h2, "both addresses", func(i control.InterfaceInfo) bool {
+		return slices.Contains(i.Addrs, "10.77.94.2/24") && slices.Contains(i.Addrs, "10.77.93.2/24")
+	})
+
+	ipIn(t, h2, "link", "set", "ib0", "address", "02:12:34:56:78:9a")
+	// The host's ARP cache on h1 still maps 10.77.94.2 to h2's engine
+	// MAC, which did not change; the frames h2 receives must carry its
+	// new MAC or its kernel drops them.
+	if err := ping(h1, "10.77.94.2"); err != nil {
+		t.Errorf("ping after the host changed its MAC: %v\n%s", err, fab.output())
+	}
+
+	r := runIpoib(t, "mode", "datagram", "--host", h2, "--control-dir", ctl)
+	if r.code != 0 {
+		t.Fatalf("mode datagram: %d %s", r.code, short(r.stderr))
+	}
+	ipIn(t, h2, "link", "set", "ib0", "mtu", "9000")
+	waitShow(t, ctl, h2, "a note refusing 9000 in datagram mode", func(i control.InterfaceInfo) bool {
+		return i.MTU == 4092 && len(i.Notes) == 1 && strings.Contains(i.Notes[0], "host set MTU 9000")
+	})
+	if text := runIpoib(t, "show", "--host", h2, "--control-dir", ctl); !strings.Contains(text.stdout, "note: ") {
+		t.Errorf("show text lacks the note:\n%s", text.stdout)
+	}
+
+	ipIn(t, h2, "link", "set", "ib0", "down")
+	waitShow(t, ctl, h2, "DOWN", func(i control.InterfaceInfo) bool { return !i.LinkUp })
+	if text := runIpoib(t, "show", "--host", h2, "--control-dir", ctl); !strings.Contains(text.stdout, "<DOWN>") {
+		t.Errorf("show text after link down:\n%s", text.stdout)
+	}
+	if st := fab.stop(); st.ExitCode() != 0 {
+		t.Errorf("fabric exit %d", st.ExitCode())
+	}
+	checkGone(t, nsPrefix, ctl)
 }

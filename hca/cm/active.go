@@ -132,7 +132,7 @@ func (m *Manager) handleREP(r *REP, src hca.GID) {
 	// cm_rep_handler: the QP retries RNR as the REP says and times out
 	// after the peer's ACK delay on top of the path's life time.
 	c.rnrRetry = r.RNRRetryCount
-	c.avTimeout = ackTimeout(r.TargetACKDelay, c.avTimeout-1)
+	c.avTimeout = ackTimeout(peerTimeout(r.TargetACKDelay), c.avTimeout-1)
 	if err := m.moveToRTS(c, r.StartingPSN); err != nil {
 		m.log.Warn("cm: REP: QP transition failed", "conn", c, "err", err)
 		c.localRejected = true

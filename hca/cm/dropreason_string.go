@@ -19,12 +19,13 @@ func _() {
 	_ = x[DropRecvError-8]
 	_ = x[DropUnknownConn-9]
 	_ = x[DropUnexpected-10]
-	_ = x[dropReasonCount-11]
+	_ = x[DropBacklog-11]
+	_ = x[dropReasonCount-12]
 }
 
-const _DropReason_name = "shortlongbase_versionmgmt_classclass_versionmethodattributeinconsistent_fieldrecv_errorunknown_comm_idunexpected_in_statedropReasonCount"
+const _DropReason_name = "shortlongbase_versionmgmt_classclass_versionmethodattributeinconsistent_fieldrecv_errorunknown_comm_idunexpected_in_statebacklogdropReasonCount"
 
-var _DropReason_index = [...]uint8{0, 5, 9, 21, 31, 44, 50, 59, 77, 87, 102, 121, 136}
+var _DropReason_index = [...]uint8{0, 5, 9, 21, 31, 44, 50, 59, 77, 87, 102, 121, 128, 143}
 
 func (i DropReason) String() string {
 	idx := int(i) - 0

@@ -47,6 +47,7 @@ func (m *Manager) setupGSI() error {
 		m.freeSlots[i] = uint32(depth - 1 - i)
 	}
 	m.recvWRs = make([]hca.RecvWR, 0, depth)
+	m.backlog = newBacklog(depth)
 	for i := 0; i < depth; i++ {
 		m.recvWRs = append(m.recvWRs, hca.RecvWR{ID: uint64(i), Buf: m.recvSlot(i)})
 	}
@@ -96,20 +97,23 @@ func (m *Manager) postRecvs() error {
 	return nil
 }
 
-// pollCQ drains the CQ and re-arms it, polling again when completions
-// slipped in before the arm (the missed-event report).
+// pollCQ drains the CQ into the backlog, serves a few queued MADs between
+// polls so the receive queue never runs dry while the CM works, and
+// re-arms once both are empty, polling again when completions slipped in
+// before the arm (the missed-event report).
 func (m *Manager) pollCQ() {
 	for {
 		n := m.cq.Poll(m.wcs)
 		for i := range m.wcs[:n] {
-			m.handleWC(&m.wcs[i])
+			m.takeWC(&m.wcs[i])
 		}
+		m.serveBacklog(backlogServe)
 		if len(m.recvWRs) > 0 {
 			if err := m.postRecvs(); err != nil {
 				m.log.Error("cm: repost receives", "err", err)
 			}
 		}
-		if n == len(m.wcs) {
+		if n == len(m.wcs) || m.backlog.held > 0 {
 			continue
 		}
 		if !m.cq.Notify(true) {
@@ -118,7 +122,9 @@ func (m *Manager) pollCQ() {
 	}
 }
 
-func (m *Manager) handleWC(wc *hca.WC) {
+// takeWC retires a send slot, or queues a received MAD in the backlog
+// (backlog.go); what is not queued goes back to the receive queue.
+func (m *Manager) takeWC(wc *hca.WC) {
 	switch wc.Opcode {
 	case hca.WCSend:
 		m.mu.Lock()
@@ -133,18 +139,35 @@ func (m *Manager) handleWC(wc *hca.WC) {
 		if slot < 0 || slot >= m.opts.QueueDepth {
 			return
 		}
-		buf := m.recvSlot(slot)
-		m.recvWRs = append(m.recvWRs, hca.RecvWR{ID: wc.ID, Buf: buf})
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		if wc.Status != hca.StatusSuccess {
-			if wc.Status != hca.StatusWRFlushErr {
-				m.stats.dropped[DropRecvError]++
-			}
+		if wc.Status == hca.StatusSuccess && m.backlog.push(wc.SrcGID, slot, min(max(wc.ByteLen, 0), recvSlotSize)) {
 			return
 		}
-		n := min(max(wc.ByteLen, 0), len(buf))
-		m.handleMAD(buf[:n], wc.SrcGID)
+		m.recvWRs = append(m.recvWRs, hca.RecvWR{ID: wc.ID, Buf: m.recvSlot(slot)})
+		m.mu.Lock()
+		switch wc.Status {
+		case hca.StatusSuccess:
+			m.stats.dropped[DropBacklog]++
+		case hca.StatusWRFlushErr:
+		default:
+			m.stats.dropped[DropRecvError]++
+		}
+		m.mu.Unlock()
+	}
+}
+
+// serveBacklog handles up to max queued MADs, one source after another,
+// and hands their slots back to the receive queue.
+func (m *Manager) serveBacklog(max int) {
+	for range max {
+		src, slot, n, ok := m.backlog.pop()
+		if !ok {
+			return
+		}
+		buf := m.recvSlot(slot)
+		m.mu.Lock()
+		m.handleMAD(buf[:n], src)
+		m.mu.Unlock()
+		m.recvWRs = append(m.recvWRs, hca.RecvWR{ID: uint64(slot), Buf: buf})
 	}
 }
 

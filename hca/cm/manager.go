@@ -63,6 +63,7 @@ type Manager struct {
 	// Owned by the run goroutine only.
 	wcs     []hca.WC
 	recvWRs []hca.RecvWR
+	backlog backlog // received MADs waiting, per source (backlog.go)
 	rx      struct {
 		req  REQ
 		rep  REP

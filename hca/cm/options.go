@@ -112,6 +112,15 @@ func timeoutDuration(t uint8) time.Duration {
 	return 4096 * time.Nanosecond << (t & 0x1F)
 }
 
+// maxPeerTimeout caps the 5-bit timeout codes a peer's message sets for
+// our own timers (REP resend, QP ACK timeout, time-wait, MRA wait) at 24,
+// 2^16 ms or about 65 s. Linux takes them as they come; a REQ asking for
+// 31 would hold our connection state for days.
+const maxPeerTimeout = 24
+
+// peerTimeout clamps a peer's timeout code for our timers.
+func peerTimeout(t uint8) uint8 { return min(t&0x1F, maxPeerTimeout) }
+
 // convertToMS is Linux cm_convert_to_ms: 4.096us * 2^t approximated as
 // 2^(t-8) ms, never below 1 ms. The CM's timers use it so that both
 // sides of a connection wait exactly what a Linux peer would.

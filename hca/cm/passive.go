@@ -186,9 +186,9 @@ func (m *Manager) handleREQ(r *REQ, src hca.GID) {
 	// cm_req_handler: the REP waits for the RTU as long as the requester
 	// said it may take; the QP's ACK timeout and the time-wait are the
 	// REQ's Local ACK Timeout (cm_format_paths_from_req, then
-	// cm_init_av_by_path add and take away the same 1).
-	c.respTimeout = convertToMS(r.LocalCMResponseTimeout)
-	c.avTimeout = max(r.Primary.LocalACKTimeout, 1)
+	// cm_init_av_by_path add and take away the same 1), within bounds.
+	c.respTimeout = convertToMS(peerTimeout(r.LocalCMResponseTimeout))
+	c.avTimeout = max(peerTimeout(r.Primary.LocalACKTimeout), 1)
 	m.byRemote[key] = c
 	m.enterHalfOpen(c)
 	req := &Request{

@@ -87,7 +87,7 @@ func (m *Manager) handleMRA(r *MRA) {
 			c.remoteCommID = r.LocalCommID
 		}
 		// cm_mra_handler: the service time asked for plus the path's.
-		m.setDeadline(c, convertToMS(r.ServiceTimeout)+convertToMS(c.avTimeout))
+		m.setDeadline(c, convertToMS(peerTimeout(r.ServiceTimeout))+convertToMS(c.avTimeout))
 	default:
 		m.stats.dropped[DropUnexpected]++
 	}

@@ -686,3 +686,50 @@ func (q brokenRTRQP) Modify(attr hca.QPAttr) error {
 	}
 	return q.QP.Modify(attr)
 }
+
+// TestPeerTimeoutsBounded: a REQ asking for the largest timeouts (code 31:
+// a REP resend every 2^23 ms, a time-wait of days) gets our bound of code
+// 24 instead, about 65 s, for the REP resend and the passive QP's ACK
+// timeout.
+func TestPeerTimeoutsBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newTestFabric(t, soft.Faults{})
+		opts := testOptions(2)
+		opts.MaxRetries = 1
+		b := newNode(t, f, "b", opts)
+		acc := newAcceptor(b)
+		qp := &attrQP{QP: b.rcQP(), attrs: make(map[hca.QPState]hca.QPAttr)}
+		acc.decide = func(r *Request) Decision {
+			d := acc.decision(r)
+			d.QP = qp
+			return d
+		}
+		if _, err := b.m.Listen([]uint64{ietfSID}, acc.accept); err != nil {
+			t.Fatal(err)
+		}
+		raw := newRawGSI(t, f)
+		req := goldenREQ()
+		req.ServiceID, req.LocalCMResponseTimeout, req.Primary.LocalACKTimeout = ietfSID, 31, 31
+		buf := make([]byte, MADSize)
+		if err := req.Marshal(buf); err != nil {
+			t.Fatal(err)
+		}
+		raw.send(b.dev.GID(), buf)
+		bound := convertToMS(maxPeerTimeout)
+		settle(bound - time.Millisecond)
+		if n := b.m.Stats().Sent[MsgREP]; n != 1 {
+			t.Fatalf("%d REPs before the bounded resend interval", n)
+		}
+		settle(2 * time.Millisecond)
+		if n := b.m.Stats().Sent[MsgREP]; n != 2 {
+			t.Fatalf("%d REPs after %v, want the resend", n, bound)
+		}
+		if to := qp.attr(hca.QPStateRTS).Timeout; to != maxPeerTimeout {
+			t.Fatalf("passive QP ACK timeout %d, want the bound %d", to, maxPeerTimeout)
+		}
+		settle(bound + time.Millisecond)
+		if got := acc.rec.types(acc.conns()[0]); !eq(got, []EventType{EventTimedOut}) {
+			t.Fatalf("events %v", got)
+		}
+	})
+}

@@ -23,6 +23,7 @@ const (
 	DropRecvError                      // recv_error
 	DropUnknownConn                    // unknown_comm_id
 	DropUnexpected                     // unexpected_in_state
+	DropBacklog                        // backlog
 	dropReasonCount
 )
 

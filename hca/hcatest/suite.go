@@ -25,6 +25,13 @@ type Properties struct {
 	// PurgesCompletionsOnDestroy: destroying a QP removes its queued CQEs
 	// (mlx5 style) instead of leaving them to be polled.
 	PurgesCompletionsOnDestroy bool
+	// OffloadedRecv is the flag a UD receive of a checksum-offloaded send
+	// carries on this backend: WCIPCsumOK for one that computes and
+	// verifies checksums (hca/rocev2, hardware), WCCsumPartial for one
+	// that passes the unfinished state across (hca/soft). With
+	// WCIPCsumOK a correct datagram sent without offload must complete
+	// WCIPCsumOK too. Zero accepts either.
+	OffloadedRecv hca.WCFlags
 	// WaitTimeout guards every wait; zero means 10 s.
 	WaitTimeout time.Duration
 }
@@ -71,6 +78,12 @@ var tests = []test{
 	{"PostInWrongState", testPostWrongState},
 	{"HandlersMayReenter", testReentrant},
 	{"LinkDownUp", testLink},
+	{"OffloadCaps", testOffloadCaps},
+	{"UDChecksumOffload", testUDCsumOffload},
+	{"UDChecksumOKOnlyVerified", testUDCsumOKOnlyVerified},
+	{"UDLSO", testUDLSO},
+	{"LSORejects", testLSORejects},
+	{"RCChecksumOffload", testRCCsumOffload},
 }
 
 // Run runs the conformance suite; newFabric gives a fresh fabric per

@@ -62,6 +62,10 @@ type Config struct {
 	// one datagram. Both offloads are used only where the kernel has
 	// them; the switches exist to measure and test the plain paths.
 	DisableGSO, DisableGRO bool
+	// NoOffloads makes the device report no checksum offload and no UD
+	// LSO (and skip verifying received checksums), as an HCA without
+	// them.
+	NoOffloads bool
 	// Logger receives debug logs; nil discards them.
 	Logger *slog.Logger
 	// Name names the device; empty means "rocev2:<bind>".

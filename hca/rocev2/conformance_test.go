@@ -23,7 +23,7 @@ func (f suiteFabric) NewDeviceWithPKeys(t *testing.T, pkeys []hca.PKey) hca.Devi
 }
 
 func (f suiteFabric) Properties() hcatest.Properties {
-	return hcatest.Properties{LossyUD: f.lossy, WaitTimeout: 20 * time.Second}
+	return hcatest.Properties{LossyUD: f.lossy, WaitTimeout: 20 * time.Second, OffloadedRecv: hca.WCIPCsumOK}
 }
 
 func TestConformance(t *testing.T) {

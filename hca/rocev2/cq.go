@@ -3,9 +3,17 @@ package rocev2
 import (
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
 )
+
+// cqe is one ring entry; qp lets Poll count completions of QPs already
+// destroyed. The consumer only sees wc.
+type cqe struct {
+	wc hca.WC
+	qp *qp
+}
 
 // cq is a completion queue: a fixed ring of WCs. Producers push under the
 // device lock and then cq.mu; Poll and Notify take only cq.mu, so a poller
@@ -15,17 +23,35 @@ type cq struct {
 	cfg hca.CQConfig
 
 	mu        sync.Mutex
-	ring      []hca.WC
+	ring      []cqe
 	head, n   int
 	armed     bool
 	destroyed bool
 
 	refs int // QPs using the CQ; guarded by dev.mu
+	// held are completions Faults.HoldCompletion keeps out of the ring,
+	// oldest first; lastDue is the newest one's release time. Guarded by
+	// dev.mu (see hold.go).
+	held    []heldCQE
+	lastDue time.Time
 }
 
-// push appends wc; called with dev.mu held. It returns false when the ring
-// is full (the completion is lost and CQ_ERR raised, as on hardware).
-func (c *cq) push(wc *hca.WC) {
+// push delivers q's completion wc, or holds it back behind the CQ's held
+// ones (Faults.HoldCompletion); called with dev.mu held.
+func (c *cq) push(q *qp, wc *hca.WC) {
+	if c.destroyed {
+		return
+	}
+	if len(c.held) > 0 || c.dev.holdDraw() {
+		c.hold(cqe{wc: *wc, qp: q})
+		return
+	}
+	c.insert(cqe{wc: *wc, qp: q})
+}
+
+// insert appends e to the ring; called with dev.mu held. When the ring is
+// full the completion is lost and CQ_ERR raised, as on hardware.
+func (c *cq) insert(e cqe) {
 	c.mu.Lock()
 	if c.destroyed {
 		c.mu.Unlock()
@@ -39,7 +65,7 @@ func (c *cq) push(wc *hca.WC) {
 		}
 		return
 	}
-	c.ring[(c.head+c.n)%len(c.ring)] = *wc
+	c.ring[(c.head+c.n)%len(c.ring)] = e
 	c.n++
 	fire := c.armed
 	c.armed = false
@@ -49,17 +75,28 @@ func (c *cq) push(wc *hca.WC) {
 	}
 }
 
+// Poll moves up to len(into) completions out of the ring. Completions of
+// a QP destroyed meanwhile are returned too (IBTA permits it, rxe does
+// it) and counted in Stats.CompletionsAfterDestroy: a consumer that drains
+// before destroying never sees one.
 func (c *cq) Poll(into []hca.WC) int {
+	var afterDestroy uint64
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	k := min(len(into), c.n)
 	for i := 0; i < k; i++ {
 		slot := &c.ring[c.head]
-		into[i] = *slot
-		*slot = hca.WC{} // drop the context reference
+		into[i] = slot.wc
+		if slot.qp != nil && slot.qp.destroyed.Load() {
+			afterDestroy++
+		}
+		*slot = cqe{} // drop the context and QP references
 		c.head = (c.head + 1) % len(c.ring)
 	}
 	c.n -= k
+	c.mu.Unlock()
+	if afterDestroy > 0 {
+		c.dev.ctr.completionsAfterDestroy.Add(afterDestroy)
+	}
 	return k
 }
 
@@ -83,6 +120,9 @@ func (c *cq) Destroy() error {
 		return fmt.Errorf("rocev2: destroy CQ: %w", hca.ErrDestroyed)
 	}
 	c.destroyed = true
+	clear(c.ring)
+	c.n = 0
+	c.dropHeld()
 	delete(d.cqs, c)
 	return nil
 }
@@ -162,6 +202,7 @@ func (s *srq) Destroy() error {
 		return fmt.Errorf("rocev2: destroy SRQ with %d QPs: %w", s.refs, hca.ErrBusy)
 	}
 	s.destroyed = true
+	s.dev.srqs--
 	return nil
 }
 

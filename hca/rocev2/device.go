@@ -3,9 +3,11 @@ package rocev2
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -40,6 +42,10 @@ type Device struct {
 	srcPorts *sourcePorts
 	// maxPacket is the largest UDP payload the device sends or accepts.
 	maxPacket int
+	// Rate-limited warnings of datagrams lost to the underlay: refused by
+	// the route (EMSGSIZE), other send errors, and received larger than
+	// maxPacket (a peer with a larger IB MTU).
+	warnTooBig, warnTx, warnRxTooBig rateLimitedWarn
 
 	// mu guards every verbs object of the device. Work that must run
 	// outside it (socket writes, completion handlers, async events) is
@@ -56,6 +62,12 @@ type Device struct {
 	nextFn    int
 	timed     map[*qp]struct{}
 	ackQPs    []*qp
+	srqs      int // live SRQs
+	// heldCQs are the CQs with completions Faults.HoldCompletion holds
+	// back, heldCompletions how many, holdRng the draws (hold.go).
+	heldCQs         map[*cq]struct{}
+	heldCompletions int
+	holdRng         *rand.Rand
 	// rxShifts belongs to the receive path (mu held): the ICRC ID
 	// shifts of recently seen packet lengths.
 	rxShifts wire.IDShiftCache
@@ -136,6 +148,8 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 		memberSet: make(map[netip.Addr]struct{}),
 		portFns:   make(map[int]func(hca.AsyncEvent)),
 		timed:     make(map[*qp]struct{}),
+		heldCQs:   make(map[*cq]struct{}),
+		holdRng:   rand.New(rand.NewPCG(cfg.Faults.Seed^holdSeedMix, cfg.Faults.Seed+1)),
 		work:      &work{},
 		timerKick: make(chan struct{}, 1),
 		done:      make(chan struct{}),
@@ -149,6 +163,10 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 	go d.timerLoop()
 	return d, nil
 }
+
+// holdSeedMix separates the completion-hold draws from the datagram
+// faults' draws of the same seed.
+const holdSeedMix = 0xC0FFEE5EED
 
 // Name implements hca.Device.
 func (d *Device) Name() string { return d.cfg.Name }
@@ -164,7 +182,8 @@ func (d *Device) Port() hca.Port {
 // Limits implements hca.Device.
 func (d *Device) Limits() hca.Limits {
 	return hca.Limits{MaxQP: maxQP, MaxQPWR: maxQPWR, MaxCQE: maxCQE, MaxSRQWR: maxSRQWR, MaxMsgSize: maxMsgSize,
-		LocalCAACKDelay: localCAACKDelay, NodeGUID: d.nodeGUID}
+		LocalCAACKDelay: localCAACKDelay, NodeGUID: d.nodeGUID,
+		Offloads: d.offloads()}
 }
 
 // Stats returns a snapshot of the device's counters.
@@ -175,6 +194,31 @@ func (d *Device) Stats() Stats {
 	}
 	s.SocketDrops = d.ctr.socketDrops.Load() // the last reading once closed
 	return s
+}
+
+// Objects counts what a device holds at one moment: a consumer that
+// released everything leaves zeros, and a quiescent one no held work.
+type Objects struct {
+	QPs, CQs, SRQs   int // live verbs objects; the GSI QP is among the QPs
+	McastAttachments int // (QP, group) pairs
+	// HeldCompletions are completions Faults.HoldCompletion has not let
+	// into their CQ yet; HeldDatagrams datagrams Faults.Delay has not
+	// sent yet.
+	HeldCompletions, HeldDatagrams int
+}
+
+// Objects returns the device's live objects and held work.
+func (d *Device) Objects() Objects {
+	d.mu.Lock()
+	o := Objects{QPs: len(d.qps), CQs: len(d.cqs), SRQs: d.srqs, HeldCompletions: d.heldCompletions}
+	for _, q := range d.qps {
+		o.McastAttachments += len(q.mcast)
+	}
+	d.mu.Unlock()
+	d.txMu.Lock()
+	o.HeldDatagrams = len(d.faults.held)
+	d.txMu.Unlock()
+	return o
 }
 
 // Members returns the multicast replication set: self, peers and every
@@ -207,7 +251,7 @@ func (d *Device) CreateCQ(cfg hca.CQConfig) (hca.CQ, error) {
 	if cfg.Size <= 0 || cfg.Size > maxCQE {
 		return nil, fmt.Errorf("rocev2: CQ size %d: %w", cfg.Size, hca.ErrInvalidArgument)
 	}
-	c := &cq{dev: d, cfg: cfg, ring: make([]hca.WC, cfg.Size)}
+	c := &cq{dev: d, cfg: cfg, ring: make([]cqe, cfg.Size)}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -222,6 +266,12 @@ func (d *Device) CreateSRQ(cfg hca.SRQConfig) (hca.SRQ, error) {
 	if cfg.MaxWR <= 0 || cfg.MaxWR > maxSRQWR {
 		return nil, fmt.Errorf("rocev2: SRQ size %d: %w", cfg.MaxWR, hca.ErrInvalidArgument)
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, fmt.Errorf("rocev2: create SRQ: %w", hca.ErrDestroyed)
+	}
+	d.srqs++
 	return &srq{dev: d, cfg: cfg, ring: make([]hca.RecvWR, cfg.MaxWR)}, nil
 }
 
@@ -259,11 +309,14 @@ func (d *Device) Close() error {
 	}
 	d.closed = true
 	for _, q := range d.qps {
-		q.destroyed = true
+		q.destroyed.Store(true)
 		q.disarmTimer()
 	}
 	clear(d.qps)
 	d.gsi = nil
+	for c := range d.heldCQs {
+		c.dropHeld()
+	}
 	d.srcPorts.closeAll(&d.ctr)
 	d.mu.Unlock()
 	close(d.done)
@@ -388,13 +441,20 @@ func (d *Device) transmit(out []txPacket) {
 	now := time.Now()
 	held := len(fi.held)
 	for i := range out {
-		if i+1 < len(out) && fi.reorder() {
+		if i+1 < len(out) && fi.reorder() && fi.mayDisturb(out[i].buf) && fi.mayDisturb(out[i+1].buf) {
 			out[i], out[i+1] = out[i+1], out[i]
 			d.ctr.faultReordered.Add(1)
 		}
-		switch fi.decide() {
+		act := fi.decide()
+		if act != faultDrop && !fi.mayDisturb(out[i].buf) {
+			act = faultNone
+		}
+		switch act {
 		case faultDrop:
 			d.ctr.faultDropped.Add(1)
+			if isUD(out[i].buf) {
+				d.ctr.udDropped.Add(1)
+			}
 			continue
 		case faultDelay:
 			fi.hold(out[i].buf, out[i].to, out[i].src, now)
@@ -425,8 +485,14 @@ func (d *Device) stage(buf []byte, to netip.Addr, src *udpSocket) {
 
 // flushTx writes the staged batch; txMu held.
 func (d *Device) flushTx() {
-	if err := d.tx.flush(&d.ctr); err != nil && !errors.Is(err, net.ErrClosed) {
-		d.cfg.Logger.Debug("rocev2: transmit", "dev", d.cfg.Name, "err", err)
+	err := d.tx.flush(&d.ctr)
+	switch {
+	case err == nil || errors.Is(err, net.ErrClosed):
+	case errors.Is(err, syscall.EMSGSIZE):
+		d.warnTooBig.warn(d.cfg.Logger, time.Now(), "rocev2: datagram larger than the route to the peer carries (EMSGSIZE), dropped: lower --ib-mtu or raise the underlay MTU",
+			"dev", d.cfg.Name, "ib_mtu", int(d.cfg.MTU), "err", err)
+	default:
+		d.warnTx.warn(d.cfg.Logger, time.Now(), "rocev2: transmit failed", "dev", d.cfg.Name, "err", err)
 	}
 }
 
@@ -483,6 +549,9 @@ func (d *Device) timerLoop() {
 			if next.IsZero() || q.deadline.Before(next) {
 				next = q.deadline
 			}
+		}
+		if due := d.releaseCompletions(now); !due.IsZero() && (next.IsZero() || due.Before(next)) {
+			next = due
 		}
 		d.unlock()
 		if due := d.releaseHeldAt(now); !due.IsZero() && (next.IsZero() || due.Before(next)) {

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"time"
+
+	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
 )
 
 // Faults are seeded, reproducible UDP-layer faults applied to outgoing
@@ -23,21 +25,40 @@ type Faults struct {
 	Delay float64
 	// DelayTime is how long a delayed datagram is held; 0 means 1 ms.
 	DelayTime time.Duration
+	// UDLossOnly spares UD datagrams every fault but Drop. Duplication,
+	// reordering and delay are what a connection's transport must absorb
+	// (PSNs, go-back-N); a UD datagram carries a consumer's message, such
+	// as an IP packet, which an IB subnet delivers at most once and, on
+	// one path, in order. Off: every datagram meets every fault.
+	UDLossOnly bool
+
+	// HoldCompletion is the one fault below the UDP layer: the
+	// probability that a completion (and every later one of the same CQ)
+	// waits up to HoldCompletionMax before it enters its CQ, so it can
+	// arrive after its QP was moved to Error or destroyed, as on a real
+	// HCA (hold.go). It leaves GSO on.
+	HoldCompletion float64
+	// HoldCompletionMax bounds a held completion's wait; 0 means 4 ms.
+	HoldCompletionMax time.Duration
 }
 
+// active reports whether any UDP-layer fault is on.
 func (f Faults) active() bool { return f.Drop > 0 || f.Duplicate > 0 || f.Reorder > 0 || f.Delay > 0 }
 
 func (f *Faults) normalize() error {
-	for _, p := range []float64{f.Drop, f.Duplicate, f.Reorder, f.Delay} {
+	for _, p := range []float64{f.Drop, f.Duplicate, f.Reorder, f.Delay, f.HoldCompletion} {
 		if !(p >= 0 && p <= 1) {
 			return fmt.Errorf("fault probability %v not in [0, 1]", p)
 		}
 	}
-	if f.DelayTime < 0 {
-		return fmt.Errorf("fault delay time %v is negative", f.DelayTime)
+	if f.DelayTime < 0 || f.HoldCompletionMax < 0 {
+		return fmt.Errorf("fault delay times %v, %v: negative", f.DelayTime, f.HoldCompletionMax)
 	}
 	if f.DelayTime == 0 {
 		f.DelayTime = time.Millisecond
+	}
+	if f.HoldCompletionMax == 0 {
+		f.HoldCompletionMax = 4 * time.Millisecond
 	}
 	return nil
 }
@@ -81,6 +102,15 @@ func newFaultInjector(f Faults) *faultInjector {
 func (fi *faultInjector) reorder() bool {
 	return fi.cfg.Reorder > 0 && fi.rng.Float64() < fi.cfg.Reorder
 }
+
+// mayDisturb reports whether a datagram may be duplicated, reordered or
+// delayed (Faults.UDLossOnly spares UD ones).
+func (fi *faultInjector) mayDisturb(pkt []byte) bool {
+	return !fi.cfg.UDLossOnly || !isUD(pkt)
+}
+
+// isUD reports whether a RoCEv2 payload is a UD datagram.
+func isUD(pkt []byte) bool { return len(pkt) > 0 && wire.Opcode(pkt[0]) == wire.OpUDSendOnly }
 
 // decide draws the fate of one datagram. One draw per datagram keeps the
 // sequence of decisions a function of the seed and the traffic alone.

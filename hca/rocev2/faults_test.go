@@ -177,3 +177,37 @@ func netipAddr(t *testing.T, s string) netip.Addr {
 	}
 	return a
 }
+
+// TestUDLossOnlySparesUD: with UDLossOnly a UD datagram is lost or
+// delivered once, in order; the losses are counted in UDDropped.
+func TestUDLossOnlySparesUD(t *testing.T) {
+	f := newTestFabric(t, 34, Faults{Seed: 5, Drop: 0.2, Duplicate: 0.3, Reorder: 0.3, Delay: 0.3, UDLossOnly: true})
+	a, b := newUDEnd(t, f.newDevice(t), 1), newUDEnd(t, f.newDevice(t), 256)
+	ah, err := a.dev.CreateAH(b.dev.Port().GID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 200
+	for i := range n {
+		msg := binary.BigEndian.AppendUint32(nil, uint32(i))
+		if _, err := a.qp.PostSend([]hca.SendWR{{ID: uint64(i), Data: msg, AH: ah, RemoteQPN: b.qp.QPN(), RemoteQKey: testQKey}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.cq.wait(t, n)
+	// PostSend writes before it returns and nothing is delayed: the
+	// sender's counters are final.
+	s := a.dev.Stats()
+	if s.FaultDropped == 0 || s.UDDropped != s.FaultDropped || s.FaultDuplicated+s.FaultDelayed+s.FaultReordered != 0 {
+		t.Fatalf("dropped %d (UD %d), duplicated %d, delayed %d, reordered %d", s.FaultDropped, s.UDDropped,
+			s.FaultDuplicated, s.FaultDelayed, s.FaultReordered)
+	}
+	last := -1
+	for _, wc := range b.cq.wait(t, n-int(s.FaultDropped)) {
+		seq := int(binary.BigEndian.Uint32(b.buf[wc.ID][:4]))
+		if wc.Status != hca.StatusSuccess || seq <= last {
+			t.Fatalf("datagram %d after %d: %+v", seq, last, wc)
+		}
+		last = seq
+	}
+}

@@ -3,6 +3,7 @@ package rocev2
 import (
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -30,17 +31,19 @@ type sendWQE struct {
 	npkts    uint32
 }
 
-// qp is a queue pair; every field is guarded by dev.mu.
+// qp is a queue pair; every field but destroyed is guarded by dev.mu.
 type qp struct {
-	dev       *Device
-	qpn       hca.QPN
-	typ       hca.QPType
-	cfg       hca.QPConfig
-	sendCQ    *cq
-	recvCQ    *cq
-	srq       *srq
-	state     hca.QPState
-	destroyed bool
+	dev    *Device
+	qpn    hca.QPN
+	typ    hca.QPType
+	cfg    hca.QPConfig
+	sendCQ *cq
+	recvCQ *cq
+	srq    *srq
+	state  hca.QPState
+	// destroyed is written under dev.mu and read by Poll, which takes
+	// only the CQ lock.
+	destroyed atomic.Bool
 	qkey      hca.QKey
 	pkey      hca.PKey
 	mcast     map[hca.GID]struct{}
@@ -151,7 +154,10 @@ func (d *Device) CreateQP(cfg hca.QPConfig) (hca.QP, error) {
 		}
 	}
 	d.qps[q.qpn] = q
-	q.src = d.srcPorts.acquire(sourcePortOf(q), &d.ctr)
+	q.src = d.sock // an RC QP sends nothing before RTR names its peer
+	if q.typ != hca.QPTypeRC {
+		q.src = d.srcPorts.acquire(sourcePortOf(q), &d.ctr)
+	}
 	sc.refs++
 	rc.refs++
 	if s != nil {
@@ -173,8 +179,8 @@ func (q *qp) Modify(a hca.QPAttr) error {
 	d := q.dev
 	d.mu.Lock()
 	defer d.unlock()
-	if q.destroyed {
-		return fmt.Errorf("rocev2: modify QP %#x: %w", q.qpn, hca.ErrDestroyed)
+	if q.destroyed.Load() {
+		return q.errDestroyed("modify")
 	}
 	if err := hca.CheckTransition(q.typ, q.state, a.State); err != nil {
 		return fmt.Errorf("rocev2: modify QP %#x: %w", q.qpn, err)
@@ -285,8 +291,8 @@ func (q *qp) PostRecv(wrs []hca.RecvWR) (int, error) {
 	d := q.dev
 	d.mu.Lock()
 	defer d.unlock()
-	if q.destroyed {
-		return 0, fmt.Errorf("rocev2: post recv QP %#x: %w", q.qpn, hca.ErrDestroyed)
+	if q.destroyed.Load() {
+		return 0, q.errDestroyed("post recv")
 	}
 	if q.srq != nil {
 		return 0, fmt.Errorf("rocev2: post recv on SRQ QP %#x: %w", q.qpn, hca.ErrInvalidArgument)
@@ -327,8 +333,8 @@ func (q *qp) PostSend(wrs []hca.SendWR) (int, error) {
 	d := q.dev
 	d.mu.Lock()
 	defer d.unlock()
-	if q.destroyed {
-		return 0, fmt.Errorf("rocev2: post send QP %#x: %w", q.qpn, hca.ErrDestroyed)
+	if q.destroyed.Load() {
+		return 0, q.errDestroyed("post send")
 	}
 	switch q.state {
 	case hca.QPStateError:
@@ -350,8 +356,8 @@ func (q *qp) AttachMcast(mgid hca.GID) error {
 	d := q.dev
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if q.destroyed {
-		return fmt.Errorf("rocev2: attach QP %#x: %w", q.qpn, hca.ErrDestroyed)
+	if q.destroyed.Load() {
+		return q.errDestroyed("attach")
 	}
 	if q.typ != hca.QPTypeUD || !mgid.IsMulticast() {
 		return fmt.Errorf("rocev2: attach %v QP to %v: %w", q.typ, mgid, hca.ErrInvalidArgument)
@@ -367,8 +373,8 @@ func (q *qp) DetachMcast(mgid hca.GID) error {
 	d := q.dev
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if q.destroyed {
-		return fmt.Errorf("rocev2: detach QP %#x: %w", q.qpn, hca.ErrDestroyed)
+	if q.destroyed.Load() {
+		return q.errDestroyed("detach")
 	}
 	if _, ok := q.mcast[mgid]; !ok {
 		return fmt.Errorf("rocev2: QP %#x not attached to %v: %w", q.qpn, mgid, hca.ErrInvalidArgument)
@@ -383,13 +389,13 @@ func (q *qp) Destroy() error {
 	d := q.dev
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if q.destroyed {
-		return fmt.Errorf("rocev2: destroy QP %#x: %w", q.qpn, hca.ErrDestroyed)
+	if q.destroyed.Load() {
+		return q.errDestroyed("destroy")
 	}
 	if len(q.mcast) > 0 {
 		return fmt.Errorf("rocev2: destroy QP %#x attached to %d groups: %w", q.qpn, len(q.mcast), hca.ErrBusy)
 	}
-	q.destroyed = true
+	q.destroyed.Store(true)
 	q.disarmTimer()
 	d.srcPorts.release(q.src, &d.ctr)
 	q.src = nil
@@ -409,8 +415,15 @@ func (q *qp) Destroy() error {
 	return nil
 }
 
+// errDestroyed counts a verb called on a destroyed QP
+// (Stats.DestroyedQPOps) and returns its error.
+func (q *qp) errDestroyed(verb string) error {
+	q.dev.ctr.destroyedQPOps.Add(1)
+	return fmt.Errorf("rocev2: %s QP %#x: %w", verb, q.qpn, hca.ErrDestroyed)
+}
+
 func (q *qp) completeSend(id uint64, st hca.Status, n int) {
-	q.sendCQ.push(&hca.WC{ID: id, Status: st, Opcode: hca.WCSend, ByteLen: n, QPN: q.qpn, Context: q.cfg.Context})
+	q.sendCQ.push(q, &hca.WC{ID: id, Status: st, Opcode: hca.WCSend, ByteLen: n, QPN: q.qpn, Context: q.cfg.Context})
 }
 
 // udInfo carries the UD-only fields of a receive completion.
@@ -418,14 +431,19 @@ type udInfo struct {
 	srcQPN hca.QPN
 	srcGID hca.GID
 	pkey   hca.PKey
+	// flags is the checksum verdict on the payload (rxCsumFlags).
+	flags hca.WCFlags
 }
 
 func (q *qp) completeRecv(id uint64, st hca.Status, n int, ud *udInfo) {
 	wc := hca.WC{ID: id, Status: st, Opcode: hca.WCRecv, ByteLen: n, QPN: q.qpn, Context: q.cfg.Context}
 	if ud != nil {
 		wc.SrcQPN, wc.SrcGID, wc.PKey = ud.srcQPN, ud.srcGID, ud.pkey
+		if st == hca.StatusSuccess {
+			wc.Flags = ud.flags
+		}
 	}
-	q.recvCQ.push(&wc)
+	q.recvCQ.push(q, &wc)
 }
 
 func (q *qp) armTimer(k timerKind, after time.Duration) {
@@ -449,7 +467,7 @@ func (q *qp) disarmTimer() {
 func (q *qp) fireTimer() {
 	k := q.timer
 	q.disarmTimer()
-	if q.destroyed || q.state != hca.QPStateRTS {
+	if q.destroyed.Load() || q.state != hca.QPStateRTS {
 		return
 	}
 	switch k {

@@ -32,6 +32,9 @@ func (q *qp) postSendRC(wrs []hca.SendWR) (int, error) {
 		if len(wrs[i].Data) > maxMsgSize {
 			return i, fmt.Errorf("rocev2: RC message of %d bytes: %w", len(wrs[i].Data), hca.ErrInvalidArgument)
 		}
+		if err := q.checkSendOffload(&wrs[i]); err != nil {
+			return i, err
+		}
 		if q.sqLen == len(q.sq) {
 			if i == 0 {
 				return 0, fmt.Errorf("rocev2: post send QP %#x: %w", q.qpn, hca.ErrQueueFull)
@@ -39,6 +42,7 @@ func (q *qp) postSendRC(wrs []hca.SendWR) (int, error) {
 			q.pump()
 			return i, fmt.Errorf("rocev2: post send %d of %d: %w", i, len(wrs), hca.ErrQueueFull)
 		}
+		fillRCChecksums(&wrs[i])
 		n := max(1, (len(wrs[i].Data)+q.mtu-1)/q.mtu)
 		q.sq[(q.sqHead+q.sqLen)%len(q.sq)] = sendWQE{id: wrs[i].ID, data: wrs[i].Data, firstPSN: q.nextPSN, npkts: uint32(n)}
 		q.sqLen++
@@ -324,6 +328,7 @@ func (q *qp) recvRequest(p *wire.Packet, from netip.Addr) {
 	q.nakSent = false
 	if op.EndsMessage() {
 		q.msn = (q.msn + 1) & psnMask
+		q.dev.ctr.rcMessages.Add(1)
 		q.completeRecv(q.cur.ID, hca.StatusSuccess, q.curOff, nil)
 		q.cur, q.curValid, q.inMsg = hca.RecvWR{}, false, false
 	}

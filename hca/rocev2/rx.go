@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
@@ -63,6 +64,7 @@ func (d *Device) rxLoop() {
 			case truncated:
 				d.ctr.rxPackets.Add(1)
 				d.ctr.drop(wire.DropTruncated)
+				d.warnOversize(from, len(b))
 			default:
 				d.receiveMessage(b, from, seg, &p)
 			}
@@ -70,7 +72,7 @@ func (d *Device) rxLoop() {
 		for _, q := range d.ackQPs {
 			if q.ackPending {
 				q.ackPending = false
-				if !q.destroyed && q.state != hca.QPStateError {
+				if !q.destroyed.Load() && q.state != hca.QPStateError {
 					q.sendAck(wire.SyndromeACK, q.ackPSN)
 				}
 			}
@@ -82,6 +84,14 @@ func (d *Device) rxLoop() {
 			d.hooks.afterRxBatch()
 		}
 	}
+}
+
+// warnOversize reports, rate-limited, a datagram larger than this
+// device's IB MTU allows: the peer runs a larger --ib-mtu, and everything
+// it sends in full-size packets is lost here.
+func (d *Device) warnOversize(from netip.AddrPort, n int) {
+	d.warnRxTooBig.warn(d.cfg.Logger, time.Now(), "rocev2: datagram larger than our IB MTU, dropped: the peer uses a larger --ib-mtu",
+		"dev", d.cfg.Name, "from", from, "bytes", n, "max", d.maxPacket, "ib_mtu", int(d.cfg.MTU))
 }
 
 // receiveMessage splits a received buffer into its datagrams: seg bytes
@@ -102,6 +112,7 @@ func (d *Device) receiveMessage(b []byte, from netip.AddrPort, seg int, p *wire.
 			d.ctr.drop(wire.DropNotAllowed)
 		} else if n > d.maxPacket {
 			d.ctr.drop(wire.DropTruncated)
+			d.warnOversize(from, n)
 		} else {
 			d.receive(b[:n], from, p)
 		}

@@ -91,10 +91,10 @@ func (p *sourcePorts) closeAll(ctr *counters) {
 	ctr.sourcePorts.Store(0)
 }
 
-// sourcePortOf is the port a QP sends from: RC once its peer is known,
-// otherwise the QPN's.
+// sourcePortOf is the port a QP sends from: an RC QP's from its QP pair
+// (once RTR named the peer), a UD or GSI QP's from its QPN.
 func sourcePortOf(q *qp) uint16 {
-	if q.typ == hca.QPTypeRC && q.destQPN != 0 {
+	if q.typ == hca.QPTypeRC {
 		return wire.UDPSourcePort(uint32(q.qpn), uint32(q.destQPN))
 	}
 	return wire.QPSourcePort(uint32(q.qpn))

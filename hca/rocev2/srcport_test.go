@@ -57,6 +57,9 @@ func TestSourcePortPerQP(t *testing.T) {
 			t.Fatal(err)
 		}
 		qps = append(qps, qp)
+		if n := d.Stats().SourcePorts; n != uint64(len(ports)) {
+			t.Fatalf("an RC QP without a peer opened a socket: %d open", n)
+		}
 		mustModify(t, qp, hca.QPAttr{State: hca.QPStateInit})
 		mustModify(t, qp, hca.QPAttr{State: hca.QPStateRTR, DestQPN: dest, DestGID: hca.GIDFromAddr(peerAddr), PathMTU: hca.MTU1024})
 		mustModify(t, qp, hca.QPAttr{State: hca.QPStateRTS}) // no transport timer: one datagram

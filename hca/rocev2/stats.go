@@ -31,6 +31,11 @@ type Stats struct {
 	// script can rely on every key.
 	Drops [wire.NumDropReasons]uint64 `json:"-"`
 
+	// RCMessages and UDMessages count messages delivered into a receive
+	// buffer.
+	RCMessages uint64 `json:"rc_messages"`
+	UDMessages uint64 `json:"ud_messages"`
+
 	Retransmits     uint64 `json:"retransmits"` // packets sent again (go-back-N)
 	Timeouts        uint64 `json:"timeouts"`    // transport timer expiries with work outstanding
 	AcksSent        uint64 `json:"acks_sent"`
@@ -47,6 +52,22 @@ type Stats struct {
 	// socket's receive buffer was full (SO_MEMINFO's sk_drops): lost
 	// before the device could see or count them.
 	SocketDrops uint64 `json:"socket_drops"`
+
+	// CompletionsAfterDestroy counts completions Poll returned after
+	// their QP had been destroyed; DestroyedQPOps verbs called on a
+	// destroyed QP (each returned an error wrapping hca.ErrDestroyed). A
+	// consumer that drains before it destroys keeps both at zero.
+	CompletionsAfterDestroy uint64 `json:"completions_after_destroy"`
+	DestroyedQPOps          uint64 `json:"destroyed_qp_ops"`
+	// CompletionsHeld counts completions Faults.HoldCompletion held back.
+	CompletionsHeld uint64 `json:"completions_held"`
+
+	// UDDropped counts UD datagrams lost: dropped by Faults.Drop on
+	// transmit or by this device's receive path (also counted in Drops
+	// or FaultDropped). IPoIB sends IP packets over UD when it has no
+	// connection, so this is the UD share of the packets a consumer can
+	// lose.
+	UDDropped uint64 `json:"ud_dropped"`
 
 	// SourcePorts is the number of per-QP source-port sockets open;
 	// SourcePortFallbacks counts QPs that send from the fabric port
@@ -107,11 +128,20 @@ type counters struct {
 	duplicates, cqOverflows                          atomic.Uint64
 	faultDropped, faultDuplicated, faultReordered    atomic.Uint64
 	faultDelayed                                     atomic.Uint64
+	completionsAfterDestroy, destroyedQPOps          atomic.Uint64
+	completionsHeld, udDropped                       atomic.Uint64
+	rcMessages, udMessages                           atomic.Uint64
 	sourcePorts, sourcePortFallbacks                 atomic.Uint64
 	memberRefused, socketDrops                       atomic.Uint64
 }
 
 func (c *counters) drop(r wire.DropReason) { c.drops[r].Add(1) }
+
+// dropUD counts a dropped UD datagram under its reason and in UDDropped.
+func (c *counters) dropUD(r wire.DropReason) {
+	c.drops[r].Add(1)
+	c.udDropped.Add(1)
+}
 
 func (c *counters) snapshot() Stats {
 	s := Stats{
@@ -125,6 +155,9 @@ func (c *counters) snapshot() Stats {
 		Duplicates: c.duplicates.Load(), CQOverflows: c.cqOverflows.Load(),
 		FaultDropped: c.faultDropped.Load(), FaultDuplicated: c.faultDuplicated.Load(),
 		FaultReordered: c.faultReordered.Load(), FaultDelayed: c.faultDelayed.Load(),
+		CompletionsAfterDestroy: c.completionsAfterDestroy.Load(), DestroyedQPOps: c.destroyedQPOps.Load(),
+		CompletionsHeld: c.completionsHeld.Load(), UDDropped: c.udDropped.Load(),
+		RCMessages: c.rcMessages.Load(), UDMessages: c.udMessages.Load(),
 		SourcePorts: c.sourcePorts.Load(), SourcePortFallbacks: c.sourcePortFallbacks.Load(),
 		MemberRefused: c.memberRefused.Load(),
 	}

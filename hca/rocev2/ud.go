@@ -1,10 +1,12 @@
 package rocev2
 
 import (
+	"fmt"
 	"net/netip"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
+	"github.com/ipoibcm/ipoib/offload"
 )
 
 // qkeyUseOwn: a send Q_Key with the high bit set means "use the QP's own
@@ -21,7 +23,16 @@ func (q *qp) postSendUD(wrs []hca.SendWR) (int, error) {
 			q.completeSend(wr.ID, hca.StatusLocLenErr, 0)
 			continue
 		}
-		if len(wr.Data) > int(d.cfg.MTU) {
+		if err := q.checkSendOffload(wr); err != nil {
+			return i, err
+		}
+		var lso offload.Headers
+		if wr.MSS > 0 {
+			var err error
+			if lso, err = d.offloads().PrepareLSO(wr, d.cfg.MTU); err != nil {
+				return i, fmt.Errorf("rocev2: send WR %d: %w", wr.ID, err)
+			}
+		} else if len(wr.Data) > int(d.cfg.MTU) {
 			q.completeSend(wr.ID, hca.StatusLocLenErr, 0)
 			continue
 		}
@@ -33,37 +44,56 @@ func (q *qp) postSendUD(wrs []hca.SendWR) (int, error) {
 			BTH:  wire.BTH{Opcode: wire.OpUDSendOnly, PKey: uint16(q.pkey), DestQP: uint32(wr.RemoteQPN & hca.QPNMask), PSN: q.udPSN},
 			DETH: wire.DETH{QKey: uint32(qkey), SrcQP: uint32(q.qpn)},
 		}
-		q.udPSN = psnAdd(q.udPSN, 1)
+		unicast := [1]netip.Addr{a.dgid.Addr()}
+		to := unicast[:]
 		if wr.RemoteQPN == hca.QPNMulticast && a.dgid.IsMulticast() {
 			// Head-end replication: one unicast copy per member, self
 			// included, so local QPs attached to the group get theirs
 			// through the same receive path.
-			for _, m := range d.members {
-				q.sendDatagram(&spec, wr.Data, m)
+			to = d.members
+		}
+		if wr.MSS > 0 {
+			if err := q.sendLSO(&spec, wr, &lso, to); err != nil {
+				return i, err
 			}
 		} else {
-			q.sendDatagram(&spec, wr.Data, a.dgid.Addr())
+			q.udPSN = psnAdd(q.udPSN, 1)
+			for _, m := range to {
+				q.sendDatagram(&spec, wr, m)
+			}
 		}
 		q.completeSend(wr.ID, hca.StatusSuccess, len(wr.Data))
 	}
 	return len(wrs), nil
 }
 
-func (q *qp) sendDatagram(spec *wire.PacketSpec, data []byte, to netip.Addr) {
-	d := q.dev
-	buf := d.getBuf()
+// sendDatagram sends wr as one UD packet, its checksums filled in the
+// packet (not the send buffer) when it asks for SendIPCsum.
+func (q *qp) sendDatagram(spec *wire.PacketSpec, wr *hca.SendWR, to netip.Addr) {
+	data := wr.Data
+	buf := q.dev.getBuf()
 	h := wire.EncodeHeaders(buf, spec, len(data))
 	copy(buf[h:], data)
-	pad := int(wire.PadCount(len(data)))
-	clear(buf[h+len(data) : h+len(data)+pad])
-	d.queuePacket(q.src, to, buf[:h+len(data)+pad+wire.ICRCLen])
+	if wr.Flags&hca.SendIPCsum != 0 {
+		// A message that is no TCP/UDP packet goes as it is.
+		_, _ = offload.FillChecksums(buf[h:h+len(data)], hca.OffloadL3Offset)
+	}
+	q.queueDatagram(buf, h, len(data), to)
+}
+
+// queueDatagram pads the n-byte payload behind the h header bytes in buf
+// and queues the packet; the sender adds the ICRC.
+func (q *qp) queueDatagram(buf []byte, h, n int, to netip.Addr) {
+	pad := int(wire.PadCount(n))
+	clear(buf[h+n : h+n+pad])
+	q.dev.queuePacket(q.src, to, buf[:h+n+pad+wire.ICRCLen])
 }
 
 // recvUD delivers a UD packet to its QP, or for DestQP 0xFFFFFF to every
 // local QP attached to a group with the packet's Q_Key. mu held.
 func (d *Device) recvUD(p *wire.Packet, from netip.Addr) {
 	if len(p.Payload) > int(d.cfg.MTU) {
-		d.ctr.drop(wire.DropBadLength)
+		d.ctr.dropUD(wire.DropBadLength)
 		return
 	}
 	info := udInfo{srcQPN: hca.QPN(p.DETH.SrcQP), srcGID: hca.GIDFromAddr(from), pkey: hca.PKey(p.BTH.PKey)}
@@ -78,20 +108,20 @@ func (d *Device) recvUD(p *wire.Packet, from netip.Addr) {
 			q.deliverUD(p, &info)
 		}
 		if !delivered {
-			d.ctr.drop(wire.DropUnknownQP)
+			d.ctr.dropUD(wire.DropUnknownQP)
 		}
 		return
 	}
 	q := d.qps[hca.QPN(p.BTH.DestQP)]
 	switch {
 	case q == nil:
-		d.ctr.drop(wire.DropUnknownQP)
+		d.ctr.dropUD(wire.DropUnknownQP)
 	case q.typ == hca.QPTypeRC || q.state < hca.QPStateRTR || q.state == hca.QPStateError:
-		d.ctr.drop(wire.DropWrongState)
+		d.ctr.dropUD(wire.DropWrongState)
 	case q.typ != hca.QPTypeGSI && !info.pkey.Matches(q.pkey):
-		d.ctr.drop(wire.DropBadPKey)
+		d.ctr.dropUD(wire.DropBadPKey)
 	case uint32(q.qkey) != p.DETH.QKey:
-		d.ctr.drop(wire.DropBadQKey)
+		d.ctr.dropUD(wire.DropBadQKey)
 	default:
 		q.deliverUD(p, &info)
 	}
@@ -100,13 +130,18 @@ func (d *Device) recvUD(p *wire.Packet, from netip.Addr) {
 func (q *qp) deliverUD(p *wire.Packet, info *udInfo) {
 	wr, ok := q.takeRecv()
 	if !ok {
-		q.dev.ctr.drop(wire.DropNoBuffer)
+		q.dev.ctr.dropUD(wire.DropNoBuffer)
 		return
 	}
 	if len(p.Payload) > len(wr.Buf) {
 		q.completeRecv(wr.ID, hca.StatusLocLenErr, len(p.Payload), info)
 		return
 	}
+	info.flags = 0
+	if q.typ == hca.QPTypeUD { // CM MADs on the GSI QP are no IP packets
+		info.flags = q.dev.rxCsumFlags(p.Payload)
+	}
 	copy(wr.Buf, p.Payload)
+	q.dev.ctr.udMessages.Add(1)
 	q.completeRecv(wr.ID, hca.StatusSuccess, len(p.Payload), info)
 }

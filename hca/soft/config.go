@@ -14,6 +14,10 @@ type Config struct {
 	// MTU is every port's active MTU (default 4096); UD messages above it
 	// are dropped.
 	MTU hca.MTU
+	// NoOffloads makes every device report no checksum offload and no UD
+	// LSO, as an HCA without them, so consumers' software fallbacks can
+	// be exercised.
+	NoOffloads bool
 	// PKey is the single entry of every device's P_Key table (default 0xFFFF).
 	PKey hca.PKey
 	// TimerScale multiplies the IBTA RNR timer and transport timeout

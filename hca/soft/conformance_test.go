@@ -58,7 +58,7 @@ const fastTimers = 0.01
 
 func TestConformance(t *testing.T) {
 	hcatest.Run(t, func(t *testing.T) hcatest.Fabric {
-		return newSuiteFabric(t, Config{Seed: 1, TimerScale: fastTimers}, hcatest.Properties{})
+		return newSuiteFabric(t, Config{Seed: 1, TimerScale: fastTimers}, hcatest.Properties{OffloadedRecv: hca.WCCsumPartial})
 	})
 }
 
@@ -74,7 +74,7 @@ func TestConformanceWithFaults(t *testing.T) {
 		SpuriousCompletionEvents: 0.3,
 	}
 	hcatest.Run(t, func(t *testing.T) hcatest.Fabric {
-		return newSuiteFabric(t, Config{Seed: 7, TimerScale: fastTimers, Faults: faults}, hcatest.Properties{})
+		return newSuiteFabric(t, Config{Seed: 7, TimerScale: fastTimers, Faults: faults}, hcatest.Properties{OffloadedRecv: hca.WCCsumPartial})
 	})
 }
 
@@ -84,6 +84,6 @@ func TestConformanceLossyPurging(t *testing.T) {
 	faults := Faults{UDLoss: 0.3, DestroyedQPCompletions: PurgeCompletionsOnDestroy}
 	hcatest.Run(t, func(t *testing.T) hcatest.Fabric {
 		return newSuiteFabric(t, Config{Seed: 3, TimerScale: fastTimers, Faults: faults},
-			hcatest.Properties{LossyUD: true, PurgesCompletionsOnDestroy: true})
+			hcatest.Properties{LossyUD: true, PurgesCompletionsOnDestroy: true, OffloadedRecv: hca.WCCsumPartial})
 	})
 }

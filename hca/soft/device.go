@@ -85,7 +85,8 @@ func (d *Device) Limits() hca.Limits {
 	return hca.Limits{MaxQP: maxQP, MaxQPWR: maxQPWR, MaxCQE: maxCQE, MaxSRQWR: maxSRQWR, MaxMsgSize: maxMsgSize,
 		// A software HCA like rxe (RXE_LOCAL_CA_ACK_DELAY); with one port
 		// its node GUID is its port GUID.
-		LocalCAACKDelay: localCAACKDelay, NodeGUID: binary.BigEndian.Uint64(d.gid[8:])}
+		LocalCAACKDelay: localCAACKDelay, NodeGUID: binary.BigEndian.Uint64(d.gid[8:]),
+		Offloads: d.f.offloads()}
 }
 
 // SetPKeyTable replaces the port's P_Key table (index 0 first). QPs keep

@@ -323,6 +323,9 @@ func (q *qp) PostSend(wrs []hca.SendWR) (int, error) {
 			f.complete(q.sendCQ, q, q.sendWC(wrs[i].ID, hca.StatusWRFlushErr, 0))
 			continue
 		}
+		if err := f.checkRCOffload(&wrs[i]); err != nil {
+			return i, fmt.Errorf("soft: post send %d of %d on %s: %w", i, len(wrs), q, err)
+		}
 		if !q.sq.push(wrs[i]) {
 			return i, fmt.Errorf("soft: post send %d of %d on %s: %w", i, len(wrs), q, hca.ErrQueueFull)
 		}

@@ -100,7 +100,9 @@ func (f *Fabric) deliverRC(s *qp, wr *hca.SendWR) (rcResult, *qp) {
 		return rcRemoteTooLong, r
 	}
 	n := copy(buf.Buf, wr.Data)
-	f.complete(r.recvCQ, r, r.recvWC(buf.ID, hca.StatusSuccess, n))
+	wc := r.recvWC(buf.ID, hca.StatusSuccess, n)
+	wc.Flags = csumPartial(wr)
+	f.complete(r.recvCQ, r, wc)
 	f.stats.rcMessages.Add(1)
 	if f.cfg.Tap != nil {
 		f.tapRC(MessageRC, s, r, wr.Data)

@@ -30,6 +30,9 @@ type FabricStats struct {
 
 	RCMessages uint64 // RC messages delivered into a receive buffer
 	UDMessages uint64 // UD copies delivered into a receive buffer
+	// UDLSOSegments counts the UD messages that were segments of an LSO
+	// send (included in UDMessages).
+	UDLSOSegments uint64
 
 	// CompletionsAfterDestroy counts completions Poll returned after their
 	// QP had been destroyed.
@@ -64,12 +67,14 @@ type counters struct {
 	cqOverflows, rnrNaks, retries   atomic.Uint64
 	delayed, spurious, purged       atomic.Uint64
 	lastWQE                         atomic.Uint64
+	udLSOSegments                   atomic.Uint64
 	inlineEvents, dispatchedEvents  atomic.Uint64
 }
 
 func (c *counters) fill(s *FabricStats) {
 	s.RCMessages = c.rcMessages.Load()
 	s.UDMessages = c.udMessages.Load()
+	s.UDLSOSegments = c.udLSOSegments.Load()
 	s.CompletionsAfterDestroy = c.completionsAfterDestroy.Load()
 	s.DestroyedQPOps = c.destroyedQPOps.Load()
 	s.UDDrops = UDDrops{

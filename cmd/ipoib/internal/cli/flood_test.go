@@ -365,12 +365,13 @@ func TestUpREQFlood(t *testing.T) {
 	t.Logf("to the flood's sources: %d datagrams, %d bytes (%.2fx the bytes they sent)",
 		fl.gotPackets.Load(), fl.gotBytes.Load(), float64(fl.gotBytes.Load())/float64(fl.sentBytes.Load()))
 
-	// Every REQ explained. Before the CM, datagrams are dropped and
-	// counted by the kernel (socket full) or the device (GSI receive
-	// queue full, no_buffer), which does not tell a REQ from the peer's
+	// Every REQ explained. Before the CM handles them, datagrams are
+	// dropped and counted by the kernel (socket full), the device (GSI
+	// receive queue full, no_buffer) or the CM's per-source backlog,
+	// none of which tells a REQ from the peer's
 	// other MADs; so the MADs balance exactly (all of them are well
 	// formed), and every REQ the CM received is under one outcome.
-	lost := ds.SocketDrops + ds.Dropped(wire.DropNoBuffer)
+	lost := ds.SocketDrops + ds.Dropped(wire.DropNoBuffer) + c.Dropped[cm.DropBacklog]
 	var peerMADs, received uint64
 	for _, n := range ps.CM.Sent {
 		peerMADs += n

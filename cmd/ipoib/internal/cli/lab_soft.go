@@ -74,10 +74,14 @@ func (f *softFabric) AddHost(host, ifname string, dev *tap.Device, addrs []netip
 	if err := dev.SetMTU(ifc.MTU()); err != nil {
 		return nil, errors.Join(err, ifc.Close(), hd.Close())
 	}
+	view, err := watchHost(dev, ifc, f.log.With("host", host))
+	if err != nil {
+		return nil, errors.Join(err, ifc.Close(), hd.Close())
+	}
 	if f.metrics != nil {
 		f.metrics.Add(metrics.Source{Host: host, Stats: ifc.Stats})
 	}
-	return &softHost{host: host, ifc: ifc, dev: hd, mux: f.mux, addrs: addrs}, nil
+	return &softHost{host: host, ifc: ifc, dev: hd, mux: f.mux, addrs: addrs, view: view}, nil
 }
 
 func (f *softFabric) metricsObserver(host string) ipoibcm.EventObserver {
@@ -96,6 +100,7 @@ type softHost struct {
 	dev   *soft.Device
 	mux   *capture.Mux
 	addrs []netip.Prefix
+	view  *hostView
 }
 
 // Capture records the host's side of the fabric (control.Capturer) until
@@ -127,7 +132,7 @@ func captureTo(ctx context.Context, mux *capture.Mux, host string, req control.C
 	return s.Close()
 }
 
-func (h *softHost) Info() control.InterfaceInfo { return interfaceInfo(h.host, h.ifc, h.addrs) }
+func (h *softHost) Info() control.InterfaceInfo { return h.view.info(h.host, h.addrs) }
 
 func (h *softHost) Stats() any { return h.ifc.Stats() }
 
@@ -135,5 +140,6 @@ func (h *softHost) SetMode(mode string) error { return setInterfaceMode(h.ifc, m
 
 // Close stops the interface (which closes its TAP) and then its device.
 func (h *softHost) Close() error {
+	h.view.Close()
 	return errors.Join(h.ifc.Close(), h.dev.Close())
 }

@@ -30,6 +30,9 @@ type upHost struct {
 	dev   *rocev2.Device
 	mux   *capture.Mux // the device's tap; nil: cannot capture
 	addrs []netip.Prefix
+	// view follows the kernel TAP; nil when the host port is not one
+	// (the tests' gVisor hosts).
+	view *hostView
 }
 
 var (
@@ -45,7 +48,12 @@ func (h *upHost) Capture(ctx context.Context, req control.CaptureRequest, w io.W
 	return captureTo(ctx, h.mux, "", req, w)
 }
 
-func (h *upHost) Info() control.InterfaceInfo { return interfaceInfo(h.name, h.ifc, h.addrs) }
+func (h *upHost) Info() control.InterfaceInfo {
+	if h.view != nil {
+		return h.view.info(h.name, h.addrs)
+	}
+	return interfaceInfo(h.name, h.ifc, h.addrs)
+}
 
 // Stats is the engine's snapshot with the RoCEv2 device's counters (per
 // drop reason, retransmits, injected faults) added as "rocev2", so 'ipoib
@@ -119,6 +127,9 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 	if err != nil {
 		return setup(err)
 	}
+	if err := checkUnderlay(o.Bind.Addr(), o.Peers, o.IBMTU); err != nil {
+		return setup(err)
+	}
 	mux := &capture.Mux{}
 	dcfg, err := upDeviceConfig(o, log)
 	if err != nil {
@@ -154,7 +165,12 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 	if err := port.SetMTU(ifc.MTU()); err != nil {
 		return setup(fmt.Errorf("TAP %s MTU %d: %w", o.Dev, ifc.MTU(), err))
 	}
-	h := &upHost{name: o.Host, ifc: ifc, dev: dev, mux: mux, addrs: []netip.Prefix{o.Addr}}
+	view, err := watchHost(port, ifc, log)
+	if err != nil {
+		return setup(err)
+	}
+	cleanup = append(cleanup, func() error { view.Close(); return nil })
+	h := &upHost{name: o.Host, ifc: ifc, dev: dev, mux: mux, addrs: []netip.Prefix{o.Addr}, view: view}
 	srv, err := control.Listen(o.ControlDir, []control.Endpoint{h}, log)
 	if err != nil {
 		return setup(err)

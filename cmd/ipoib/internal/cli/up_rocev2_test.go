@@ -22,6 +22,7 @@ import (
 
 	"github.com/ipoibcm/ipoib/capture"
 	"github.com/ipoibcm/ipoib/control"
+	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/rocev2"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
 	"github.com/ipoibcm/ipoib/ipoibcm"
@@ -50,6 +51,12 @@ func borrowPort(t *testing.T, a netip.Addr) uint16 {
 
 func newUpPair(t *testing.T, faults rocev2.Faults) *upPair {
 	t.Helper()
+	return newUpPairMTU(t, faults, [2]hca.MTU{})
+}
+
+// newUpPairMTU is newUpPair with each device's IB MTU (0: the default).
+func newUpPairMTU(t *testing.T, faults rocev2.Faults, ibMTU [2]hca.MTU) *upPair {
+	t.Helper()
 	p := &upPair{}
 	binds := [2]netip.Addr{netip.MustParseAddr("127.77.0.1"), netip.MustParseAddr("127.77.0.2")}
 	port := borrowPort(t, binds[0])
@@ -64,7 +71,7 @@ func newUpPair(t *testing.T, faults rocev2.Faults) *upPair {
 		f := faults
 		f.Seed += uint64(i)
 		mux := &capture.Mux{}
-		dev, err := rocev2.New(rocev2.Config{Tap: mux, Bind: netip.AddrPortFrom(binds[i], port), Peers: []netip.Addr{binds[1-i]},
+		dev, err := rocev2.New(rocev2.Config{Tap: mux, Bind: netip.AddrPortFrom(binds[i], port), Peers: []netip.Addr{binds[1-i]}, MTU: ibMTU[i],
 			Faults: f, MinAckTimeout: 20 * time.Millisecond, Logger: log})
 		if err != nil {
 			t.Fatal(err)
@@ -316,4 +323,23 @@ func TestE2EScript(t *testing.T) {
 		t.Fatalf("script failed: %v\n%s", err, out)
 	}
 	t.Logf("%s", out)
+}
+
+// TestUpDifferentIBMTUs: one end at --ib-mtu 4096, the other at 1024. The
+// REQ from the 4096 end is refused with REJ INVALID_MTU and resent lower
+// until it fits, so a TCP transfer of full-size segments gets through in
+// both directions; before, every packet larger than 1024 bytes vanished.
+func TestUpDifferentIBMTUs(t *testing.T) {
+	p := newUpPairMTU(t, rocev2.Faults{}, [2]hca.MTU{hca.MTU4096, hca.MTU1024})
+	p.transfer(t, 4<<20)
+	p.ping(t, 0, 8000)
+	p.ping(t, 1, 8000)
+	small, big := p.ups[1].ifc.Stats().Reaper, p.ups[0].ifc.Stats().Reaper
+	if small.RXRejectedMTU != 2 || big.TXMTUDowngrades != 2 {
+		t.Fatalf("1024 end rejected %d REQs, 4096 end lowered %d times; want 2 and 2 (4096 -> 2048 -> 1024)",
+			small.RXRejectedMTU, big.TXMTUDowngrades)
+	}
+	if d := p.devs[1].Stats().Dropped(wire.DropTruncated); d != 0 {
+		t.Fatalf("the 1024 end dropped %d datagrams too large for it", d)
+	}
 }

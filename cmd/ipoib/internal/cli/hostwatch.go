@@ -1,0 +1,81 @@
+package cli
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+
+	"github.com/ipoibcm/ipoib/control"
+	"github.com/ipoibcm/ipoib/ipoibcm"
+	"github.com/ipoibcm/ipoib/tap"
+)
+
+// hostView follows what the host does to its TAP (tap.Device.Watch, from
+// netlink link and address events) into the engine, and is the control
+// socket's view of the interface: 'ipoib show' lists every address the
+// host put on ib0, shows DOWN when the host set it down, and says why the
+// engine did not follow a change.
+type hostView struct {
+	ifc  *ipoibcm.Interface
+	log  *slog.Logger
+	done chan struct{}
+
+	mu    sync.Mutex
+	state tap.HostState
+	notes []string
+}
+
+// watchHost starts following dev. Call it once the engine has given the
+// TAP its MTU, so the first state is the engine's own.
+func watchHost(dev *tap.Device, ifc *ipoibcm.Interface, log *slog.Logger) (*hostView, error) {
+	v := &hostView{ifc: ifc, log: log, done: make(chan struct{})}
+	if err := dev.Watch(v.done, v.apply); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// apply takes a new host state: the engine follows MTU (within the mode's
+// limit) and MAC; refusals become notes and warnings.
+func (v *hostView) apply(s tap.HostState) {
+	var notes []string
+	if s.MTU != v.ifc.MTU() {
+		if err := v.ifc.FollowHostMTU(s.MTU); err != nil {
+			notes = append(notes, err.Error())
+			v.log.Warn("host MTU not followed", "err", err)
+		}
+	}
+	if !bytes.Equal(s.MAC, v.ifc.HostMAC()) {
+		if err := v.ifc.FollowHostMAC(s.MAC); err != nil {
+			notes = append(notes, fmt.Sprintf("host MAC %v not followed, frames to the host are lost: %v", s.MAC, err))
+			v.log.Warn("host MAC not followed", "err", err)
+		}
+	}
+	if !s.Up {
+		notes = append(notes, fmt.Sprintf("the host set %s down: nothing is sent or delivered", v.ifc.Name()))
+		v.log.Info("host set the interface down", "dev", v.ifc.Name())
+	}
+	v.mu.Lock()
+	v.state, v.notes = s, notes
+	v.mu.Unlock()
+}
+
+// info is the interface as 'ipoib show' reports it.
+func (v *hostView) info(host string, configured []netip.Prefix) control.InterfaceInfo {
+	v.mu.Lock()
+	s, notes := v.state, v.notes
+	v.mu.Unlock()
+	addrs := s.Addrs
+	if addrs == nil {
+		addrs = configured
+	}
+	info := interfaceInfo(host, v.ifc, addrs)
+	info.LinkUp = info.LinkUp && s.Up
+	info.Notes = notes
+	return info
+}
+
+// Close stops following.
+func (v *hostView) Close() { close(v.done) }

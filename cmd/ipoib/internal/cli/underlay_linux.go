@@ -1,0 +1,73 @@
+package cli
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
+	"github.com/vishvananda/netlink"
+)
+
+// ibMTUs are the IB MTUs 'ipoib up' offers, largest first.
+var ibMTUs = [...]int{4096, 2048, 1024}
+
+// underlayLen is the IP packet one RoCEv2 datagram carrying a full
+// ibMTU-byte payload needs: IP and UDP headers, BTH, DETH (UD is the
+// largest opcode IPoIB sends), pad and ICRC.
+func underlayLen(bind netip.Addr, ibMTU int) int {
+	ip := wire.IPv6HeaderLen
+	if bind.Is4() {
+		ip = wire.IPv4HeaderLen
+	}
+	return ip + wire.UDPHeaderLen + wire.PacketLen(wire.OpUDSendOnly, ibMTU)
+}
+
+// routeMTU is the MTU of the route toward dst: the route's own mtu
+// attribute if set, else its device's.
+func routeMTU(dst netip.Addr) (mtu int, dev string, err error) {
+	routes, err := netlink.RouteGet(net.IP(dst.AsSlice()))
+	if err != nil {
+		return 0, "", fmt.Errorf("route to %v: %w", dst, err)
+	}
+	if len(routes) == 0 {
+		return 0, "", fmt.Errorf("route to %v: none", dst)
+	}
+	r := routes[0]
+	link, err := netlink.LinkByIndex(r.LinkIndex)
+	if err != nil {
+		return 0, "", fmt.Errorf("route to %v: device %d: %w", dst, r.LinkIndex, err)
+	}
+	mtu = link.Attrs().MTU
+	if r.MTU > 0 {
+		mtu = r.MTU
+	}
+	return mtu, link.Attrs().Name, nil
+}
+
+// checkUnderlay refuses an IB MTU the route toward a configured peer
+// cannot carry. The socket sends with DF, so such datagrams would fail
+// with EMSGSIZE (or vanish at a smaller hop) and every large IP packet
+// with them: a black hole that ping of small packets does not show.
+func checkUnderlay(bind netip.Addr, peers []netip.Addr, ibMTU int) error {
+	need := underlayLen(bind, ibMTU)
+	for _, p := range peers {
+		mtu, dev, err := routeMTU(p)
+		if err != nil {
+			return err
+		}
+		if mtu >= need {
+			continue
+		}
+		fit := "none of 1024, 2048, 4096 fits"
+		for _, m := range ibMTUs {
+			if underlayLen(bind, m) <= mtu {
+				fit = fmt.Sprintf("use --ib-mtu %d", m)
+				break
+			}
+		}
+		return fmt.Errorf("peer %v: the route via %s carries %d-byte packets, --ib-mtu %d needs %d (%s, or raise the MTU of %s to %d)",
+			p, dev, mtu, ibMTU, need, fit, dev, need)
+	}
+	return nil
+}

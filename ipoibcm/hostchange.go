@@ -1,0 +1,98 @@
+package ipoibcm
+
+import (
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/ipoibcm/ipoib/ipoibcm/frame"
+)
+
+// What the host may do to its side of the interface at run time, and how
+// the engine follows: `ip link set ib0 mtu X` within the mode's limit, `ip
+// link set ib0 address M` always. The host port's owner (cmd/ipoib, from
+// netlink link events) calls these; the engine never polls the host.
+
+// ErrHostMTU is wrapped when the host set an MTU the mode cannot carry.
+var ErrHostMTU = errors.New("host MTU outside the mode's limit")
+
+// minHostMTU is the smallest IP MTU the engine follows: IPv4's 68 (RFC
+// 791); below it no IP packet fits.
+const minHostMTU = 68
+
+// FollowHostMTU makes mtu the interface's MTU when the current mode can
+// carry it (68..65520 connected, 68..IB MTU − 4 datagram). Otherwise the
+// interface keeps its MTU and the error, wrapping ErrHostMTU, says why:
+// the host's oversize packets are then answered with ICMP frag-needed /
+// packet-too-big at the engine's MTU, never dropped silently.
+func (i *Interface) FollowHostMTU(mtu int) error {
+	if ifState(i.state.Load()) != ifRunning {
+		return fmt.Errorf("%s: follow host MTU: %w", i.cfg.Name, ErrNotStarted)
+	}
+	errc := make(chan error, 1)
+	i.ctl.post(func() { errc <- i.followHostMTU(mtu) })
+	select {
+	case err := <-errc:
+		return err
+	case <-i.stop:
+		return ErrClosed
+	}
+}
+
+// followHostMTU runs on the control loop, ordered with mode switches.
+func (i *Interface) followHostMTU(mtu int) error {
+	m := Mode(i.mode.Load())
+	limit := frame.CMMTU
+	if m == ModeDatagram {
+		limit = i.udMTU
+	}
+	if mtu < minHostMTU || mtu > limit {
+		return fmt.Errorf("%s: host set MTU %d, %s mode carries %d..%d; staying at %d (larger packets get ICMP too-big): %w",
+			i.cfg.Name, mtu, m, minHostMTU, limit, i.MTU(), ErrHostMTU)
+	}
+	if old := int(i.mtu.Swap(int64(mtu))); old != mtu {
+		i.hostMTUStale = false
+		i.log.Info("MTU follows the host", "mtu", mtu, "was", old, "mode", m)
+	}
+	return nil
+}
+
+// FollowHostMAC makes mac the destination of every frame written to the
+// host. A host that changes ib0's MAC and is not followed drops every
+// frame the engine delivers, with no counter moving.
+func (i *Interface) FollowHostMAC(mac net.HardwareAddr) error {
+	if len(mac) != 6 || mac[0]&1 != 0 {
+		return fmt.Errorf("%s: host MAC %v: want a 6-byte unicast address", i.cfg.Name, mac)
+	}
+	var m frame.MAC
+	copy(m[:], mac)
+	if old := unpackMAC(i.hostMAC.Swap(packMAC(m))); old != m {
+		i.log.Info("host MAC changed; frames to the host follow it", "mac", net.HardwareAddr(m[:]), "was", net.HardwareAddr(old[:]))
+	}
+	return nil
+}
+
+// HostMAC is the MAC frames to the host are addressed to now.
+func (i *Interface) HostMAC() net.HardwareAddr {
+	m := i.hostMACNow()
+	return net.HardwareAddr(m[:])
+}
+
+func (i *Interface) hostMACNow() frame.MAC { return unpackMAC(i.hostMAC.Load()) }
+
+func packMAC(m frame.MAC) uint64 {
+	var v uint64
+	for _, b := range m {
+		v = v<<8 | uint64(b)
+	}
+	return v
+}
+
+func unpackMAC(v uint64) frame.MAC {
+	var m frame.MAC
+	for k := len(m) - 1; k >= 0; k-- {
+		m[k] = byte(v)
+		v >>= 8
+	}
+	return m
+}

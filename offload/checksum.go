@@ -1,0 +1,98 @@
+package offload
+
+import (
+	"encoding/binary"
+
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+)
+
+// CompletePartial finishes a checksum the sender left partial, as a NIC
+// does for CHECKSUM_PARTIAL / VIRTIO_NET_HDR_F_NEEDS_CSUM: the field at
+// start+off already holds the folded pseudo-header sum; the one's
+// complement of the sum from start to the end of frame goes there. The
+// caller has checked that start+off+2 <= len(frame).
+func CompletePartial(frame []byte, start, off int) {
+	s := ^checksum.Checksum(frame[start:], 0)
+	if s == 0 && off == 6 {
+		// A UDP checksum of 0 means "none"; RFC 768 sends all ones.
+		s = 0xFFFF
+	}
+	binary.BigEndian.PutUint16(frame[start+off:], s)
+}
+
+// pseudoSum is the folded sum of the TCP/UDP pseudo header (RFC 793,
+// RFC 8200 8.1) for an L4 segment of l4len bytes.
+func pseudoSum(frame []byte, h *Headers, l4len int) uint16 {
+	ip := frame[h.L3:]
+	var s uint16
+	if h.IPv6 {
+		s = checksum.Checksum(ip[8:40], 0)
+	} else {
+		s = checksum.Checksum(ip[12:20], 0)
+	}
+	var tail [4]byte
+	binary.BigEndian.PutUint16(tail[0:], uint16(h.Proto))
+	binary.BigEndian.PutUint16(tail[2:], uint16(l4len))
+	return checksum.Checksum(tail[:], s)
+}
+
+// fill writes the IPv4 header checksum and the full L4 checksum of the
+// packet described by h, ignoring what those fields held.
+func fill(frame []byte, h *Headers) {
+	if !h.IPv6 {
+		ip := frame[h.L3:h.L4]
+		ip[10], ip[11] = 0, 0
+		binary.BigEndian.PutUint16(ip[10:], ^checksum.Checksum(ip, 0))
+	}
+	l4 := frame[h.L4:h.Len]
+	co := h.CsumOffset()
+	l4[co], l4[co+1] = 0, 0
+	s := ^checksum.Checksum(l4, pseudoSum(frame, h, len(l4)))
+	if s == 0 && h.Proto == ProtoUDP {
+		s = 0xFFFF
+	}
+	binary.BigEndian.PutUint16(l4[co:], s)
+}
+
+// FillChecksums parses the packet at l3off and writes its IPv4 header
+// checksum and TCP/UDP checksum from scratch: what an HCA does for a send
+// with IP checksum offload (IB_SEND_IP_CSUM). It returns the parsed
+// headers.
+func FillChecksums(frame []byte, l3off int) (Headers, error) {
+	h, err := Parse(frame, l3off)
+	if err != nil {
+		return h, err
+	}
+	fill(frame, &h)
+	return h, nil
+}
+
+// VerifyChecksums reports whether the packet at l3off parses and carries a
+// valid IPv4 header checksum and a valid TCP/UDP checksum (a UDP checksum
+// of zero, "none", is valid only over IPv4). It is what lets a receiver
+// claim IB_WC_IP_CSUM_OK / CHECKSUM_UNNECESSARY.
+func VerifyChecksums(frame []byte, l3off int) bool {
+	h, err := Parse(frame, l3off)
+	if err != nil {
+		return false
+	}
+	if !h.IPv6 && checksum.Checksum(frame[h.L3:h.L4], 0) != 0xFFFF {
+		return false
+	}
+	l4 := frame[h.L4:h.Len]
+	if h.Proto == ProtoUDP && l4[6] == 0 && l4[7] == 0 {
+		return !h.IPv6
+	}
+	return checksum.Checksum(l4, pseudoSum(frame, &h, len(l4))) == 0xFFFF
+}
+
+// fillPartial writes the IPv4 header checksum and leaves the L4 checksum
+// field holding the pseudo-header sum, as Linux does for CHECKSUM_PARTIAL.
+func fillPartial(frame []byte, h *Headers) {
+	if !h.IPv6 {
+		ip := frame[h.L3:h.L4]
+		ip[10], ip[11] = 0, 0
+		binary.BigEndian.PutUint16(ip[10:], ^checksum.Checksum(ip, 0))
+	}
+	binary.BigEndian.PutUint16(frame[h.L4+h.CsumOffset():], pseudoSum(frame, h, h.Len-h.L4))
+}
