@@ -100,7 +100,9 @@ type softHost struct {
 	dev   *soft.Device
 	mux   *capture.Mux
 	addrs []netip.Prefix
-	view  *hostView
+	// view follows the kernel TAP; nil when the host port is not one
+	// (the tests' gVisor hosts).
+	view *hostView
 }
 
 // Capture records the host's side of the fabric (control.Capturer) until
@@ -132,7 +134,12 @@ func captureTo(ctx context.Context, mux *capture.Mux, host string, req control.C
 	return s.Close()
 }
 
-func (h *softHost) Info() control.InterfaceInfo { return h.view.info(h.host, h.addrs) }
+func (h *softHost) Info() control.InterfaceInfo {
+	if h.view != nil {
+		return h.view.info(h.host, h.addrs)
+	}
+	return interfaceInfo(h.host, h.ifc, h.addrs)
+}
 
 func (h *softHost) Stats() any { return h.ifc.Stats() }
 
@@ -140,6 +147,8 @@ func (h *softHost) SetMode(mode string) error { return setInterfaceMode(h.ifc, m
 
 // Close stops the interface (which closes its TAP) and then its device.
 func (h *softHost) Close() error {
-	h.view.Close()
+	if h.view != nil {
+		h.view.Close()
+	}
 	return errors.Join(h.ifc.Close(), h.dev.Close())
 }
