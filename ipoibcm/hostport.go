@@ -3,6 +3,8 @@ package ipoibcm
 import (
 	"net"
 	"sync"
+
+	"github.com/ipoibcm/ipoib/offload"
 )
 
 // HostPort is the host side of an Interface: a device that moves whole
@@ -32,6 +34,32 @@ type HostPort interface {
 	SetLinkUp(up bool) error
 	// Close unblocks ReadFrames and releases the device.
 	Close() error
+}
+
+// OffloadPort is a HostPort whose frames carry offload metadata
+// (offload.Meta): super frames the host left unsegmented (TSO/USO) and
+// checksums it left partial, and, toward the host, coalesced (GRO) frames
+// and checksums the HCA verified. The Interface uses it when the port
+// implements it; a plain HostPort only moves complete MTU-sized frames.
+//
+// The kernel TAP with IFF_VNET_HDR (package tap) and the gVisor host
+// (package tap/netstack) implement it.
+type OffloadPort interface {
+	HostPort
+	// ReadFramesMeta is ReadFrames that also fills meta[i] for each frame.
+	// Buffers must hold a super frame (64 KiB plus the link header) for
+	// the port to pass GSO frames up whole.
+	ReadFramesMeta(bufs [][]byte, sizes []int, meta []offload.Meta) (int, error)
+	// WriteFramesMeta is WriteFrames with each frame's metadata; a frame
+	// whose Meta the host does not accept (HostOffloads) is the caller's
+	// bug and the port completes or segments it in software.
+	WriteFramesMeta(frames [][]byte, meta []offload.Meta) (int, error)
+	// HostOffloads is what the host accepts from the Interface on write.
+	HostOffloads() offload.Caps
+	// SetOffloads sets what the Interface accepts from the host on read,
+	// as ethtool -K / TUNSETOFFLOAD does, so the advertised features can
+	// follow a mode switch. It returns what is actually in effect.
+	SetOffloads(want offload.Caps) (offload.Caps, error)
 }
 
 // hostWriter is the end of the flow HCA → host, and where the engine's own

@@ -335,3 +335,28 @@ func TestSegmentPartial(t *testing.T) {
 		}
 	}
 }
+
+func TestCapsAccepts(t *testing.T) {
+	all := Caps{Csum: true, TSO4: true, TSO6: true, USO: true}
+	cases := []struct {
+		c    Caps
+		m    Meta
+		want bool
+	}{
+		{Caps{}, Meta{}, true},
+		{Caps{}, Meta{DataValid: true}, true},
+		{Caps{}, Meta{NeedsCsum: true}, false},
+		{Caps{Csum: true}, Meta{NeedsCsum: true}, true},
+		{Caps{Csum: true}, Meta{GSO: GSOTCPv4, GSOSize: 1448, NeedsCsum: true}, false},
+		{Caps{Csum: true, TSO4: true}, Meta{GSO: GSOTCPv4, GSOSize: 1448, NeedsCsum: true}, true},
+		{Caps{Csum: true, TSO4: true}, Meta{GSO: GSOTCPv6, GSOSize: 1428, NeedsCsum: true}, false},
+		{Caps{TSO4: true}, Meta{GSO: GSOTCPv4, GSOSize: 1448, NeedsCsum: true}, false},
+		{all, Meta{GSO: GSOUDPL4, GSOSize: 1400, NeedsCsum: true}, true},
+		{all, Meta{GSO: GSO(3), GSOSize: 1400, NeedsCsum: true}, false},
+	}
+	for i, c := range cases {
+		if got := c.c.Accepts(c.m); got != c.want {
+			t.Errorf("case %d: %+v.Accepts(%+v) = %v, want %v", i, c.c, c.m, got, c.want)
+		}
+	}
+}
