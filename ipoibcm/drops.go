@@ -23,6 +23,7 @@ const (
 	dropTxSendError                          // tx_send_error
 	dropTxNoAH                               // tx_no_ah
 	dropTxNotIP                              // tx_not_ip
+	dropTxLinkDown                           // tx_link_down
 	dropRxTruncatedHeader                    // rx_truncated_header
 	dropRxUnknownEthertype                   // rx_unknown_ethertype
 	dropRxOwnEcho                            // rx_own_echo
@@ -32,6 +33,7 @@ const (
 	dropRxError                              // rx_error
 	dropRxHostWrite                          // rx_host_write
 	dropRxFromUnknownConn                    // rx_unknown_conn
+	dropRxLinkDown                           // rx_link_down
 	numDropReasons
 )
 

@@ -92,6 +92,8 @@ func (u *udPath) destroy() {
 type mcastGroup struct {
 	ah       hca.AH
 	attached bool
+	// rejoin: left when the host set ib0 down, attached again at up.
+	rejoin bool
 }
 
 // joinDefaultGroups attaches the broadcast group (the link comes up only

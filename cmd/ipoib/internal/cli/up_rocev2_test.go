@@ -57,10 +57,15 @@ func newUpPair(t *testing.T, faults rocev2.Faults) *upPair {
 // newUpPairMTU is newUpPair with each device's IB MTU (0: the default).
 func newUpPairMTU(t *testing.T, faults rocev2.Faults, ibMTU [2]hca.MTU) *upPair {
 	t.Helper()
+	return newUpPairLog(t, faults, ibMTU, slog.New(slog.DiscardHandler))
+}
+
+// newUpPairLog is newUpPairMTU logging to log.
+func newUpPairLog(t *testing.T, faults rocev2.Faults, ibMTU [2]hca.MTU, log *slog.Logger) *upPair {
+	t.Helper()
 	p := &upPair{}
 	binds := [2]netip.Addr{netip.MustParseAddr("127.77.0.1"), netip.MustParseAddr("127.77.0.2")}
 	port := borrowPort(t, binds[0])
-	log := slog.New(slog.DiscardHandler)
 	for i := range 2 {
 		p.addrs[i] = netip.AddrFrom4([4]byte{10, 77, 9, byte(i + 1)})
 		h, err := netstack.New(netstack.Config{Addrs: []netip.Prefix{netip.PrefixFrom(p.addrs[i], 24)}, MTU: 65520})
