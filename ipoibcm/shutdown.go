@@ -62,7 +62,7 @@ var errAlreadyClosed = errors.New("already closed")
 // destroyResources releases whatever New created, in dependency order.
 // Connections are gone by now (Close reaped or forced them).
 func (i *Interface) destroyResources() {
-	if i.cmm != nil {
+	if i.cmm != nil && i.ownCM {
 		i.cmm.Close()
 	}
 	if i.ud != nil {

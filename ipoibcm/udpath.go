@@ -44,7 +44,7 @@ func newUDPath(i *Interface) (_ *udPath, err error) {
 		}
 	}()
 	u.qp = qp
-	if err := qp.Modify(hca.QPAttr{State: hca.QPStateInit, PKeyIndex: 0, QKey: frame.QKeyIPoIB}); err != nil {
+	if err := qp.Modify(hca.QPAttr{State: hca.QPStateInit, PKeyIndex: i.pkeyIndex, QKey: frame.QKeyIPoIB}); err != nil {
 		return nil, fmt.Errorf("UD QP to Init: %w", err)
 	}
 	size := headroom + int(i.port.ActiveMTU)
