@@ -59,7 +59,7 @@ func (o FormatOptions) Format(w io.Writer, s InterfaceStats) error {
 	other := map[string]json.RawMessage{}
 	for k, v := range sections {
 		switch k {
-		case "counters", "drops", "napi", "reaper", "cm", "neighbours", "txconns", "rxconns",
+		case "counters", "drops", "napi", "reaper", "cm", "neighbours", "txconns", "rxconns", "mcastgroups",
 			"name", "mode", "mtu", "hwaddr", "linkup":
 			continue
 		}
@@ -93,6 +93,7 @@ func (o FormatOptions) Format(w io.Writer, s InterfaceStats) error {
 
 	for _, sec := range []struct{ key, title string }{
 		{"neighbours", "neighbours"}, {"txconns", "tx connections"}, {"rxconns", "rx connections"},
+		{"mcastgroups", "multicast groups"},
 	} {
 		if err := writeObjectTable(b, sec.title, sections[sec.key]); err != nil {
 			return fmt.Errorf("format %s: %s: %w", info.Host, sec.key, err)
@@ -281,7 +282,7 @@ func writeCounterTable(b *bytes.Buffer, dir string, counters map[string]string, 
 // preferredColumns come first in connection and neighbour tables, in this
 // order; other keys follow alphabetically.
 var preferredColumns = []string{
-	"peer", "ip", "ips", "mac", "hwaddr", "peergid", "gid", "connected", "txconn",
+	"peer", "ip", "ips", "mgid", "groups", "mac", "hwaddr", "peergid", "gid", "connected", "txconn",
 	"localqpn", "qpn", "remoteqpn", "state", "mtu", "age", "agems", "idle", "idlems", "lastuse", "packets", "bytes",
 }
 

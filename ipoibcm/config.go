@@ -84,6 +84,13 @@ const (
 	// Config.NeighbourEvictAfter.
 	neighbourEvictFactor = 10
 
+	// DefaultMaxMcastGroups bounds the multicast groups an interface
+	// keeps for its host, full and send-only (mcast.go): well above what
+	// hosts join (a few per address and service), low enough that a host
+	// sending to every group it can name costs at most this many address
+	// handles.
+	DefaultMaxMcastGroups = 1024
+
 	// DefaultDrainTimeout is ipoib_cm_dev_stop's 5 s bound.
 	DefaultDrainTimeout = 5 * time.Second
 
@@ -166,6 +173,16 @@ type Config struct {
 	NeighbourEvictAfter time.Duration
 	// DrainTimeout bounds the wait for the drain protocol at Close.
 	DrainTimeout time.Duration
+	// MaxMcastGroups bounds the host's multicast groups (full and
+	// send-only; the default groups not counted), DefaultMaxMcastGroups.
+	// A join over it first evicts the least recently used send-only
+	// group; a send to a new group over it is dropped
+	// (tx_mcast_table_full).
+	MaxMcastGroups int
+	// McastSendOnlyTimeout ages out a send-only group the host has not
+	// sent to for this long; default NeighbourTimeout, as Linux collects
+	// send-only groups with the neighbours.
+	McastSendOnlyTimeout time.Duration
 
 	Logger *slog.Logger
 
@@ -220,6 +237,8 @@ func (c Config) withDefaults() (Config, error) {
 			c.NeighbourEvictAfter, c.NeighbourTimeout, hca.ErrInvalidArgument)
 	}
 	setDefault(&c.DrainTimeout, DefaultDrainTimeout)
+	setDefault(&c.MaxMcastGroups, DefaultMaxMcastGroups)
+	setDefault(&c.McastSendOnlyTimeout, c.NeighbourTimeout)
 	if c.RCRetry > 7 {
 		return c, fmt.Errorf("ipoibcm config: RC retry count %d not in 0..7: %w", c.RCRetry, hca.ErrInvalidArgument)
 	}

@@ -82,15 +82,13 @@ type Interface struct {
 	// may wait for the CM goroutine.
 	mu      sync.Mutex
 	neigh   neighbourTable
-	mcast   map[hca.GID]*mcastGroup
+	mcast   mcastTable
 	txConns map[*txConn]struct{}
 	rxConns map[*rxConn]struct{}
 	nonSRQ  int // passive connections with their own ring
 	rxLimit rxLimits
 	rng     *rand.Rand
 	hostIPs []netip.Addr // host addresses seen, for re-resolving neighbours
-	// mcastScratch collects the groups of one IGMP/MLD report (reader).
-	mcastScratch [16]netip.Addr
 
 	ctl    control
 	reaper reaper // owned by the control loop
@@ -159,7 +157,7 @@ func New(cfg Config) (_ *Interface, err error) {
 		log:     cfg.Logger.With("if", cfg.Name),
 		port:    cfg.Device.Port(),
 		neigh:   newNeighbourTable(),
-		mcast:   make(map[hca.GID]*mcastGroup),
+		mcast:   newMcastTable(),
 		txConns: make(map[*txConn]struct{}),
 		rxConns: make(map[*rxConn]struct{}),
 		rng:     newPSNSource(cfg.CM.Seed),

@@ -71,7 +71,7 @@ func (i *Interface) destroyResources() {
 	if i.srq != nil {
 		i.srq.destroy()
 	}
-	for _, g := range i.mcast {
+	for _, g := range i.mcast.groups {
 		if g.ah != nil {
 			g.ah.Destroy()
 		}

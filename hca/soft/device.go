@@ -46,6 +46,7 @@ type Device struct {
 	ahs      map[*ah]struct{}
 	handlers map[uint64]func(hca.AsyncEvent)
 	nextH    uint64
+	mcast    deviceMcast
 }
 
 var _ hca.Device = (*Device)(nil)

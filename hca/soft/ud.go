@@ -16,6 +16,9 @@ type udSend struct {
 	segments int
 	// flags go on every receive completion of the send.
 	flags hca.WCFlags
+	// mgid is the group of a multicast send (zero otherwise), counted per
+	// receiving device (Device.McastStats).
+	mgid hca.GID
 }
 
 // sendUD delivers one UD send to its destination QP, or to every QP
@@ -65,6 +68,7 @@ func (f *Fabric) sendUD(s *qp, wr *hca.SendWR) error {
 			f.stats.udNoQP.Add(1)
 			return nil
 		}
+		u.mgid = a.dgid
 		for _, r := range members {
 			f.deliverUD(s, r, &u, pkey)
 		}
@@ -138,6 +142,9 @@ func (f *Fabric) deliverUDOne(s, r *qp, u *udSend, pkey hca.PKey, seg int) {
 	} else {
 		copy(buf.Buf, wr.Data)
 		f.stats.udMessages.Add(1)
+	}
+	if wc.Status == hca.StatusSuccess && u.mgid.IsMulticast() {
+		r.dev.mcast.delivered(u.mgid)
 	}
 	f.complete(r.recvCQ, r, wc)
 }
