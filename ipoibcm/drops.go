@@ -24,6 +24,8 @@ const (
 	dropTxNoAH                               // tx_no_ah
 	dropTxNotIP                              // tx_not_ip
 	dropTxLinkDown                           // tx_link_down
+	dropTxBadMcastReport                     // tx_bad_mcast_report
+	dropTxMcastTableFull                     // tx_mcast_table_full
 	dropRxTruncatedHeader                    // rx_truncated_header
 	dropRxUnknownEthertype                   // rx_unknown_ethertype
 	dropRxOwnEcho                            // rx_own_echo

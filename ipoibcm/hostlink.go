@@ -102,8 +102,10 @@ func (i *Interface) openForHost() error {
 		return fmt.Errorf("%s: host set the interface up: %w", i.cfg.Name, err)
 	}
 	i.mu.Lock()
-	err := i.rejoinGroupsLocked()
+	// Up first, under mu (the host reader waits for it): attachLocked
+	// only records joins while the host has ib0 down.
 	i.hostLink.Store(int32(hostLinkUp))
+	err := i.rejoinGroupsLocked()
 	i.mu.Unlock()
 	i.rs.hostUps.Add(1)
 	i.link.Store(true)
@@ -148,10 +150,12 @@ func (i *Interface) flushPathsLocked() int {
 }
 
 // leaveGroupsLocked detaches the UD QP from every group it is attached
-// to and marks them to be rejoined on up. i.mu held.
+// to, as ipoib_mcast_dev_flush does. The entries stay, with their state
+// and members: the host is still a member of its IP groups, and up
+// attaches them again. i.mu held.
 func (i *Interface) leaveGroupsLocked() int {
 	n := 0
-	for mgid, g := range i.mcast {
+	for mgid, g := range i.mcast.groups {
 		if !g.attached {
 			continue
 		}
@@ -159,35 +163,36 @@ func (i *Interface) leaveGroupsLocked() int {
 			i.log.Warn("leave multicast group", "mgid", mgid, "err", err)
 			continue
 		}
-		g.attached, g.rejoin = false, true
+		g.attached = false
 		n++
 	}
 	return n
 }
 
-// rejoinGroupsLocked attaches the broadcast group, the all-hosts and
-// all-nodes groups and every group left at down. i.mu held.
+// rejoinGroupsLocked attaches every group the host is a member of again:
+// the default groups (broadcast, all-hosts, all-nodes) and its full
+// joins, including those learnt while down. i.mu held.
 func (i *Interface) rejoinGroupsLocked() error {
 	var first error
-	for mgid, g := range i.mcast {
-		if !g.rejoin {
+	for mgid, g := range i.mcast.groups {
+		if g.state == mcastSendOnly {
 			continue
 		}
-		g.rejoin = false
-		if err := i.attachLocked(mgid); err != nil && first == nil {
+		if err := i.attachLocked(mgid, g); err != nil && first == nil {
 			first = err
 		}
 	}
 	return first
 }
 
-// listen opens the CM listener on the IPoIB service IDs of our UD QPN.
+// listen opens the CM listener on the IPoIB service IDs of our UD QPN,
+// in the interface's partition.
 func (i *Interface) listen() error {
 	if i.cmm == nil {
 		return nil
 	}
 	qpn := uint64(i.ud.qp.QPN())
-	l, err := i.cmm.Listen([]uint64{serviceIDIETF | qpn, serviceIDRFC | qpn}, i.decideREQ)
+	l, err := i.cmm.ListenPKey(i.cfg.PKey, []uint64{serviceIDIETF | qpn, serviceIDRFC | qpn}, i.decideREQ)
 	if err != nil {
 		return fmt.Errorf("cm listen: %w", err)
 	}

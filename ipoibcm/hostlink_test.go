@@ -82,7 +82,7 @@ func TestHostDownStopsAndUpRestarts(t *testing.T) {
 			t.Errorf("neighbour %v keeps its path while down: AH %v, TX %v, %d parked", n.hw, n.ah != nil, n.tx != nil, n.nParked)
 		}
 	}
-	for mgid, g := range a.ifc.mcast {
+	for mgid, g := range a.ifc.mcast.groups {
 		if g.attached {
 			t.Errorf("still attached to %v while down", mgid)
 		}
@@ -155,6 +155,13 @@ func TestHostDownStopsAndUpRestarts(t *testing.T) {
 	if up.HostLink != "up" || !up.LinkUp || up.Reaper.HostUps != 1 {
 		t.Fatalf("after up: host_link %q link_up %v host_ups %d", up.HostLink, up.LinkUp, up.Reaper.HostUps)
 	}
+	a.ifc.mu.Lock()
+	for mgid, g := range a.ifc.mcast.groups {
+		if g.state != mcastSendOnly && !g.attached {
+			t.Errorf("%s group %v not attached again after up", g.state, mgid)
+		}
+	}
+	a.ifc.mu.Unlock()
 	ping(t, a, b.v4, 56)
 	ping(t, b, a.v4, 56)
 	tcpTransfer(t, a, b, b.v4, 1<<20, nil)

@@ -179,7 +179,8 @@ func (d *Device) LocalAddr() netip.AddrPort { return d.local }
 
 // Port implements hca.Device. The link is always up.
 func (d *Device) Port() hca.Port {
-	return hca.Port{GID: d.gid, PKeys: append([]hca.PKey(nil), d.cfg.PKeys...), ActiveMTU: d.cfg.MTU, Active: true}
+	return hca.Port{GID: d.gid, PKeys: append([]hca.PKey(nil), d.cfg.PKeys...), ActiveMTU: d.cfg.MTU, Active: true,
+		PKeyViolations: d.ctr.drops[wire.DropBadPKey].Load()}
 }
 
 // Limits implements hca.Device.

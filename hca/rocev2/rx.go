@@ -144,8 +144,15 @@ func (d *Device) receive(b []byte, from netip.AddrPort, p *wire.Packet) {
 	if d.cfg.Tap != nil {
 		d.cfg.Tap.Datagram(from, d.local, b)
 	}
-	if !d.pkeyInTable(hca.PKey(p.BTH.PKey)) {
-		d.ctr.drop(wire.DropBadPKey)
+	if _, ok := hca.MatchingPKeyIndex(d.cfg.PKeys, hca.PKey(p.BTH.PKey)); !ok {
+		// No partition of ours (IBTA 10.9.3), before the sender may
+		// join the broadcast group: a host of another partition stays
+		// out of it.
+		if p.BTH.Opcode == wire.OpUDSendOnly {
+			d.ctr.dropUD(wire.DropBadPKey)
+		} else {
+			d.ctr.drop(wire.DropBadPKey)
+		}
 		return
 	}
 	if sp := from.Port(); sp == d.local.Port() || sp >= wire.SourcePortMin {
@@ -174,13 +181,4 @@ func (d *Device) receive(b []byte, from netip.AddrPort, p *wire.Packet) {
 		// CNPs and anything else parsed but not carried here.
 		d.ctr.drop(wire.DropBadOpcode)
 	}
-}
-
-func (d *Device) pkeyInTable(k hca.PKey) bool {
-	for _, e := range d.cfg.PKeys {
-		if k.Matches(e) {
-			return true
-		}
-	}
-	return false
 }
