@@ -46,16 +46,35 @@ func routeMTU(dst netip.Addr) (mtu int, dev string, err error) {
 }
 
 // checkUnderlay refuses an IB MTU the route toward a configured peer
-// cannot carry. The socket sends with DF, so such datagrams would fail
-// with EMSGSIZE (or vanish at a smaller hop) and every large IP packet
-// with them: a black hole that ping of small packets does not show.
-func checkUnderlay(bind netip.Addr, peers []netip.Addr, ibMTU int) error {
+// cannot carry, or with multicast the link of the bind address, where
+// multicast leaves. The socket sends with DF, so such datagrams would
+// fail with EMSGSIZE (or vanish at a smaller hop) and every large IP
+// packet with them: a black hole that ping of small packets does not
+// show.
+func checkUnderlay(bind netip.Addr, peers []netip.Addr, multicast bool, ibMTU int) error {
 	need := underlayLen(bind, ibMTU)
+	type hop struct {
+		p   netip.Addr
+		mtu int
+		dev string
+	}
+	var hops []hop
 	for _, p := range peers {
 		mtu, dev, err := routeMTU(p)
 		if err != nil {
 			return err
 		}
+		hops = append(hops, hop{p, mtu, dev})
+	}
+	if multicast {
+		mtu, dev, err := linkMTU(bind)
+		if err != nil {
+			return err
+		}
+		hops = append(hops, hop{netip.Addr{}, mtu, dev})
+	}
+	for _, h := range hops {
+		p, mtu, dev := h.p, h.mtu, h.dev
 		if mtu >= need {
 			continue
 		}
@@ -66,8 +85,35 @@ func checkUnderlay(bind netip.Addr, peers []netip.Addr, ibMTU int) error {
 				break
 			}
 		}
-		return fmt.Errorf("peer %v: the route via %s carries %d-byte packets, --ib-mtu %d needs %d (%s, or raise the MTU of %s to %d)",
-			p, dev, mtu, ibMTU, need, fit, dev, need)
+		what := fmt.Sprintf("peer %v: the route", p)
+		if !p.IsValid() {
+			what = "multicast: the link"
+		}
+		return fmt.Errorf("%s via %s carries %d-byte packets, --ib-mtu %d needs %d (%s, or raise the MTU of %s to %d)",
+			what, dev, mtu, ibMTU, need, fit, dev, need)
 	}
 	return nil
+}
+
+// linkMTU is the MTU of the interface holding addr: multicast leaves
+// there (IP_MULTICAST_IF).
+func linkMTU(addr netip.Addr) (mtu int, dev string, err error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return 0, "", fmt.Errorf("interfaces: %w", err)
+	}
+	for _, ifc := range ifs {
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok {
+				if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap() == addr {
+					return ifc.MTU, ifc.Name, nil
+				}
+			}
+		}
+	}
+	return 0, "", fmt.Errorf("--bind %v: no interface holds it (multicast is joined on its interface)", addr)
 }
