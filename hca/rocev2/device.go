@@ -135,7 +135,7 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 	var ifi *net.Interface
 	if cfg.Multicast {
 		var err error
-		if ifi, err = bindInterface(cfg.Bind.Addr()); err != nil {
+		if ifi, err = BindInterface(cfg.Bind.Addr()); err != nil {
 			return nil, err
 		}
 	}

@@ -287,3 +287,15 @@ func TestMulticastSharedGroup(t *testing.T) {
 		t.Fatalf("group kept after the last detach; leaves %d", d.Stats().McastLeaves)
 	}
 }
+
+// A loopback address that no interface holds is on lo, whose 127.0.0.1/8
+// covers it; an address nowhere is refused.
+func TestBindInterface(t *testing.T) {
+	ifi, err := BindInterface(netip.MustParseAddr("127.0.0.2"))
+	if err != nil || ifi.Flags&net.FlagLoopback == 0 {
+		t.Fatalf("127.0.0.2: %v %v", ifi, err)
+	}
+	if ifi, err := BindInterface(netip.MustParseAddr("192.0.2.254")); err == nil {
+		t.Fatalf("192.0.2.254 (TEST-NET-1) found on %s", ifi.Name)
+	}
+}

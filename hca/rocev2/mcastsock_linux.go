@@ -10,25 +10,39 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// bindInterface finds the interface that holds addr: multicast joins and
-// sends use it, as rxe uses its netdev.
-func bindInterface(addr netip.Addr) (*net.Interface, error) {
+// BindInterface finds the interface that holds addr: multicast joins and
+// sends use it, as rxe uses its netdev. A loopback address such as
+// 127.0.0.2 is held by no interface but lies in lo's 127.0.0.1/8.
+func BindInterface(addr netip.Addr) (*net.Interface, error) {
 	ifs, err := net.Interfaces()
 	if err != nil {
 		return nil, fmt.Errorf("rocev2: interfaces: %w", err)
 	}
+	var inSubnet *net.Interface
 	for i := range ifs {
 		addrs, err := ifs[i].Addrs()
 		if err != nil {
 			continue
 		}
 		for _, a := range addrs {
-			if n, ok := a.(*net.IPNet); ok {
-				if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap() == addr {
-					return &ifs[i], nil
-				}
+			n, ok := a.(*net.IPNet)
+			if !ok {
+				continue
+			}
+			ip, ok := netip.AddrFromSlice(n.IP)
+			if !ok {
+				continue
+			}
+			if ip.Unmap() == addr {
+				return &ifs[i], nil
+			}
+			if ones, _ := n.Mask.Size(); addr.IsLoopback() && inSubnet == nil && netip.PrefixFrom(ip.Unmap(), ones).Contains(addr) {
+				inSubnet = &ifs[i]
 			}
 		}
+	}
+	if inSubnet != nil {
+		return inSubnet, nil
 	}
 	return nil, fmt.Errorf("rocev2: no interface holds %v, so no multicast group can be joined on it", addr)
 }

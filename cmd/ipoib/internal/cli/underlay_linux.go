@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/ipoibcm/ipoib/hca/rocev2"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
 	"github.com/vishvananda/netlink"
 )
@@ -98,22 +99,9 @@ func checkUnderlay(bind netip.Addr, peers []netip.Addr, multicast bool, ibMTU in
 // linkMTU is the MTU of the interface holding addr: multicast leaves
 // there (IP_MULTICAST_IF).
 func linkMTU(addr netip.Addr) (mtu int, dev string, err error) {
-	ifs, err := net.Interfaces()
+	ifc, err := rocev2.BindInterface(addr)
 	if err != nil {
-		return 0, "", fmt.Errorf("interfaces: %w", err)
+		return 0, "", fmt.Errorf("--bind %v: %w", addr, err)
 	}
-	for _, ifc := range ifs {
-		addrs, err := ifc.Addrs()
-		if err != nil {
-			continue
-		}
-		for _, a := range addrs {
-			if n, ok := a.(*net.IPNet); ok {
-				if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap() == addr {
-					return ifc.MTU, ifc.Name, nil
-				}
-			}
-		}
-	}
-	return 0, "", fmt.Errorf("--bind %v: no interface holds it (multicast is joined on its interface)", addr)
+	return ifc.MTU, ifc.Name, nil
 }
