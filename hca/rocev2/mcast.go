@@ -140,16 +140,26 @@ func (d *Device) receiveGroup(b []byte, from netip.AddrPort, g *group, p *wire.P
 		return
 	}
 	info := udInfo{srcQPN: hca.QPN(p.DETH.SrcQP), srcGID: hca.GIDFromAddr(from.Addr()), pkey: hca.PKey(p.BTH.PKey)}
-	delivered := false
+	delivered, otherPartition := false, false
 	for q := range g.attached {
-		if uint32(q.qkey) != p.DETH.QKey || q.state < hca.QPStateRTR || q.state == hca.QPStateError || !info.pkey.Matches(q.pkey) {
+		if uint32(q.qkey) != p.DETH.QKey || q.state < hca.QPStateRTR || q.state == hca.QPStateError {
+			continue
+		}
+		if !info.pkey.Matches(q.pkey) {
+			otherPartition = true
 			continue
 		}
 		delivered = true
 		d.ctr.mcastDelivered.Add(1)
 		q.deliverUD(p, &info)
 	}
-	if !delivered {
+	switch {
+	case delivered:
+	case otherPartition:
+		// Attached, but in another partition (groups of partitions
+		// that map to one IPv4 group share it).
+		d.ctr.dropUD(wire.DropBadPKey)
+	default:
 		d.ctr.dropUD(wire.DropNotAttached)
 	}
 }
