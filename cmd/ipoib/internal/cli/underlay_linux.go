@@ -98,10 +98,16 @@ func checkUnderlay(bind netip.Addr, peers []netip.Addr, multicast bool, ibMTU in
 
 // linkMTU is the MTU of the interface holding addr: multicast leaves
 // there (IP_MULTICAST_IF).
+// A link without multicast (a tun device, WireGuard) cannot carry it:
+// that is --multicast=off's case, said at start-up rather than found as
+// silence.
 func linkMTU(addr netip.Addr) (mtu int, dev string, err error) {
 	ifc, err := rocev2.BindInterface(addr)
 	if err != nil {
 		return 0, "", fmt.Errorf("--bind %v: %w", addr, err)
+	}
+	if ifc.Flags&(net.FlagMulticast|net.FlagLoopback) == 0 {
+		return 0, "", fmt.Errorf("--bind %v is on %s, which has no multicast: use --multicast=off (and --peers)", addr, ifc.Name)
 	}
 	return ifc.MTU, ifc.Name, nil
 }
