@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end check of multicast over the RoCEv2 underlay (issue 13): 'ipoib
-# up' hosts in network namespaces on one Linux bridge (IGMP snooping on, the
-# bridge the querier, fast leave on its ports), and:
+# up' hosts in network namespaces on one Linux bridge (IGMPv3/MLDv2 snooping
+# on, the bridge the querier, fast leave on its ports), and:
 #   run 1, --multicast=on, no --peers: eight hosts; every ordered pair answers
 #     an 8000-byte ping within 2 s of the last start; a tshark capture shows
 #     the multicast UD packets sent to the IP group with DestQP 0xFFFFFF,
@@ -47,16 +47,20 @@ ci_on_fail=logs
 
 # stop PID SIGNAL SECONDS: signal a process this script started and wait
 # for it, bounded; returns its exit status (124: killed).
+# kill -0 runs in this shell, which reaps its children: a subshell's
+# kill -0 would see the zombie.
 stop() {
-	local pid=$1 sig=$2 secs=$3 rc=0
+	local pid=$1 sig=$2 secs=$3 rc=0 i
 	[ -n "$pid" ] || return 0
+	kill "-$sig" "$pid" 2>/dev/null || true
+	for ((i = 0; i < secs * 10; i++)); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
 	if kill -0 "$pid" 2>/dev/null; then
-		kill "-$sig" "$pid" 2>/dev/null || true
-		if ! ci_wait_until "$secs" "pid $pid to exit" bash -c "! kill -0 $pid"; then
-			kill -KILL "$pid" 2>/dev/null || true
-			wait "$pid" 2>/dev/null || true
-			return 124
-		fi
+		kill -KILL "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+		return 124
 	fi
 	wait "$pid" 2>/dev/null || rc=$?
 	return $rc
@@ -131,13 +135,17 @@ ci_step "build"
 "$GO" build -o "$ICRCCHECK" ./hca/rocev2/cmd/icrccheck
 ci_pass "built ipoib and icrccheck"
 
-ci_step "bridge $BR (IGMP snooping, querier, fast leave) and nine namespaces"
+# IGMPv3 throughout: an IGMPv2 host suppresses its report when it hears
+# another's for the group, and the bridge floods reports until its querier
+# counts as present, so a v2 MDB would miss ports.
+ci_step "bridge $BR (IGMPv3 snooping, querier, fast leave) and nine namespaces"
 for i in $(seq 1 9); do ip netns del "$NS$i" 2>/dev/null || true; done
 ip link del "$BR" 2>/dev/null || true
-ip link add "$BR" mtu 9000 type bridge mcast_snooping 1 mcast_querier 1
+ip link add "$BR" mtu 9000 type bridge mcast_snooping 1 mcast_querier 1 mcast_igmp_version 3 mcast_mld_version 2
 ip link set "$BR" up
 for i in $(seq 1 9); do
 	ip netns add "$NS$i"
+	ip netns exec "$NS$i" sysctl -qw net.ipv4.conf.all.force_igmp_version=3
 	ip -n "$NS$i" link set lo up
 	ip link add "mcb$i" mtu 9000 type veth peer name "mcv$i" netns "$NS$i" mtu 9000
 	ip link set "mcb$i" master "$BR"
@@ -160,10 +168,15 @@ t0=$SECONDS
 n=$(ping_pairs "$(seq 1 8)" "$(seq 1 8)") || ci_fail "run 1: some pairs did not answer within 2 s"
 ci_pass "run 1: all $n ordered pairs answered an $PING_BYTES-byte ping within 2 s of the last start ($((SECONDS - t0)) s for all)"
 
-members=$(bridge -j mdb show dev "$BR" | jq -r --arg g "$GROUP" '[.[].mdb[] | select(.grp == $g) | .port] | unique | join(" ")')
-for i in $(seq 1 8); do
-	[[ " $members " == *" mcb$i "* ]] || ci_fail "bridge MDB: mcb$i not in $GROUP" "members: $members"
-done
+members() { bridge -j mdb show dev "$BR" | jq -r --arg g "$GROUP" '[.[].mdb[] | select(.grp == $g) | .port] | unique | join(" ")'; }
+all_joined() {
+	local m i
+	m=" $(members) "
+	for i in $(seq 1 8); do [[ "$m" == *" mcb$i "* ]] || return 1; done
+}
+ci_wait_until 5 "all eight ports in $GROUP" all_joined ||
+	ci_fail "bridge MDB: not every port joined $GROUP" "members: $(members)" "$(bridge mdb show dev "$BR")" \
+		"$(ip netns exec "${NS}1" cat /proc/net/igmp)"
 ci_pass "bridge MDB: all eight ports joined $GROUP (IGMP reports reached the fabric)"
 
 stop "${UP_PID[8]}" TERM 10 || ci_fail "host 8 exit status $?"

@@ -132,16 +132,19 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
+	sock, err := openSocket(cfg.Bind, offloads{gso: !cfg.DisableGSO, gro: !cfg.DisableGRO}, nil)
+	if err != nil {
+		return nil, err // a bind address that is not local says so here
+	}
 	var ifi *net.Interface
 	if cfg.Multicast {
-		var err error
-		if ifi, err = BindInterface(cfg.Bind.Addr()); err != nil {
+		if ifi, err = BindInterface(cfg.Bind.Addr()); err == nil {
+			err = sock.setMulticastSend(ifi)
+		}
+		if err != nil {
+			sock.Close()
 			return nil, err
 		}
-	}
-	sock, err := openSocket(cfg.Bind, offloads{gso: !cfg.DisableGSO, gro: !cfg.DisableGRO}, ifi)
-	if err != nil {
-		return nil, err
 	}
 	tx := newSender(sock, txBatch)
 	tx.gso = sock.gso && !cfg.Faults.active()

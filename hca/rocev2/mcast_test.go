@@ -7,12 +7,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -298,4 +300,93 @@ func TestBindInterface(t *testing.T) {
 	if ifi, err := BindInterface(netip.MustParseAddr("192.0.2.254")); err == nil {
 		t.Fatalf("192.0.2.254 (TEST-NET-1) found on %s", ifi.Name)
 	}
+}
+
+// TestMulticastLeaveAtTheBridge puts the device behind a Linux bridge
+// with IGMP snooping (querier on, fast leave on the port): attaching
+// makes the bridge forward the group to the device's port (the join
+// reached the fabric), the last detach removes the port from the
+// bridge's group (the leave did too, not just the host's socket).
+func TestMulticastLeaveAtTheBridge(t *testing.T) {
+	for _, tool := range []string{"ip", "bridge"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s (iproute2)", tool)
+		}
+	}
+	addr := netip.MustParseAddr("10.99.0.1")
+	enterPrivateNetns(t) // the commands below run in it: exec forks from this thread
+	for _, c := range [][]string{
+		{"ip", "link", "add", "br0", "type", "bridge", "mcast_snooping", "1", "mcast_querier", "1"},
+		{"ip", "link", "set", "mc1", "master", "br0"},
+		{"bridge", "link", "set", "dev", "mc1", "fastleave", "on"},
+		{"ip", "link", "set", "br0", "up"},
+		{"ip", "addr", "add", addr.String() + "/24", "dev", "mc0"},
+	} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			t.Skipf("%v: %v %s", c, err, out)
+		}
+	}
+	if err := awaitLocal(addr); err != nil {
+		t.Fatal(err)
+	}
+	f := newTestFabric(t, 0, Faults{})
+	d := f.open(t, Config{Bind: netip.AddrPortFrom(addr, wire.RoCEv2Port), Multicast: true, Name: t.Name()})
+	e := newUDEnd(t, d, 1)
+	bcast := mgidOf("ff12:401b:ffff::ffff:ffff")
+	// Every change of the bridge's MDB is an rtnetlink notification
+	// (RTNLGRP_MDB): the wake-up; the table itself is then read.
+	sub, err := nl.Subscribe(unix.NETLINK_ROUTE, unix.RTNLGRP_MDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetReceiveTimeout(&unix.Timeval{Usec: 100000}); err != nil {
+		t.Fatal(err)
+	}
+	wake, stop := make(chan struct{}, 1), make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if msgs, _, err := sub.Receive(); err == nil && len(msgs) > 0 {
+				select {
+				case wake <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done; sub.Close() })
+	inMDB := func() bool {
+		out, err := exec.Command("bridge", "mdb", "show", "dev", "br0").CombinedOutput()
+		if err != nil {
+			t.Fatalf("bridge mdb: %v %s", err, out)
+		}
+		return strings.Contains(string(out), "port mc1 grp 239.255.255.255")
+	}
+	waitMDB := func(want bool) {
+		t.Helper()
+		guard := time.NewTimer(10 * time.Second)
+		defer guard.Stop()
+		for inMDB() != want {
+			select {
+			case <-wake:
+			case <-guard.C:
+				out, _ := exec.Command("bridge", "mdb", "show").CombinedOutput()
+				t.Fatalf("port mc1 in the bridge's 239.255.255.255: want %v; mdb:\n%s", want, out)
+			}
+		}
+	}
+	if err := e.qp.AttachMcast(bcast); err != nil {
+		t.Fatal(err)
+	}
+	waitMDB(true)
+	if err := e.qp.DetachMcast(bcast); err != nil {
+		t.Fatal(err)
+	}
+	waitMDB(false)
 }

@@ -72,6 +72,13 @@ func setMulticastSend(fd int, v6 bool, ifindex int) error {
 	return nil
 }
 
+// setMulticastSend is setMulticastSend on an open socket.
+func (s *udpSocket) setMulticastSend(ifi *net.Interface) error {
+	var serr error
+	err := s.raw.Control(func(fd uintptr) { serr = setMulticastSend(int(fd), s.v6, ifi.Index) })
+	return errors.Join(err, serr)
+}
+
 // openGroupSocket opens a socket bound to group:port that has joined the
 // group on ifi: the kernel then reports the membership (IGMP/MLD), the
 // network forwards the group's datagrams to this host, and the socket

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -69,10 +70,14 @@ func checkUnderlay(bind netip.Addr, peers []netip.Addr, multicast bool, ibMTU in
 	}
 	if multicast {
 		mtu, dev, err := linkMTU(bind)
-		if err != nil {
+		switch {
+		case errors.Is(err, errNotLocal):
+			// Opening the device says so, as the kernel words it.
+		case err != nil:
 			return err
+		default:
+			hops = append(hops, hop{netip.Addr{}, mtu, dev})
 		}
-		hops = append(hops, hop{netip.Addr{}, mtu, dev})
 	}
 	for _, h := range hops {
 		p, mtu, dev := h.p, h.mtu, h.dev
@@ -96,6 +101,9 @@ func checkUnderlay(bind netip.Addr, peers []netip.Addr, multicast bool, ibMTU in
 	return nil
 }
 
+// errNotLocal: no interface holds the bind address.
+var errNotLocal = errors.New("not an address of this host")
+
 // linkMTU is the MTU of the interface holding addr: multicast leaves
 // there (IP_MULTICAST_IF).
 // A link without multicast (a tun device, WireGuard) cannot carry it:
@@ -104,7 +112,7 @@ func checkUnderlay(bind netip.Addr, peers []netip.Addr, multicast bool, ibMTU in
 func linkMTU(addr netip.Addr) (mtu int, dev string, err error) {
 	ifc, err := rocev2.BindInterface(addr)
 	if err != nil {
-		return 0, "", fmt.Errorf("--bind %v: %w", addr, err)
+		return 0, "", fmt.Errorf("--bind %v: %w: %w", addr, errNotLocal, err)
 	}
 	if ifc.Flags&(net.FlagMulticast|net.FlagLoopback) == 0 {
 		return 0, "", fmt.Errorf("--bind %v is on %s, which has no multicast: use --multicast=off (and --peers)", addr, ifc.Name)
