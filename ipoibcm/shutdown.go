@@ -32,6 +32,9 @@ func (i *Interface) Close() error {
 	i.link.Store(false)
 	_ = i.host.SetLinkUp(false)
 	i.closeListener()
+	if i.cancelPort != nil {
+		i.cancelPort()
+	}
 	// The reader ends when the port closes; it may be parked waiting for
 	// credits, which stop releases.
 	hostErr := i.host.Close()
