@@ -37,6 +37,9 @@ type upPair struct {
 	devs  [2]*rocev2.Device
 	ups   [2]*upHost
 	addrs [2]netip.Addr
+	// transfers counts transfer calls: each listens on its own port, as
+	// the last one's may still be in TIME_WAIT.
+	transfers uint16
 }
 
 func borrowPort(t *testing.T, a netip.Addr) uint16 {
@@ -114,7 +117,9 @@ func (p *upPair) ping(t *testing.T, from int, size int) {
 // them by SHA-256.
 func (p *upPair) transfer(t *testing.T, n int) {
 	t.Helper()
-	l, err := p.hosts[1].ListenTCP(5001)
+	port := 5001 + p.transfers
+	p.transfers++
+	l, err := p.hosts[1].ListenTCP(port)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +140,7 @@ func (p *upPair) transfer(t *testing.T, n int) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := p.hosts[0].DialTCP(ctx, netip.AddrPortFrom(p.addrs[1], 5001))
+	c, err := p.hosts[0].DialTCP(ctx, netip.AddrPortFrom(p.addrs[1], port))
 	if err != nil {
 		t.Fatal(err)
 	}
