@@ -23,6 +23,9 @@ const (
 	dropTxSendError                          // tx_send_error
 	dropTxNoAH                               // tx_no_ah
 	dropTxNotIP                              // tx_not_ip
+	dropTxBadOffload                         // tx_bad_offload
+	dropTxGSONoRoom                          // tx_gso_no_room
+	dropTxLSOTooLarge                        // tx_lso_too_large
 	dropRxTruncatedHeader                    // rx_truncated_header
 	dropRxUnknownEthertype                   // rx_unknown_ethertype
 	dropRxOwnEcho                            // rx_own_echo

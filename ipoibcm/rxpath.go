@@ -6,6 +6,7 @@ import (
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
+	"github.com/ipoibcm/ipoib/offload"
 )
 
 // rxPath is the flow HCA → host: the RX poller's Handle takes receive
@@ -19,6 +20,7 @@ type rxPath struct {
 	i *Interface
 
 	frames     [][]byte
+	meta       []offload.Meta // frames' offload metadata, for an OffloadPort
 	udRepost   []hca.RecvWR
 	srqRepost  []hca.RecvWR
 	connRepost []connRepost
@@ -43,6 +45,7 @@ const transBufSize = 2048
 
 func (r *rxPath) init(batch int) {
 	r.frames = make([][]byte, 0, batch)
+	r.meta = make([]offload.Meta, 0, batch)
 	r.udRepost = make([]hca.RecvWR, 0, batch)
 	r.srqRepost = make([]hca.RecvWR, 0, batch)
 	r.connRepost = make([]connRepost, 0, batch)
@@ -107,9 +110,10 @@ func (r *rxPath) flushRX() {
 		r.locked = false
 	}
 	if len(r.frames) > 0 {
-		i.hostOut.write(r.frames)
+		i.hostOut.writeMeta(r.frames, r.meta)
 		clear(r.frames)
 		r.frames = r.frames[:0]
+		r.meta = r.meta[:0]
 	}
 	if len(r.udRepost) > 0 {
 		if _, err := i.ud.qp.PostRecv(r.udRepost); err != nil {
@@ -185,7 +189,7 @@ func (r *rxPath) rxUD(wc *hca.WC) {
 		i.ctr.drop(dropRxBadIP)
 		return
 	}
-	r.deliverIP(b, wc.ByteLen, et, n.mac, src, true)
+	r.deliverIP(b, wc.ByteLen, et, n.mac, src, true, wc.Flags)
 }
 
 func (r *rxPath) rxSRQ(wc *hca.WC) {
@@ -210,7 +214,7 @@ func (r *rxPath) rxSRQ(wc *hca.WC) {
 		}
 		return
 	}
-	r.rxConnPacket(rc, i.srq.bufs[idx], idx, wc.ByteLen)
+	r.rxConnPacket(rc, i.srq.bufs[idx], idx, wc.ByteLen, wc.Flags)
 }
 
 func (r *rxPath) rxConnRing(wc *hca.WC) {
@@ -237,7 +241,7 @@ func (r *rxPath) rxConnRing(wc *hca.WC) {
 		i.ctr.drop(dropRxError)
 		return
 	}
-	r.rxConnPacket(rc, rc.ring[idx], idx, wc.ByteLen)
+	r.rxConnPacket(rc, rc.ring[idx], idx, wc.ByteLen, wc.Flags)
 }
 
 // ringReceiveGone counts down a non-SRQ connection's posted receives; at
@@ -257,7 +261,7 @@ func (r *rxPath) deadCompletion(wc *hca.WC) {
 }
 
 // rxConnPacket delivers one message received on a passive connection.
-func (r *rxPath) rxConnPacket(rc *rxConn, b []byte, idx, byteLen int) {
+func (r *rxPath) rxConnPacket(rc *rxConn, b []byte, idx, byteLen int, flags hca.WCFlags) {
 	i := r.i
 	if !rc.established.Load() && rc.established.CompareAndSwap(false, true) {
 		// First receive before the RTU: tell the CM (IBTA COMM_EST), from
@@ -288,14 +292,15 @@ func (r *rxPath) rxConnPacket(rc *rxConn, b []byte, idx, byteLen int) {
 	}
 	rc.packets.Add(1)
 	rc.byts.Add(uint64(byteLen))
-	r.deliverIP(b, byteLen, et, rc.mac, rc.peer, false)
+	r.deliverIP(b, byteLen, et, rc.mac, rc.peer, false, flags)
 }
 
 // deliverIP turns the IPoIB message at b[headroom:headroom+byteLen] into
 // an Ethernet frame for the host: in place (the Ethernet header is written
 // over the headroom and the IPoIB header), or, for neighbour discovery,
-// translated into a scratch buffer.
-func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, peer frame.HWAddr, ud bool) {
+// translated into a scratch buffer. flags is the HCA's checksum verdict
+// (rxMeta).
+func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, peer frame.HWAddr, ud bool, flags hca.WCFlags) {
 	i := r.i
 	pkt := b[frame.EthHdrLen : headroom+byteLen]
 	dst := i.hostMACNow()
@@ -329,7 +334,13 @@ func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, p
 		h(peer, pkt)
 	}
 	frame.PutEthernet(b, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: et})
-	r.frames = append(r.frames, b[:headroom+byteLen])
+	f := b[:headroom+byteLen]
+	var m offload.Meta
+	if flags != 0 {
+		m = i.rxMeta(f, flags)
+	}
+	r.frames = append(r.frames, f)
+	r.meta = append(r.meta, m)
 	i.ctr.rxPackets.Add(1)
 	i.ctr.rxBytes.Add(uint64(byteLen))
 }
@@ -380,6 +391,7 @@ func (r *rxPath) deliverND(pkt []byte, byteLen int, srcMAC frame.MAC, peer frame
 	}
 	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: frame.EtherTypeIPv6})
 	r.frames = append(r.frames, out[:frame.EthHdrLen+n])
+	r.meta = append(r.meta, offload.Meta{})
 	i.ctr.rxPackets.Add(1)
 	i.ctr.rxBytes.Add(uint64(byteLen))
 }
@@ -421,6 +433,7 @@ func (r *rxPath) rxARPLocked(body []byte) {
 	}
 	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: n.mac, EtherType: frame.EtherTypeARP})
 	r.frames = append(r.frames, out[:frame.EthHdrLen+m])
+	r.meta = append(r.meta, offload.Meta{})
 	i.ctr.rxPackets.Add(1)
 	i.ctr.rxBytes.Add(uint64(frame.EncapLen + len(body)))
 }
