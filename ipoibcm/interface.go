@@ -73,7 +73,7 @@ type Interface struct {
 	tx      txPath
 	rx      rxPath // owned by the RX poller
 	hostOut hostWriter
-	off     offloadPath // offload.go
+	off     offloadPath // offloads.go
 
 	// mu guards the neighbour table, multicast groups, connection sets
 	// and connection states. Never held across napi Sync or CM calls that

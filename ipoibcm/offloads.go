@@ -71,7 +71,7 @@ func (o *offloadPath) modeCaps(m Mode) offload.Caps {
 	return c
 }
 
-// advertise tells the host port what it may hand us in mode m.
+// advertiseOffloads tells the host port what it may hand us in mode m.
 func (i *Interface) advertiseOffloads(m Mode) {
 	o := &i.off
 	if o.port == nil {
