@@ -23,6 +23,8 @@ const (
 	dropTxSendError                          // tx_send_error
 	dropTxNoAH                               // tx_no_ah
 	dropTxNotIP                              // tx_not_ip
+	dropTxBadMcastReport                     // tx_bad_mcast_report
+	dropTxMcastTableFull                     // tx_mcast_table_full
 	dropTxBadOffload                         // tx_bad_offload
 	dropTxGSONoRoom                          // tx_gso_no_room
 	dropTxLSOTooLarge                        // tx_lso_too_large

@@ -67,7 +67,11 @@ type Interface struct {
 	srq        *srqRing // nil without SRQ
 	drainBuf   []byte
 	cmm        *cm.Manager
-	listener   *cm.Listener
+	ownCM      bool // cmm is ours to close (not Config.CMManager)
+	// pkeyIndex is the port table's index of the interface's partition:
+	// every QP's P_Key index.
+	pkeyIndex int
+	listener  *cm.Listener
 
 	// The two data flows: host → TX path → HCA and HCA → RX path → host.
 	tx      txPath
@@ -80,15 +84,13 @@ type Interface struct {
 	// may wait for the CM goroutine.
 	mu      sync.Mutex
 	neigh   neighbourTable
-	mcast   map[hca.GID]*mcastGroup
+	mcast   mcastTable
 	txConns map[*txConn]struct{}
 	rxConns map[*rxConn]struct{}
 	nonSRQ  int // passive connections with their own ring
 	rxLimit rxLimits
 	rng     *rand.Rand
 	hostIPs []netip.Addr // host addresses seen, for re-resolving neighbours
-	// mcastScratch collects the groups of one IGMP/MLD report (reader).
-	mcastScratch [16]netip.Addr
 
 	ctl    control
 	reaper reaper // owned by the control loop
@@ -157,7 +159,7 @@ func New(cfg Config) (_ *Interface, err error) {
 		log:     cfg.Logger.With("if", cfg.Name),
 		port:    cfg.Device.Port(),
 		neigh:   newNeighbourTable(),
-		mcast:   make(map[hca.GID]*mcastGroup),
+		mcast:   newMcastTable(),
 		txConns: make(map[*txConn]struct{}),
 		rxConns: make(map[*rxConn]struct{}),
 		rng:     newPSNSource(cfg.CM.Seed),
@@ -174,6 +176,11 @@ func New(cfg Config) (_ *Interface, err error) {
 	if !i.port.ActiveMTU.Valid() {
 		return nil, fmt.Errorf("%s: port MTU %d: %w", cfg.Name, i.port.ActiveMTU, hca.ErrInvalidArgument)
 	}
+	idx, ok := i.port.PKeyIndex(cfg.PKey)
+	if !ok {
+		return nil, fmt.Errorf("%s: P_Key %#04x, table %#04x: %w", cfg.Name, uint16(cfg.PKey), i.port.PKeys, ErrPKeyNotInTable)
+	}
+	i.pkeyIndex = idx
 	i.udMTU = frame.UDMTU(i.port.ActiveMTU)
 	i.bcast = frame.BroadcastMGID(cfg.PKey)
 	var hm frame.MAC
@@ -193,11 +200,13 @@ func New(cfg Config) (_ *Interface, err error) {
 	flags := byte(0)
 	if !cfg.DisableCM {
 		flags = frame.FlagRC
-		m, err := cm.NewManager(cfg.Device, cfg.CM)
-		if err != nil {
-			return nil, fmt.Errorf("%s: cm manager: %w", cfg.Name, err)
+		if i.cmm = cfg.CMManager; i.cmm == nil {
+			m, err := cm.NewManager(cfg.Device, cfg.CM)
+			if err != nil {
+				return nil, fmt.Errorf("%s: cm manager: %w", cfg.Name, err)
+			}
+			i.cmm, i.ownCM = m, true
 		}
-		i.cmm = m
 	}
 	i.hw = frame.NewHWAddr(flags, i.ud.qp.QPN(), i.port.GID)
 	return i, nil
@@ -289,7 +298,7 @@ func (i *Interface) Start() error {
 	go i.controlLoop()
 	if i.cmm != nil {
 		qpn := uint64(i.ud.qp.QPN())
-		l, err := i.cmm.Listen([]uint64{serviceIDIETF | qpn, serviceIDRFC | qpn}, i.decideREQ)
+		l, err := i.cmm.ListenPKey(i.cfg.PKey, []uint64{serviceIDIETF | qpn, serviceIDRFC | qpn}, i.decideREQ)
 		if err != nil {
 			i.Close()
 			return fmt.Errorf("%s: cm listen: %w", i.cfg.Name, err)

@@ -62,7 +62,7 @@ var errAlreadyClosed = errors.New("already closed")
 // destroyResources releases whatever New created, in dependency order.
 // Connections are gone by now (Close reaped or forced them).
 func (i *Interface) destroyResources() {
-	if i.cmm != nil {
+	if i.cmm != nil && i.ownCM {
 		i.cmm.Close()
 	}
 	if i.ud != nil {
@@ -71,7 +71,7 @@ func (i *Interface) destroyResources() {
 	if i.srq != nil {
 		i.srq.destroy()
 	}
-	for _, g := range i.mcast {
+	for _, g := range i.mcast.groups {
 		if g.ah != nil {
 			g.ah.Destroy()
 		}

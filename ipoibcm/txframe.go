@@ -2,6 +2,7 @@ package ipoibcm
 
 import (
 	"errors"
+	"net/netip"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -67,10 +68,8 @@ func (i *Interface) txFrameLocked(t *txScratch, bufIdx, size int, m offload.Meta
 		if !checkMeta() {
 			return false
 		}
-		if g, ok := igmpReportGroups(payload, i.mcastScratch[:0]); ok {
-			for _, a := range g {
-				i.joinIPLocked(a)
-			}
+		if !i.hostMcastReportLocked(h.EtherType, payload, now) {
+			return false
 		}
 	case frame.EtherTypeIPv6:
 		if !validIPv6(payload) {
@@ -80,15 +79,13 @@ func (i *Interface) txFrameLocked(t *txScratch, bufIdx, size int, m offload.Meta
 		if !checkMeta() {
 			return false
 		}
-		if g, ok := mldReportGroups(payload, i.mcastScratch[:0]); ok {
-			for _, a := range g {
-				i.joinIPLocked(a)
-			}
+		if !i.hostMcastReportLocked(h.EtherType, payload, now) {
+			return false
 		}
 		if frame.IsND(payload) {
 			// The rewrite computes the ICMPv6 checksum itself.
 			tm = txMeta{}
-			n, ok := i.txNDLocked(t, payload)
+			n, ok := i.txNDLocked(t, payload, now)
 			if !ok {
 				return false
 			}
@@ -100,7 +97,8 @@ func (i *Interface) txFrameLocked(t *txScratch, bufIdx, size int, m offload.Meta
 		return false
 	}
 	if h.Dst.IsMulticast() {
-		return i.txMulticastLocked(t, bufIdx, size, h.EtherType, i.mgidFor(h, payload), &tm, now)
+		mgid, dst := i.mgidFor(h, payload)
+		return i.txMulticastLocked(t, bufIdx, size, h.EtherType, mgid, dst, &tm, now)
 	}
 	n := i.neigh.lookupMAC(h.Dst)
 	if n == nil {
@@ -110,27 +108,28 @@ func (i *Interface) txFrameLocked(t *txScratch, bufIdx, size int, m offload.Meta
 	return i.txNeighLocked(t, n, bufIdx, size, h.EtherType, &tm, now)
 }
 
-// mgidFor maps a host multicast/broadcast frame to its group: IP multicast
-// destinations to their MGID (from the IP address: the MAC lost bits),
-// everything else (broadcast, ARP) to the broadcast group.
-func (i *Interface) mgidFor(h frame.EthHeader, payload []byte) hca.GID {
+// mgidFor maps a host multicast/broadcast frame to its group and IP
+// destination: IP multicast destinations to their MGID (from the IP
+// address: the MAC lost bits), everything else (broadcast, ARP) to the
+// broadcast group, with no destination.
+func (i *Interface) mgidFor(h frame.EthHeader, payload []byte) (hca.GID, netip.Addr) {
 	switch h.EtherType {
 	case frame.EtherTypeIPv4:
 		if dst := ipv4Dst(payload); dst.IsMulticast() {
-			return frame.MulticastMGID(dst, i.cfg.PKey)
+			return frame.MulticastMGID(dst, i.cfg.PKey), dst
 		}
 	case frame.EtherTypeIPv6:
 		if dst := ipv6Dst(payload); dst.IsMulticast() {
-			return frame.MulticastMGID(dst, i.cfg.PKey)
+			return frame.MulticastMGID(dst, i.cfg.PKey), dst
 		}
 	}
-	return i.bcast
+	return i.bcast, netip.Addr{}
 }
 
 // txNDLocked rewrites a host neighbour-discovery packet to IPoIB form (our
 // hardware address in the link-layer options) in place, and joins the
 // solicited-node group of the host address it reveals.
-func (i *Interface) txNDLocked(t *txScratch, payload []byte) (int, bool) {
+func (i *Interface) txNDLocked(t *txScratch, payload []byte, now time.Time) (int, bool) {
 	n, info, err := frame.NDToIPoIB(t.nd, payload, i.hw)
 	if err != nil {
 		i.ctr.drop(dropTxBadND)
@@ -142,7 +141,7 @@ func (i *Interface) txNDLocked(t *txScratch, payload []byte) (int, bool) {
 	}
 	if src.IsValid() && !src.IsUnspecified() && !src.IsMulticast() {
 		i.noteHostIPLocked(src)
-		i.joinIPLocked(solicitedNode(src))
+		i.hostMembershipLocked(solicitedNode(src), true, now)
 	}
 	copy(payload[:cap(payload)][:n], t.nd[:n])
 	return n, true
@@ -182,7 +181,7 @@ func (i *Interface) txARPLocked(t *txScratch, bufIdx int, h frame.EthHeader, pay
 			i.ctr.drop(dropTxUnknownNeighbour)
 			return false
 		}
-		ah, err := i.groupAHLocked(i.bcast)
+		ah, _, err := i.mcastAHLocked(i.bcast, netip.Addr{}, now)
 		if err != nil {
 			i.ctr.drop(dropTxNoAH)
 			return false
@@ -198,7 +197,7 @@ func (i *Interface) txARPLocked(t *txScratch, bufIdx int, h frame.EthHeader, pay
 	return t.post.post(sendDest{ah: ah, qpn: n.hw.QPN()}, bufIdx, size, frame.EtherTypeARP, sendOffload{})
 }
 
-func (i *Interface) txMulticastLocked(t *txScratch, bufIdx, size int, etherType uint16, mgid hca.GID, tm *txMeta, now time.Time) bool {
+func (i *Interface) txMulticastLocked(t *txScratch, bufIdx, size int, etherType uint16, mgid hca.GID, dst netip.Addr, tm *txMeta, now time.Time) bool {
 	if tm.gso() {
 		// Groups get no LSO: a multicast super frame (USO to a group) is
 		// cut here, each datagram sent like one the host cut itself.
@@ -207,14 +206,18 @@ func (i *Interface) txMulticastLocked(t *txScratch, bufIdx, size int, etherType 
 			i.ctr.drop(dropTxTooBig)
 			return false
 		}
-		return i.txSegmentLocked(t, nil, mgid, bufIdx, size, etherType, tm, now)
+		return i.txSegmentLocked(t, nil, mgid, dst, bufIdx, size, etherType, tm, now)
 	}
 	if size-frame.EthHdrLen > i.udMTU {
 		i.ctr.txErrors.Add(1)
 		i.ctr.drop(dropTxTooBig)
 		return false
 	}
-	ah, err := i.groupAHLocked(mgid)
+	ah, ok, err := i.mcastAHLocked(mgid, dst, now)
+	if !ok {
+		i.ctr.drop(dropTxMcastTableFull)
+		return false
+	}
 	if err != nil {
 		i.ctr.drop(dropTxNoAH)
 		return false
@@ -248,7 +251,7 @@ func (i *Interface) txNeighLocked(t *txScratch, n *neighbour, bufIdx, size int, 
 						i.tooBigLocked(t, n, bufIdx, size, pathMTU)
 						return false
 					}
-					return i.txSegmentLocked(t, n, hca.GID{}, bufIdx, size, etherType, tm, now)
+					return i.txSegmentLocked(t, n, hca.GID{}, netip.Addr{}, bufIdx, size, etherType, tm, now)
 				}
 				if ipLen > pathMTU {
 					i.tooBigLocked(t, n, bufIdx, size, pathMTU)
@@ -259,7 +262,7 @@ func (i *Interface) txNeighLocked(t *txScratch, n *neighbour, bufIdx, size int, 
 				// Parked frames are posted later without their Meta:
 				// finish them now.
 				if tm.gso() {
-					return i.txSegmentLocked(t, n, hca.GID{}, bufIdx, size, etherType, tm, now)
+					return i.txSegmentLocked(t, n, hca.GID{}, netip.Addr{}, bufIdx, size, etherType, tm, now)
 				}
 				i.finishCsum(f, tm)
 				return n.park(&i.tx, bufIdx, size)
@@ -273,7 +276,7 @@ func (i *Interface) txNeighLocked(t *txScratch, n *neighbour, bufIdx, size int, 
 			return false
 		}
 		if !i.udLSOFits(size, tm) {
-			return i.txSegmentLocked(t, n, hca.GID{}, bufIdx, size, etherType, tm, now)
+			return i.txSegmentLocked(t, n, hca.GID{}, netip.Addr{}, bufIdx, size, etherType, tm, now)
 		}
 		mss := int(tm.m.GSOSize)
 		segs := tm.hd.Segments(mss)
@@ -312,7 +315,7 @@ func (i *Interface) udLSOFits(size int, tm *txMeta) bool {
 // each, with a credit left for every frame still to come in the batch;
 // when they are not there the super frame is dropped (tx_gso_no_room) and
 // TCP resends it, rather than overrunning the send queue.
-func (i *Interface) txSegmentLocked(t *txScratch, n *neighbour, mgid hca.GID, bufIdx, size int, etherType uint16, tm *txMeta, now time.Time) bool {
+func (i *Interface) txSegmentLocked(t *txScratch, n *neighbour, mgid hca.GID, dst netip.Addr, bufIdx, size int, etherType uint16, tm *txMeta, now time.Time) bool {
 	tx := &i.tx
 	mss := int(tm.m.GSOSize)
 	segs := tm.hd.Segments(mss)
@@ -345,7 +348,7 @@ func (i *Interface) txSegmentLocked(t *txScratch, n *neighbour, mgid hca.GID, bu
 		t.plain = txMeta{}
 		var sent bool
 		if n == nil {
-			sent = i.txMulticastLocked(t, j, len(out[k]), etherType, mgid, &t.plain, now)
+			sent = i.txMulticastLocked(t, j, len(out[k]), etherType, mgid, dst, &t.plain, now)
 		} else {
 			sent = i.txNeighLocked(t, n, j, len(out[k]), etherType, &t.plain, now)
 		}

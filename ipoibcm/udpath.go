@@ -2,7 +2,6 @@ package ipoibcm
 
 import (
 	"fmt"
-	"net/netip"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
@@ -44,7 +43,7 @@ func newUDPath(i *Interface) (_ *udPath, err error) {
 		}
 	}()
 	u.qp = qp
-	if err := qp.Modify(hca.QPAttr{State: hca.QPStateInit, PKeyIndex: 0, QKey: frame.QKeyIPoIB}); err != nil {
+	if err := qp.Modify(hca.QPAttr{State: hca.QPStateInit, PKeyIndex: i.pkeyIndex, QKey: frame.QKeyIPoIB}); err != nil {
 		return nil, fmt.Errorf("UD QP to Init: %w", err)
 	}
 	size := headroom + int(i.port.ActiveMTU)
@@ -74,7 +73,7 @@ func (u *udPath) destroy() {
 	if u.qp == nil {
 		return
 	}
-	for mgid, g := range u.i.mcast {
+	for mgid, g := range u.i.mcast.groups {
 		if g.attached {
 			if err := u.qp.DetachMcast(mgid); err != nil {
 				u.i.log.Warn("detach multicast", "mgid", mgid, "err", err)
@@ -88,65 +87,6 @@ func (u *udPath) destroy() {
 	u.qp = nil
 }
 
-// mcastGroup is a multicast group the UD QP sends to or receives from.
-type mcastGroup struct {
-	ah       hca.AH
-	attached bool
-}
-
-// joinDefaultGroups attaches the broadcast group (the link comes up only
-// after it) and the all-hosts / all-nodes groups every IP host is in.
-func (i *Interface) joinDefaultGroups() error {
-	i.mu.Lock()
-	defer i.mu.Unlock()
-	if err := i.attachLocked(i.bcast); err != nil {
-		return fmt.Errorf("join broadcast group %s: %w", i.bcast, err)
-	}
-	for _, g := range []netip.Addr{netip.AddrFrom4([4]byte{224, 0, 0, 1}), netip.MustParseAddr("ff02::1")} {
-		if err := i.attachLocked(frame.MulticastMGID(g, i.cfg.PKey)); err != nil {
-			return fmt.Errorf("join %s: %w", g, err)
-		}
-	}
-	return nil
-}
-
-// attachLocked attaches the UD QP to mgid once. The soft fabric has no SA:
-// attaching is joining.
-func (i *Interface) attachLocked(mgid hca.GID) error {
-	g := i.groupLocked(mgid)
-	if g.attached {
-		return nil
-	}
-	if err := i.ud.qp.AttachMcast(mgid); err != nil {
-		return fmt.Errorf("attach %s: %w", mgid, err)
-	}
-	g.attached = true
-	i.rs.mcastJoins.Add(1)
-	return nil
-}
-
-func (i *Interface) groupLocked(mgid hca.GID) *mcastGroup {
-	g := i.mcast[mgid]
-	if g == nil {
-		g = &mcastGroup{}
-		i.mcast[mgid] = g
-	}
-	return g
-}
-
-// groupAHLocked is the address handle for sends to mgid.
-func (i *Interface) groupAHLocked(mgid hca.GID) (hca.AH, error) {
-	g := i.groupLocked(mgid)
-	if g.ah == nil {
-		ah, err := i.dev.CreateAH(mgid)
-		if err != nil {
-			return nil, fmt.Errorf("address handle for %s: %w", mgid, err)
-		}
-		g.ah = ah
-	}
-	return g.ah, nil
-}
-
 // neighAHLocked is the address handle for UD sends to neighbour n,
 // created on first use and kept until the neighbour is reaped.
 func (i *Interface) neighAHLocked(n *neighbour) (hca.AH, error) {
@@ -158,15 +98,4 @@ func (i *Interface) neighAHLocked(n *neighbour) (hca.AH, error) {
 		n.ah = ah
 	}
 	return n.ah, nil
-}
-
-// joinIP attaches the multicast group of IP group address a (seen in a
-// host IGMP/MLD report or as a host IPv6 address's solicited-node group).
-func (i *Interface) joinIPLocked(a netip.Addr) {
-	if !a.IsMulticast() {
-		return
-	}
-	if err := i.attachLocked(frame.MulticastMGID(a, i.cfg.PKey)); err != nil {
-		i.log.Warn("multicast join", "group", a, "err", err)
-	}
 }

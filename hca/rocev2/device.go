@@ -7,7 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
-	"syscall"
+
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -119,6 +119,9 @@ func New(cfg Config) (*Device, error) { return newDevice(cfg, hooks{}) }
 type hooks struct {
 	// afterRxBatch runs on the receive goroutine after each batch.
 	afterRxBatch func()
+	// now replaces time.Now for the rate-limited warnings, so a test
+	// crosses a warning interval without waiting for it.
+	now func() time.Time
 }
 
 func newDevice(cfg Config, h hooks) (*Device, error) {
@@ -176,7 +179,8 @@ func (d *Device) LocalAddr() netip.AddrPort { return d.local }
 
 // Port implements hca.Device. The link is always up.
 func (d *Device) Port() hca.Port {
-	return hca.Port{GID: d.gid, PKeys: append([]hca.PKey(nil), d.cfg.PKeys...), ActiveMTU: d.cfg.MTU, Active: true}
+	return hca.Port{GID: d.gid, PKeys: append([]hca.PKey(nil), d.cfg.PKeys...), ActiveMTU: d.cfg.MTU, Active: true,
+		PKeyViolations: d.ctr.drops[wire.DropBadPKey].Load()}
 }
 
 // Limits implements hca.Device.
@@ -483,16 +487,16 @@ func (d *Device) stage(buf []byte, to netip.Addr, src *udpSocket) {
 	}
 }
 
-// flushTx writes the staged batch; txMu held.
+// flushTx writes the staged batch and warns, rate-limited, of the
+// datagrams the kernel refused; txMu held.
 func (d *Device) flushTx() {
-	err := d.tx.flush(&d.ctr)
-	switch {
-	case err == nil || errors.Is(err, net.ErrClosed):
-	case errors.Is(err, syscall.EMSGSIZE):
-		d.warnTooBig.warn(d.cfg.Logger, time.Now(), "rocev2: datagram larger than the route to the peer carries (EMSGSIZE), dropped: lower --ib-mtu or raise the underlay MTU",
-			"dev", d.cfg.Name, "ib_mtu", int(d.cfg.MTU), "err", err)
-	default:
-		d.warnTx.warn(d.cfg.Logger, time.Now(), "rocev2: transmit failed", "dev", d.cfg.Name, "err", err)
+	f := d.tx.flush(&d.ctr)
+	if f.tooBig > 0 {
+		d.warnTooBig.warn(d.cfg.Logger, d.now(), f.tooBig, "rocev2: datagram larger than the route to the peer carries (EMSGSIZE), dropped: lower --ib-mtu or raise the underlay MTU",
+			"dev", d.cfg.Name, "ib_mtu", int(d.cfg.MTU), "err", f.tooBigErr)
+	}
+	if f.other > 0 && !errors.Is(f.otherErr, net.ErrClosed) {
+		d.warnTx.warn(d.cfg.Logger, d.now(), f.other, "rocev2: transmit failed", "dev", d.cfg.Name, "err", f.otherErr)
 	}
 }
 

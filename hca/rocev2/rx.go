@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
@@ -90,7 +89,7 @@ func (d *Device) rxLoop() {
 // device's IB MTU allows: the peer runs a larger --ib-mtu, and everything
 // it sends in full-size packets is lost here.
 func (d *Device) warnOversize(from netip.AddrPort, n int) {
-	d.warnRxTooBig.warn(d.cfg.Logger, time.Now(), "rocev2: datagram larger than our IB MTU, dropped: the peer uses a larger --ib-mtu",
+	d.warnRxTooBig.warn(d.cfg.Logger, d.now(), 1, "rocev2: datagram larger than our IB MTU, dropped: the peer uses a larger --ib-mtu",
 		"dev", d.cfg.Name, "from", from, "bytes", n, "max", d.maxPacket, "ib_mtu", int(d.cfg.MTU))
 }
 
@@ -145,8 +144,15 @@ func (d *Device) receive(b []byte, from netip.AddrPort, p *wire.Packet) {
 	if d.cfg.Tap != nil {
 		d.cfg.Tap.Datagram(from, d.local, b)
 	}
-	if !d.pkeyInTable(hca.PKey(p.BTH.PKey)) {
-		d.ctr.drop(wire.DropBadPKey)
+	if _, ok := hca.MatchingPKeyIndex(d.cfg.PKeys, hca.PKey(p.BTH.PKey)); !ok {
+		// No partition of ours (IBTA 10.9.3), before the sender may
+		// join the broadcast group: a host of another partition stays
+		// out of it.
+		if p.BTH.Opcode == wire.OpUDSendOnly {
+			d.ctr.dropUD(wire.DropBadPKey)
+		} else {
+			d.ctr.drop(wire.DropBadPKey)
+		}
 		return
 	}
 	if sp := from.Port(); sp == d.local.Port() || sp >= wire.SourcePortMin {
@@ -175,13 +181,4 @@ func (d *Device) receive(b []byte, from netip.AddrPort, p *wire.Packet) {
 		// CNPs and anything else parsed but not carried here.
 		d.ctr.drop(wire.DropBadOpcode)
 	}
-}
-
-func (d *Device) pkeyInTable(k hca.PKey) bool {
-	for _, e := range d.cfg.PKeys {
-		if k.Matches(e) {
-			return true
-		}
-	}
-	return false
 }

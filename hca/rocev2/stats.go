@@ -15,8 +15,11 @@ type Stats struct {
 	RxBytes   uint64 `json:"rx_bytes"`
 	TxPackets uint64 `json:"tx_packets"`
 	TxBytes   uint64 `json:"tx_bytes"`
-	// TxErrors counts datagrams the socket refused.
+	// TxErrors counts datagrams the socket refused; TxTooBig those of
+	// them refused as larger than the route toward the peer carries
+	// (EMSGSIZE: the underlay MTU is below --ib-mtu plus the headers).
 	TxErrors uint64 `json:"tx_errors"`
+	TxTooBig uint64 `json:"tx_too_big"`
 	// TxBatches and RxBatches count sendmmsg and recvmmsg calls that
 	// moved datagrams: the data path's syscalls.
 	TxBatches uint64 `json:"tx_batches"`
@@ -119,6 +122,7 @@ func (s Stats) TotalDropped() uint64 {
 // counters are the live, atomically updated form of Stats.
 type counters struct {
 	rxPackets, rxBytes, txPackets, txBytes, txErrors atomic.Uint64
+	txTooBig                                         atomic.Uint64
 	txBatches, rxBatches                             atomic.Uint64
 	txGSOMessages, rxGROMessages                     atomic.Uint64
 	drops                                            [wire.NumDropReasons]atomic.Uint64
@@ -146,7 +150,7 @@ func (c *counters) dropUD(r wire.DropReason) {
 func (c *counters) snapshot() Stats {
 	s := Stats{
 		RxPackets: c.rxPackets.Load(), RxBytes: c.rxBytes.Load(),
-		TxPackets: c.txPackets.Load(), TxBytes: c.txBytes.Load(), TxErrors: c.txErrors.Load(),
+		TxPackets: c.txPackets.Load(), TxBytes: c.txBytes.Load(), TxErrors: c.txErrors.Load(), TxTooBig: c.txTooBig.Load(),
 		TxBatches: c.txBatches.Load(), RxBatches: c.rxBatches.Load(),
 		TxGSOMessages: c.txGSOMessages.Load(), RxGROMessages: c.rxGROMessages.Load(),
 		Retransmits: c.retransmits.Load(), Timeouts: c.timeouts.Load(), AcksSent: c.acksSent.Load(),

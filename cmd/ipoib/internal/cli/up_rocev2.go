@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -58,22 +57,7 @@ func (h *upHost) Info() control.InterfaceInfo {
 // Stats is the engine's snapshot with the RoCEv2 device's counters (per
 // drop reason, retransmits, injected faults) added as "rocev2", so 'ipoib
 // show' prints them with the interface.
-func (h *upHost) Stats() any {
-	eng, err := json.Marshal(h.ifc.Stats())
-	if err != nil {
-		return map[string]any{"error": err.Error()}
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(eng, &m); err != nil {
-		return map[string]any{"error": err.Error()}
-	}
-	dev, err := json.Marshal(h.dev.Stats())
-	if err != nil {
-		return map[string]any{"error": err.Error()}
-	}
-	m["rocev2"] = dev
-	return m
-}
+func (h *upHost) Stats() any { return statsWithDevice(h.ifc.Stats(), "rocev2", h.dev.Stats()) }
 
 func (h *upHost) SetMode(mode string) error { return setInterfaceMode(h.ifc, mode) }
 
