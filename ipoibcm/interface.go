@@ -263,7 +263,9 @@ func (i *Interface) createQueues() error {
 	if err != nil {
 		return fmt.Errorf("tx napi: %w", err)
 	}
-	i.rx.init(napi.DefaultBatch)
+	if err := i.rx.init(napi.DefaultBatch); err != nil {
+		return err
+	}
 	if i.ud, err = newUDPath(i); err != nil {
 		return err
 	}

@@ -264,10 +264,47 @@ func receive(t *testing.T, out chan metaFrame, n int) []metaFrame {
 	return got
 }
 
+// l4Payload is the TCP/UDP payload length of an Ethernet frame (0 if it
+// does not parse).
+func l4Payload(f []byte) int {
+	hd, err := offload.Parse(f, frame.EthHdrLen)
+	if err != nil {
+		return 0
+	}
+	return hd.Len - hd.End
+}
+
+// receivePayload takes frames from out until their TCP/UDP payloads add
+// up to want bytes (failing after 10 s), then checks nothing more comes:
+// the number of frames is GRO's business.
+func receivePayload(t *testing.T, out chan metaFrame, want int) []metaFrame {
+	t.Helper()
+	var got []metaFrame
+	n := 0
+	deadline := time.After(10 * time.Second)
+	for n < want {
+		select {
+		case f := <-out:
+			got = append(got, f)
+			n += l4Payload(f.b)
+		case <-deadline:
+			t.Fatalf("received %d of %d payload bytes in %d frames", n, want, len(got))
+		}
+	}
+	select {
+	case f := <-out:
+		t.Fatalf("a frame more than expected: %d bytes, %+v", len(f.b), f.m)
+	case <-time.After(50 * time.Millisecond):
+	}
+	return got
+}
+
 // checkSegments verifies that the frames b's host received are the
 // segments of sent: each with a valid checksum once its Meta is honoured
 // (a NeedsCsum completed as the host's stack would take it), at most
-// maxIP bytes of IP, and their L4 payloads concatenated equal sent's.
+// maxIP bytes of IP, or, coalesced by GRO, a TCP super frame of at most
+// 64 KiB cut at sent's own GSO size, and their L4 payloads concatenated
+// equal sent's.
 func checkSegments(t *testing.T, sent metaFrame, got []metaFrame, maxIP int, wantMeta func(offload.Meta) bool) {
 	t.Helper()
 	sh, err := offload.Parse(sent.b, frame.EthHdrLen)
@@ -276,11 +313,17 @@ func checkSegments(t *testing.T, sent metaFrame, got []metaFrame, maxIP int, wan
 	}
 	var payload []byte
 	for k, f := range got {
-		if len(f.b)-frame.EthHdrLen > maxIP {
-			t.Errorf("frame %d: %d bytes of IP, MTU %d", k, len(f.b)-frame.EthHdrLen, maxIP)
-		}
-		if !wantMeta(f.m) {
-			t.Errorf("frame %d: Meta %+v", k, f.m)
+		if f.m.GSO != offload.GSONone {
+			if len(f.b)-frame.EthHdrLen > 65535 || !f.m.NeedsCsum || f.m.GSOSize != sent.m.GSOSize {
+				t.Errorf("frame %d: GRO frame of %d bytes with %+v (sent GSO size %d)", k, len(f.b), f.m, sent.m.GSOSize)
+			}
+		} else {
+			if len(f.b)-frame.EthHdrLen > maxIP {
+				t.Errorf("frame %d: %d bytes of IP, MTU %d", k, len(f.b)-frame.EthHdrLen, maxIP)
+			}
+			if !wantMeta(f.m) {
+				t.Errorf("frame %d: Meta %+v", k, f.m)
+			}
 		}
 		b := bytes.Clone(f.b)
 		hd, err := offload.Parse(b, frame.EthHdrLen)
@@ -307,44 +350,63 @@ func checkSegments(t *testing.T, sent metaFrame, got []metaFrame, maxIP int, wan
 // becomes one UD LSO work request (one send slot, one tx_packets), which
 // the HCA cuts into MTU-sized packets; the peer's host gets every segment
 // with its checksum partial at the right offsets (the soft fabric passes
-// the state across as veth does) and the payload intact.
+// the state across as veth does) and the payload intact. A receiving host
+// that takes TCP super frames gets the TCP segments coalesced (GRO);
+// one that takes only partial checksums gets each segment.
 func TestOffloadLSO(t *testing.T) {
 	for _, c := range []struct {
 		name    string
 		v6, tcp bool
 	}{{"tcp4", false, true}, {"tcp6", true, true}, {"udp4", false, false}, {"udp6", true, false}} {
-		t.Run(c.name, func(t *testing.T) {
-			pb := newMetaPort(2, allCaps)
-			p := newOffloadPair(t, ModeDatagram, soft.Config{Seed: 3}, pb)
-			if got := p.pa.lastSet(); got != allCaps {
-				t.Fatalf("datagram mode on an LSO device advertises %+v, want %+v", got, allCaps)
-			}
-			iph := map[bool]int{false: 20, true: 40}[c.v6]
-			l4 := map[bool]int{false: 8, true: 32}[c.tcp]
-			mss := p.a.MTU() - iph - l4
-			sent := p.superFrame(t, rand.New(rand.NewPCG(1, 2)), c.v6, c.tcp, 60000, mss)
-			segs := (60000 + mss - 1) / mss
-			before := p.a.Stats().Counters
-			p.pa.in <- sent
-			got := receive(t, pb.out, segs)
-			checkSegments(t, sent, got, p.a.MTU(), func(m offload.Meta) bool { return m.NeedsCsum && m.GSO == offload.GSONone })
-			st := p.a.Stats()
-			if o := st.Offloads; o.TxLSOWRs != 1 || o.TxLSOPackets != uint64(segs) || o.TxSWSegmented != 0 || o.TxGSOFrames != 1 {
-				t.Fatalf("offload counters %+v, want 1 LSO WR of %d packets", o, segs)
-			}
-			if d := st.Counters.TxPackets - before.TxPackets; d != 1 {
-				t.Fatalf("tx_packets grew by %d for one LSO WR, want 1 (one skb)", d)
-			}
-			if d := st.Counters.TxBytes - before.TxBytes; d != uint64(len(sent.b)-headroom) {
-				t.Fatalf("tx_bytes grew by %d, want the super frame's %d", d, len(sent.b)-headroom)
-			}
-			if n := p.fab.Stats().UDLSOSegments; n != uint64(segs) {
-				t.Fatalf("fabric carried %d LSO segments, want %d", n, segs)
-			}
-			if p.a.tx.outstanding.Load() != 0 {
-				t.Fatalf("credits not returned: %d outstanding", p.a.tx.outstanding.Load())
-			}
-		})
+		for _, accept := range []offload.Caps{{Csum: true}, allCaps} {
+			t.Run(fmt.Sprintf("%s/host-tso=%t", c.name, accept.TSO4), func(t *testing.T) {
+				pb := newMetaPort(2, accept)
+				p := newOffloadPair(t, ModeDatagram, soft.Config{Seed: 3}, pb)
+				if got := p.pa.lastSet(); got != allCaps {
+					t.Fatalf("datagram mode on an LSO device advertises %+v, want %+v", got, allCaps)
+				}
+				iph := map[bool]int{false: 20, true: 40}[c.v6]
+				l4 := map[bool]int{false: 8, true: 32}[c.tcp]
+				mss := p.a.MTU() - iph - l4
+				sent := p.superFrame(t, rand.New(rand.NewPCG(1, 2)), c.v6, c.tcp, 60000, mss)
+				segs := (60000 + mss - 1) / mss
+				before := p.a.Stats().Counters
+				p.pa.in <- sent
+				var got []metaFrame
+				if accept.TSO4 {
+					got = receivePayload(t, pb.out, 60000)
+				} else {
+					got = receive(t, pb.out, segs)
+				}
+				checkSegments(t, sent, got, p.a.MTU(), func(m offload.Meta) bool { return m.NeedsCsum && m.GSO == offload.GSONone })
+				st := p.a.Stats()
+				if o := st.Offloads; o.TxLSOWRs != 1 || o.TxLSOPackets != uint64(segs) || o.TxSWSegmented != 0 || o.TxGSOFrames != 1 {
+					t.Fatalf("offload counters %+v, want 1 LSO WR of %d packets", o, segs)
+				}
+				if d := st.Counters.TxPackets - before.TxPackets; d != 1 {
+					t.Fatalf("tx_packets grew by %d for one LSO WR, want 1 (one skb)", d)
+				}
+				if d := st.Counters.TxBytes - before.TxBytes; d != uint64(len(sent.b)-headroom) {
+					t.Fatalf("tx_bytes grew by %d, want the super frame's %d", d, len(sent.b)-headroom)
+				}
+				if n := p.fab.Stats().UDLSOSegments; n != uint64(segs) {
+					t.Fatalf("fabric carried %d LSO segments, want %d", n, segs)
+				}
+				if p.a.tx.outstanding.Load() != 0 {
+					t.Fatalf("credits not returned: %d outstanding", p.a.tx.outstanding.Load())
+				}
+				ob := p.b.Stats()
+				if ob.Counters.RxPackets != uint64(segs) {
+					t.Fatalf("receiver rx_packets %d, want the %d packets received (before GRO)", ob.Counters.RxPackets, segs)
+				}
+				switch {
+				case accept.TSO4 && c.tcp && (ob.Offloads.RxGROFrames == 0 || len(got) >= segs):
+					t.Fatalf("TCP to a host taking super frames: %d frames for %d segments, GRO %+v", len(got), segs, ob.Offloads)
+				case (!accept.TSO4 || !c.tcp) && ob.Offloads.RxGROFrames != 0:
+					t.Fatalf("GRO ran where it must not: %+v", ob.Offloads)
+				}
+			})
+		}
 	}
 }
 
@@ -364,7 +426,7 @@ func TestOffloadSoftwareSegmentation(t *testing.T) {
 	segs := (50000 + mss - 1) / mss
 	before := p.a.Stats().Counters
 	p.pa.in <- sent
-	got := receive(t, pb.out, segs)
+	got := receivePayload(t, pb.out, 50000)
 	checkSegments(t, sent, got, p.a.MTU(), func(m offload.Meta) bool { return m == offload.Meta{} })
 	st := p.a.Stats()
 	if o := st.Offloads; o.TxSWSegmented != 1 || o.TxSWSegments != uint64(segs) || o.TxLSOWRs != 0 {
@@ -511,9 +573,8 @@ func TestOffloadModeSwitch(t *testing.T) {
 			receive(t, pb.out, 1)
 			mss := p.b.udMTU - 20 - 32
 			sent := p.superFrame(t, rand.New(rand.NewPCG(4, 4)), false, true, 40000, mss)
-			segs := (40000 + mss - 1) / mss
 			p.pa.in <- sent
-			got := receive(t, pb.out, segs)
+			got := receivePayload(t, pb.out, 40000)
 			o := p.a.Stats().Offloads
 			if noOff {
 				checkSegments(t, sent, got, frame.CMMTU, func(m offload.Meta) bool { return m == offload.Meta{} })
@@ -583,7 +644,7 @@ func TestOffloadBadMeta(t *testing.T) {
 type offloadBench struct {
 	p         *offloadPair
 	frame     metaFrame
-	segs      int // frames b's host gets per super frame
+	payload   int // TCP payload bytes per super frame
 	delivered atomic.Int64
 	arrived   chan struct{}
 	deadline  *time.Timer
@@ -594,7 +655,11 @@ func newOffloadBench(tb testing.TB, mode Mode, fcfg soft.Config, payload int) *o
 	tb.Cleanup(func() { ob.deadline.Stop() })
 	pb := newMetaPort(2, allCaps)
 	pb.sink = func(f [][]byte, _ []offload.Meta) {
-		ob.delivered.Add(int64(len(f)))
+		n := 0
+		for _, b := range f {
+			n += l4Payload(b)
+		}
+		ob.delivered.Add(int64(n))
 		select {
 		case ob.arrived <- struct{}{}:
 		default:
@@ -603,12 +668,12 @@ func newOffloadBench(tb testing.TB, mode Mode, fcfg soft.Config, payload int) *o
 	ob.p = newOffloadPair(tb, mode, fcfg, pb)
 	mss := ob.p.a.MTU() - 20 - 32
 	ob.frame = ob.p.superFrame(tb, rand.New(rand.NewPCG(1, 9)), false, true, payload, mss)
-	ob.segs = (payload + mss - 1) / mss
+	ob.payload = payload
 	return ob
 }
 
 // send pushes n super frames in windows of w and waits until b's host has
-// every segment.
+// every payload byte (in segments or, by GRO, super frames).
 func (ob *offloadBench) send(tb testing.TB, n, w int) {
 	start := ob.delivered.Load()
 	for sent := 0; sent < n; {
@@ -622,12 +687,12 @@ func (ob *offloadBench) send(tb testing.TB, n, w int) {
 		// One timer, reset per window: the harness allocates nothing, so
 		// the allocation count is the engine's.
 		ob.deadline.Reset(10 * time.Second)
-		for ob.delivered.Load()-start < int64(sent*ob.segs) {
+		for ob.delivered.Load()-start < int64(sent*ob.payload) {
 			select {
 			case <-ob.arrived:
 			case <-ob.deadline.C:
 				st := ob.p.a.Stats()
-				tb.Fatalf("delivered %d of %d; a: %+v %+v %v", ob.delivered.Load()-start, sent*ob.segs, st.Counters, st.Offloads, st.Drops)
+				tb.Fatalf("delivered %d of %d bytes; a: %+v %+v %v", ob.delivered.Load()-start, sent*ob.payload, st.Counters, st.Offloads, st.Drops)
 			}
 		}
 	}

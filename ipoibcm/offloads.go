@@ -6,6 +6,7 @@ import (
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 	"github.com/ipoibcm/ipoib/offload"
+	"github.com/ipoibcm/ipoib/offload/gro"
 )
 
 // offloadPath is what the Interface knows about the offloads on both of
@@ -41,7 +42,6 @@ type offloadCounters struct {
 	txCsumHW, txCsumSW                      atomic.Uint64
 	txSWSegmented, txSWSegments             atomic.Uint64
 	rxCsumOK, rxCsumPartial, rxCsumComplete atomic.Uint64
-	rxGROFrames, rxGROSegments              atomic.Uint64
 }
 
 func (o *offloadPath) init(host HostPort, dev hca.Device, sendq int) {
@@ -239,11 +239,16 @@ type OffloadStats struct {
 	RxCsumDone    uint64 `json:"rx_csum_completed"` // partial checksums completed for the host
 	RxGROFrames   uint64 `json:"rx_gro_frames"`     // coalesced frames written to the host
 	RxGROSegments uint64 `json:"rx_gro_segments"`   // received packets they hold
+	RxGROBadCsum  uint64 `json:"rx_gro_bad_csum"`   // segments GRO verified in software and found bad: passed on unmerged, for the host to drop
 }
 
 func (i *Interface) offloadStats() OffloadStats {
 	o := &i.off
 	c := &o.ctr
+	var g gro.Stats
+	if i.rx.gro != nil {
+		g = i.rx.gro.Stats()
+	}
 	return OffloadStats{
 		HostPort: o.port != nil, Advertised: unpackCaps(o.advertised.Load()),
 		DeviceIPCsum: o.dev.IPCsum, DeviceLSOMaxSize: o.dev.UDLSOMaxSize,
@@ -251,6 +256,6 @@ func (i *Interface) offloadStats() OffloadStats {
 		TxCsumHW: c.txCsumHW.Load(), TxCsumSW: c.txCsumSW.Load(),
 		TxSWSegmented: c.txSWSegmented.Load(), TxSWSegments: c.txSWSegments.Load(),
 		RxCsumOK: c.rxCsumOK.Load(), RxCsumPartial: c.rxCsumPartial.Load(), RxCsumDone: c.rxCsumComplete.Load(),
-		RxGROFrames: c.rxGROFrames.Load(), RxGROSegments: c.rxGROSegments.Load(),
+		RxGROFrames: g.Frames, RxGROSegments: g.Segments, RxGROBadCsum: g.BadCsum,
 	}
 }

@@ -275,6 +275,8 @@ func TestOffloadE2E(t *testing.T) {
 					t.Fatal("soft fabric: no partial checksum handed to the receiving host")
 				case backend == "rocev2" && mode == ipoibcm.ModeDatagram && rx.RxCsumOK == 0:
 					t.Fatal("rocev2 datagram mode: no verified checksum handed to the receiving host")
+				case mode == ipoibcm.ModeDatagram && rx.RxGROFrames == 0:
+					t.Fatal("datagram mode: nothing coalesced (GRO) toward the receiving host")
 				}
 				if d := l.ifc[0].Drop("tx_bad_offload") + l.devs[0].VnetDrops(tap.VnetDropCsumOffset); d != 0 {
 					t.Fatalf("%d frames from the kernel refused as lying", d)
