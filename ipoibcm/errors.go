@@ -12,9 +12,6 @@ var (
 	// ErrHostMTUNotUpdated is wrapped (with the host port's error) by
 	// SetMode when the mode switched but the host refused the new MTU.
 	ErrHostMTUNotUpdated = errors.New("ipoibcm: mode switched but the host MTU was not updated")
-	// ErrPKeyNotInTable is wrapped by New when the port's P_Key table has
-	// no entry for Config.PKey's partition.
-	ErrPKeyNotInTable = errors.New("ipoibcm: P_Key not in the port's table")
 
 	errMACsExhausted = errors.New("no free MAC index in the neighbour table")
 )

@@ -186,23 +186,68 @@ func TestPartitionSharedCM(t *testing.T) {
 	}
 }
 
-// TestPKeyNotInTable: an interface of a partition the port is not in is
-// refused, naming why; an invalid P_Key is a configuration error.
-func TestPKeyNotInTable(t *testing.T) {
-	fab := rvFabric(t, 34)
+// waitLink waits for nd's link to be up or down; the change follows a
+// PKEY_CHANGE through the fabric's event dispatcher and the control loop,
+// and the state is what shows it.
+func waitLink(t *testing.T, nd *testNode, up bool) {
+	t.Helper()
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(5 * time.Second)
+	for nd.ifc.LinkUp() != up || nd.host.LinkUp() != up {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("%s: link up %v (host %v), want %v", nd.ifc.Name(), nd.ifc.LinkUp(), nd.host.LinkUp(), up)
+		}
+	}
+}
+
+// TestPKeyAppears: an interface whose partition is not in the port's
+// table is created with its link down and comes up when the subnet
+// manager adds the P_Key (Linux's ipoib_pkey_dev_check_presence and
+// PKEY_CHANGE); removed, the link goes down and the peer's packets are
+// counted as wrong P_Key; back at its index, the link comes back; moved
+// to another index, it stays down. An invalid P_Key is refused at New.
+func TestPKeyAppears(t *testing.T) {
+	tn := newTestNet(t, 0, soft.Config{Seed: 34}, nil)
+	a := tn.addPartitionNode(0, []hca.PKey{0xFFFF, 0x8001}, 0x8001, nil)
+	b := tn.addPartitionNode(1, []hca.PKey{0xFFFF}, 0x8001, nil)
+	if b.ifc.LinkUp() || b.host.LinkUp() {
+		t.Fatal("link up without the P_Key in the table")
+	}
+	unreachable(t, a, b)
+	set := func(table ...hca.PKey) {
+		t.Helper()
+		if err := b.dev.SetPKeyTable(table); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(0xFFFF, 0x8001)
+	waitLink(t, b, true)
+	ping(t, a, b.v4, 8000)
+	ping(t, b, a.v4, 8000)
+
+	set(0xFFFF, 0x8002)
+	waitLink(t, b, false)
+	before := b.ifc.Stats().Counters.RxWrongPKey
+	unreachable(t, a, b)
+	if n := b.ifc.Stats().Counters.RxWrongPKey; n <= before {
+		t.Fatalf("rx_wrong_pkey at b %d, was %d: a's packets to the departed partition were not counted", n, before)
+	}
+	set(0xFFFF, 0x8001)
+	waitLink(t, b, true)
+	ping(t, a, b.v4, 8000)
+
+	set(0xFFFF, 0x8002, 0x8001)
+	waitLink(t, b, false)
+
+	fab := rvFabric(t, 35)
 	dev, err := fab.NewDevice("h")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct {
-		pkey hca.PKey
-		want error
-	}{
-		{0x8001, ErrPKeyNotInTable},
-		{0x8000, hca.ErrInvalidArgument},
-	} {
-		if _, err := New(Config{Device: dev, Host: newMemPort(1, nil), PKey: c.pkey}); !errors.Is(err, c.want) {
-			t.Errorf("P_Key %#04x: %v, want %v", c.pkey, err, c.want)
-		}
+	if _, err := New(Config{Device: dev, Host: newMemPort(1, nil), PKey: 0x8000}); !errors.Is(err, hca.ErrInvalidArgument) {
+		t.Errorf("P_Key 0x8000: %v, want ErrInvalidArgument", err)
 	}
 }

@@ -34,6 +34,9 @@ func (i *Interface) Close() error {
 	if i.listener != nil {
 		i.listener.Close()
 	}
+	if i.cancelPort != nil {
+		i.cancelPort()
+	}
 	// The reader ends when the port closes; it may be parked waiting for
 	// credits, which stop releases.
 	hostErr := i.host.Close()
