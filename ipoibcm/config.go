@@ -112,7 +112,12 @@ type Config struct {
 	// MTU is the IP MTU; 0 = mode default (65520 connected, UD MTU
 	// datagram). In datagram mode it is capped at the UD MTU.
 	MTU int
-	// PKey is the partition (default 0xFFFF).
+	// PKey is the interface's partition (default 0xFFFF), as Linux's
+	// priv->pkey: its MGIDs carry it with the full-member bit, and every
+	// QP (UD, and both sides of every RC connection) uses the index of
+	// its entry in the port's table, whose value (the membership the
+	// subnet manager gave the port) is what the BTH and the CM REQ
+	// carry. 0x0000 and 0x8000 are invalid.
 	PKey hca.PKey
 	// DisableCM makes the Interface a datagram-only node: its hardware
 	// address carries no 'C' flag, it does not listen and never connects.
@@ -138,6 +143,12 @@ type Config struct {
 
 	// CM configures the connection manager the Interface creates.
 	CM cm.Options
+	// CMManager, if set, is the device's connection manager the Interface
+	// uses instead of creating one (CM is then ignored): a device has one
+	// GSI QP, so the interfaces of one device (a parent and its P_Key
+	// children) share one Manager. The Interface listens on it in its own
+	// partition and never closes it.
+	CMManager *cm.Manager
 	// RCRetry is the transport retry count of the REQ, and so of both
 	// QPs of every connection (0..7, 7 = forever). 0, the default, is
 	// ipoib_cm_send_req's "RFC draft warns against retries"; a lossy
@@ -198,6 +209,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.PKey == 0 {
 		c.PKey = hca.PKeyDefault
+	}
+	if !c.PKey.Valid() {
+		return c, fmt.Errorf("ipoibcm config: P_Key %#04x: %w", uint16(c.PKey), hca.ErrInvalidArgument)
 	}
 	setDefault(&c.SendQueueSize, DefaultSendQueueSize)
 	if c.UDRecvQueueSize <= 0 {

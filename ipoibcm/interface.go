@@ -66,6 +66,15 @@ type Interface struct {
 	srq        *srqRing // nil without SRQ
 	drainBuf   []byte
 	cmm        *cm.Manager
+	ownCM      bool // cmm is ours to close (not Config.CMManager)
+	// pkeyIndex is the port table's index of the interface's partition:
+	// every QP's P_Key index. pkeyActive: the UD QP is up on it (the
+	// P_Key was in the table at New or has appeared since). Written at
+	// New and by the control loop.
+	pkeyIndex  int
+	pkeyActive bool
+	// cancelPort ends the PKEY_CHANGE subscription.
+	cancelPort func()
 	listener   *cm.Listener
 
 	// The two data flows: host → TX path → HCA and HCA → RX path → host.
@@ -169,6 +178,12 @@ func New(cfg Config) (_ *Interface, err error) {
 	if !i.port.ActiveMTU.Valid() {
 		return nil, fmt.Errorf("%s: port MTU %d: %w", cfg.Name, i.port.ActiveMTU, hca.ErrInvalidArgument)
 	}
+	i.pkeyIndex, i.pkeyActive = i.port.PKeyIndex(cfg.PKey)
+	if !i.pkeyActive {
+		// ipoib_pkey_dev_check_presence: the interface exists, its link
+		// stays down until a PKEY_CHANGE brings the P_Key in.
+		i.log.Warn("P_Key not in the port's table: link down until it appears", "pkey", fmt.Sprintf("%#04x", uint16(cfg.PKey)), "table", fmt.Sprintf("%#04x", i.port.PKeys))
+	}
 	i.udMTU = frame.UDMTU(i.port.ActiveMTU)
 	i.bcast = frame.BroadcastMGID(cfg.PKey)
 	var hm frame.MAC
@@ -188,11 +203,13 @@ func New(cfg Config) (_ *Interface, err error) {
 	flags := byte(0)
 	if !cfg.DisableCM {
 		flags = frame.FlagRC
-		m, err := cm.NewManager(cfg.Device, cfg.CM)
-		if err != nil {
-			return nil, fmt.Errorf("%s: cm manager: %w", cfg.Name, err)
+		if i.cmm = cfg.CMManager; i.cmm == nil {
+			m, err := cm.NewManager(cfg.Device, cfg.CM)
+			if err != nil {
+				return nil, fmt.Errorf("%s: cm manager: %w", cfg.Name, err)
+			}
+			i.cmm, i.ownCM = m, true
 		}
-		i.cmm = m
 	}
 	i.hw = frame.NewHWAddr(flags, i.ud.qp.QPN(), i.port.GID)
 	return i, nil
@@ -284,16 +301,37 @@ func (i *Interface) Start() error {
 	go i.controlLoop()
 	if i.cmm != nil {
 		qpn := uint64(i.ud.qp.QPN())
-		l, err := i.cmm.Listen([]uint64{serviceIDIETF | qpn, serviceIDRFC | qpn}, i.decideREQ)
+		l, err := i.cmm.ListenPKey(i.cfg.PKey, []uint64{serviceIDIETF | qpn, serviceIDRFC | qpn}, i.decideREQ)
 		if err != nil {
 			i.Close()
 			return fmt.Errorf("%s: cm listen: %w", i.cfg.Name, err)
 		}
 		i.listener = l
 	}
+	i.cancelPort = i.dev.OnPortEvent(func(ev hca.AsyncEvent) {
+		if ev.Type == hca.EventPortPKeyChange {
+			i.ctl.post(i.onPKeyChange)
+		}
+	})
+	if i.pkeyActive {
+		if err := i.linkUp(); err != nil {
+			i.Close()
+			return fmt.Errorf("%s: %w", i.cfg.Name, err)
+		}
+	} else if err := i.host.SetLinkUp(false); err != nil {
+		i.log.Warn("host SetLinkUp", "err", err)
+	}
+	i.readerWG.Add(1)
+	go i.hostReader()
+	i.log.Info("up", "hwaddr", i.hw, "mode", i.Mode(), "mtu", i.MTU())
+	return nil
+}
+
+// linkUp joins the broadcast and default groups and raises the link: at
+// Start, or on the control loop once the P_Key is (back) in the table.
+func (i *Interface) linkUp() error {
 	if err := i.joinDefaultGroups(); err != nil {
-		i.Close()
-		return fmt.Errorf("%s: %w", i.cfg.Name, err)
+		return err
 	}
 	if err := i.host.SetMTU(i.MTU()); err != nil {
 		i.log.Warn("host SetMTU", "err", err)
@@ -307,10 +345,65 @@ func (i *Interface) Start() error {
 	if err := i.host.SetLinkUp(true); err != nil {
 		i.log.Warn("host SetLinkUp", "err", err)
 	}
-	i.readerWG.Add(1)
-	go i.hostReader()
-	i.log.Info("up", "hwaddr", i.hw, "mode", i.Mode(), "mtu", i.MTU())
 	return nil
+}
+
+// onPKeyChange follows the subnet manager's rewrite of the P_Key table
+// (control loop), as ipoib's PKEY_CHANGE flush: a P_Key that appeared
+// brings the UD QP up on its index and the link up; one that left the
+// index the QPs were made with takes the link down (carrier off, TX
+// connections flushed) until it is back there. The QPs keep their index
+// (IBA: a QP holds an index, not a value), so a P_Key that reappears at
+// another index leaves the link down: the interface must be recreated.
+func (i *Interface) onPKeyChange() {
+	if ifState(i.state.Load()) != ifRunning || i.reaper.shuttingDown {
+		return
+	}
+	port := i.dev.Port()
+	idx, found := port.PKeyIndex(i.cfg.PKey)
+	pkey := fmt.Sprintf("%#04x", uint16(i.cfg.PKey))
+	if !i.pkeyActive {
+		if !found {
+			return
+		}
+		if err := i.ud.activate(idx); err != nil {
+			i.log.Error("P_Key appeared, UD QP not brought up", "pkey", pkey, "err", err)
+			return
+		}
+		i.pkeyIndex, i.pkeyActive = idx, true
+		i.log.Info("P_Key appeared in the port's table", "pkey", pkey, "index", idx)
+		if err := i.linkUp(); err != nil {
+			i.log.Error("link up", "err", err)
+		}
+		return
+	}
+	here := i.pkeyIndex < len(port.PKeys) && port.PKeys[i.pkeyIndex]&^0x8000 == i.cfg.PKey&^0x8000
+	switch {
+	case here && !i.link.Load():
+		i.log.Info("P_Key back in the port's table", "pkey", pkey, "index", i.pkeyIndex)
+		if err := i.linkUp(); err != nil {
+			i.log.Error("link up", "err", err)
+		}
+	case !here && i.link.Load():
+		if found {
+			i.log.Warn("P_Key moved in the port's table; the interface's QPs stay on their index: recreate it", "pkey", pkey, "from", i.pkeyIndex, "to", idx)
+		} else {
+			i.log.Warn("P_Key left the port's table: link down until it is back", "pkey", pkey, "index", i.pkeyIndex)
+		}
+		i.link.Store(false)
+		if err := i.host.SetLinkUp(false); err != nil {
+			i.log.Warn("host SetLinkUp", "err", err)
+		}
+		i.mu.Lock()
+		conns := make([]*txConn, 0, len(i.txConns))
+		for tc := range i.txConns {
+			conns = append(conns, tc)
+		}
+		i.mu.Unlock()
+		for _, tc := range conns {
+			tc.teardown()
+		}
+	}
 }
 
 // Mode is the current mode.

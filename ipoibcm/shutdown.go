@@ -34,6 +34,9 @@ func (i *Interface) Close() error {
 	if i.listener != nil {
 		i.listener.Close()
 	}
+	if i.cancelPort != nil {
+		i.cancelPort()
+	}
 	// The reader ends when the port closes; it may be parked waiting for
 	// credits, which stop releases.
 	hostErr := i.host.Close()
@@ -62,7 +65,7 @@ var errAlreadyClosed = errors.New("already closed")
 // destroyResources releases whatever New created, in dependency order.
 // Connections are gone by now (Close reaped or forced them).
 func (i *Interface) destroyResources() {
-	if i.cmm != nil {
+	if i.cmm != nil && i.ownCM {
 		i.cmm.Close()
 	}
 	if i.ud != nil {

@@ -24,6 +24,12 @@ type Counters struct {
 	TxDropped     uint64 `json:"tx_dropped"`
 	Multicast     uint64 `json:"multicast"`
 	RxDeadDropped uint64 `json:"rx_dead_dropped"`
+	// RxWrongPKey is the port's count of packets dropped because their
+	// P_Key matched no entry of its table or not the receiving QP's
+	// (hca.Port.PKeyViolations): the same number on every interface of
+	// one device, since a packet of a partition none of them is in
+	// belongs to none.
+	RxWrongPKey uint64 `json:"rx_wrong_pkey"`
 }
 
 // NeighbourInfo describes one neighbour. Every field is always present in
@@ -137,6 +143,7 @@ func (i *Interface) Stats() Stats {
 			RxBytes: c.rxBytes.Load(), TxBytes: c.txBytes.Load(),
 			TxErrors: c.txErrors.Load(), RxDropped: c.rxDropped.Load(), TxDropped: c.txDropped.Load(),
 			Multicast: c.multicast.Load(), RxDeadDropped: c.rxDeadDropped.Load(),
+			RxWrongPKey: i.dev.Port().PKeyViolations,
 		},
 		Drops:       make(map[string]uint64),
 		NAPI:        NAPIStats{RX: i.rxNAPI.Stats(), TX: i.tx.napi.Stats()},

@@ -17,10 +17,11 @@ type udPath struct {
 	bufs [][]byte // UDRecvQueueSize buffers: headroom + IB MTU
 }
 
-// newUDPath creates the UD QP, posts its ring and brings it to RTS. On
-// error the QP it created is destroyed again: a live QP would keep both CQs
-// busy (the backend refuses to destroy a CQ a QP still uses), so New's
-// clean-up could not release them either.
+// newUDPath creates the UD QP and its ring, and brings it to RTS if the
+// interface's P_Key is in the port's table (else activate does, once it
+// is). On error the QP it created is destroyed again: a live QP would keep
+// both CQs busy (the backend refuses to destroy a CQ a QP still uses), so
+// New's clean-up could not release them either.
 func newUDPath(i *Interface) (_ *udPath, err error) {
 	u := &udPath{i: i}
 	qp, err := i.dev.CreateQP(hca.QPConfig{
@@ -43,30 +44,47 @@ func newUDPath(i *Interface) (_ *udPath, err error) {
 		}
 	}()
 	u.qp = qp
-	if err := qp.Modify(hca.QPAttr{State: hca.QPStateInit, PKeyIndex: 0, QKey: frame.QKeyIPoIB}); err != nil {
-		return nil, fmt.Errorf("UD QP to Init: %w", err)
-	}
 	size := headroom + int(i.port.ActiveMTU)
 	u.bufs = make([][]byte, i.cfg.UDRecvQueueSize)
-	wrs := make([]hca.RecvWR, len(u.bufs))
 	for k := range u.bufs {
 		b, err := i.dev.Alloc(size)
 		if err != nil {
 			return nil, fmt.Errorf("UD receive buffer %d: %w", k, err)
 		}
 		u.bufs[k] = b
+	}
+	if i.pkeyActive {
+		if err := u.activate(i.pkeyIndex); err != nil {
+			return nil, err
+		}
+	}
+	return u, nil
+}
+
+// activate moves the UD QP from Reset to RTS on P_Key index pkeyIndex
+// with every ring buffer posted: at New, or once the P_Key appears.
+func (u *udPath) activate(pkeyIndex int) error {
+	i, qp := u.i, u.qp
+	if err := qp.Modify(hca.QPAttr{State: hca.QPStateInit, PKeyIndex: pkeyIndex, QKey: frame.QKeyIPoIB}); err != nil {
+		return fmt.Errorf("UD QP to Init: %w", err)
+	}
+	wrs := make([]hca.RecvWR, len(u.bufs))
+	for k, b := range u.bufs {
 		wrs[k] = hca.RecvWR{ID: wrID(wrKindUDRecv, k), Buf: b[headroom:]}
 	}
 	if n, err := qp.PostRecv(wrs); err != nil || n != len(wrs) {
-		return nil, fmt.Errorf("post %d UD receives (%d posted): %w", len(wrs), n, err)
+		return fmt.Errorf("post %d UD receives (%d posted): %w", len(wrs), n, err)
 	}
 	if err := qp.Modify(hca.QPAttr{State: hca.QPStateRTR}); err != nil {
-		return nil, fmt.Errorf("UD QP to RTR: %w", err)
+		return fmt.Errorf("UD QP to RTR: %w", err)
 	}
-	if err := qp.Modify(hca.QPAttr{State: hca.QPStateRTS, SQPSN: i.rng.Uint32() & 0xffffff}); err != nil {
-		return nil, fmt.Errorf("UD QP to RTS: %w", err)
+	i.mu.Lock() // the CM goroutine draws from rng too
+	psn := i.rng.Uint32() & 0xffffff
+	i.mu.Unlock()
+	if err := qp.Modify(hca.QPAttr{State: hca.QPStateRTS, SQPSN: psn}); err != nil {
+		return fmt.Errorf("UD QP to RTS: %w", err)
 	}
-	return u, nil
+	return nil
 }
 
 func (u *udPath) destroy() {

@@ -52,6 +52,13 @@ func (f *Fabric) sendUD(s *qp, wr *hca.SendWR) error {
 		return nil
 	}
 	pkey := s.pkey()
+	if s.typ == hca.QPTypeGSI {
+		// QP 1 serves every partition: each MAD names its P_Key index.
+		if wr.PKeyIndex < 0 || wr.PKeyIndex >= len(s.dev.pkeys) {
+			return fmt.Errorf("send WR %d: P_Key index %d of %d: %w", wr.ID, wr.PKeyIndex, len(s.dev.pkeys), hca.ErrInvalidArgument)
+		}
+		pkey = s.dev.pkeys[wr.PKeyIndex]
+	}
 	if f.cfg.Tap != nil {
 		f.tapUD(s, wr, a.dgid, pkey)
 	}
@@ -104,8 +111,9 @@ func (f *Fabric) deliverUDOne(s, r *qp, u *udSend, pkey hca.PKey, seg int) {
 	case wr.RemoteQKey != r.qkey:
 		f.stats.udQKey.Add(1)
 		return
-	case !pkey.Matches(r.pkey()):
+	case !r.acceptsPKey(pkey):
 		f.stats.udPKey.Add(1)
+		r.dev.pkeyViolations.Add(1)
 		return
 	case f.chance(f.faults.UDLoss):
 		f.stats.udLoss.Add(1)
