@@ -87,6 +87,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 			Progress: env.Stderr,
 		}
 		cfg.IB = ibLinkFactory(*seed, vnet, newLogger(env.Stderr, slog.LevelWarn))
+		cfg.IBOffloads = vnet
 		rep, err := bench.RunIperfSuite(ctx, cfg)
 		if err != nil {
 			return fail(env, "bench", err)
