@@ -66,15 +66,6 @@ type Interface struct {
 	srq        *srqRing // nil without SRQ
 	drainBuf   []byte
 	cmm        *cm.Manager
-	ownCM      bool // cmm is ours to close (not Config.CMManager)
-	// pkeyIndex is the port table's index of the interface's partition:
-	// every QP's P_Key index. pkeyActive: the UD QP is up on it (the
-	// P_Key was in the table at New or has appeared since). Written at
-	// New and by the control loop.
-	pkeyIndex  int
-	pkeyActive bool
-	// cancelPort ends the PKEY_CHANGE subscription.
-	cancelPort func()
 	listener   *cm.Listener
 
 	// The two data flows: host → TX path → HCA and HCA → RX path → host.
@@ -146,6 +137,17 @@ type Interface struct {
 	ctlWG    sync.WaitGroup
 	closeErr error
 	closeMu  sync.Mutex
+
+	// Partition state, behind the data path's fields so adding it moved
+	// none of them. pkeyIndex is the port table's index of the
+	// interface's partition: every QP's P_Key index. pkeyActive: the UD
+	// QP is up on it (the P_Key was in the table at New or has appeared
+	// since). Both are written at New and by the control loop.
+	pkeyIndex  int
+	pkeyActive bool
+	// cancelPort ends the PKEY_CHANGE subscription.
+	cancelPort func()
+	ownCM      bool // cmm is ours to close (not Config.CMManager)
 }
 
 // New creates an Interface: its CQs, UD QP, SRQ and buffers, and the CM
