@@ -123,42 +123,8 @@ func (d *Device) receiveMessage(b []byte, from netip.AddrPort, seg int, p *wire.
 
 // receive validates one datagram and hands it to its QP. mu held.
 func (d *Device) receive(b []byte, from netip.AddrPort, p *wire.Packet) {
-	if err := wire.ParsePacket(b, p); err != nil {
-		d.ctr.drop(wire.ReasonOf(err))
+	if !d.accept(b, from, d.local.Addr(), p) {
 		return
-	}
-	var hdr [wire.IPv6HeaderLen + wire.UDPHeaderLen]byte
-	udpLen := wire.UDPHeaderLen + len(b)
-	if from.Addr().Is4() != d.local.Addr().Is4() {
-		d.ctr.drop(wire.DropGarbage)
-		return
-	}
-	n := wire.PutIPHeader(hdr[:], from.Addr(), d.local.Addr(), udpLen)
-	wire.PutUDPHeader(hdr[n:], from.Port(), d.local.Port(), udpLen)
-	// The sender's IPv4 ID is not visible here: accept the IDs a GSO
-	// sender gives its segments (0 for a plain send).
-	if _, err := wire.CheckICRCGSO(hdr[:n], hdr[n:n+wire.UDPHeaderLen], b, &d.rxShifts); err != nil {
-		d.ctr.drop(wire.ReasonOf(err))
-		return
-	}
-	if d.cfg.Tap != nil {
-		d.cfg.Tap.Datagram(from, d.local, b)
-	}
-	if _, ok := hca.MatchingPKeyIndex(d.cfg.PKeys, hca.PKey(p.BTH.PKey)); !ok {
-		// No partition of ours (IBTA 10.9.3), before the sender may
-		// join the broadcast group: a host of another partition stays
-		// out of it.
-		if p.BTH.Opcode == wire.OpUDSendOnly {
-			d.ctr.dropUD(wire.DropBadPKey)
-		} else {
-			d.ctr.drop(wire.DropBadPKey)
-		}
-		return
-	}
-	if sp := from.Port(); sp == d.local.Port() || sp >= wire.SourcePortMin {
-		// A peer's QPs send from the fabric port or from per-QP ports
-		// in the RoCEv2 entropy range.
-		d.addMember(from.Addr())
 	}
 	switch op := p.BTH.Opcode; {
 	case op == wire.OpUDSendOnly:
@@ -182,3 +148,49 @@ func (d *Device) receive(b []byte, from netip.AddrPort, p *wire.Packet) {
 		d.ctr.drop(wire.DropBadOpcode)
 	}
 }
+
+// accept parses a datagram sent from from to dst (this device's address
+// or a group it joined), checks its ICRC, P_Key and family, shows it to
+// the tap and learns its sender; false if it was dropped (counted). mu
+// held.
+func (d *Device) accept(b []byte, from netip.AddrPort, dst netip.Addr, p *wire.Packet) bool {
+	if err := wire.ParsePacket(b, p); err != nil {
+		d.ctr.drop(wire.ReasonOf(err))
+		return false
+	}
+	var hdr [wire.IPv6HeaderLen + wire.UDPHeaderLen]byte
+	udpLen := wire.UDPHeaderLen + len(b)
+	if from.Addr().Is4() != d.local.Addr().Is4() {
+		d.ctr.drop(wire.DropGarbage)
+		return false
+	}
+	n := wire.PutIPHeader(hdr[:], from.Addr(), dst, udpLen)
+	wire.PutUDPHeader(hdr[n:], from.Port(), d.local.Port(), udpLen)
+	// The sender's IPv4 ID is not visible here: accept the IDs a GSO
+	// sender gives its segments (0 for a plain send).
+	if _, err := wire.CheckICRCGSO(hdr[:n], hdr[n:n+wire.UDPHeaderLen], b, &d.rxShifts); err != nil {
+		d.ctr.drop(wire.ReasonOf(err))
+		return false
+	}
+	if d.cfg.Tap != nil {
+		d.cfg.Tap.Datagram(from, netip.AddrPortFrom(dst, d.local.Port()), b)
+	}
+	if _, ok := hca.MatchingPKeyIndex(d.cfg.PKeys, hca.PKey(p.BTH.PKey)); !ok {
+		// No partition of ours (IBTA 10.9.3), before the sender may
+		// join the broadcast group: a host of another partition stays
+		// out of it.
+		if p.BTH.Opcode == wire.OpUDSendOnly {
+			d.ctr.dropUD(wire.DropBadPKey)
+		} else {
+			d.ctr.drop(wire.DropBadPKey)
+		}
+		return false
+	}
+	if sp := from.Port(); sp == d.local.Port() || sp >= wire.SourcePortMin {
+		// A peer's QPs send from the fabric port or from per-QP ports
+		// in the RoCEv2 entropy range.
+		d.addMember(from.Addr())
+	}
+	return true
+}
+

@@ -51,6 +51,23 @@ type Stats struct {
 	// MemberRefused counts hosts heard from that were not added to the
 	// broadcast group because it had Config.MaxMembers members.
 	MemberRefused uint64 `json:"member_refused"`
+	// McastJoins and McastLeaves count IP multicast groups joined and
+	// left through the kernel (Config.Multicast); McastDelivered counts
+	// copies of group datagrams delivered to attached QPs (one datagram,
+	// one copy per attached QP). A group datagram no attached QP took is
+	// dropped as not_attached.
+	McastJoins     uint64 `json:"mcast_joins"`
+	McastLeaves    uint64 `json:"mcast_leaves"`
+	McastDelivered uint64 `json:"mcast_delivered"`
+	// Gossip (Config.Gossip): GossipRequests counts member-list Gets
+	// sent, GossipReplies the GetResps that answered Gets received (one
+	// each), GossipLearned members learned from lists, GossipDropped
+	// membership MADs dropped (malformed, unsolicited or stale answers,
+	// and Gets not queued because the queue was full).
+	GossipRequests uint64 `json:"gossip_requests"`
+	GossipReplies  uint64 `json:"gossip_replies"`
+	GossipLearned  uint64 `json:"gossip_learned"`
+	GossipDropped  uint64 `json:"gossip_dropped"`
 	// SocketDrops is the kernel's count of datagrams dropped because the
 	// socket's receive buffer was full (SO_MEMINFO's sk_drops): lost
 	// before the device could see or count them.
@@ -137,6 +154,9 @@ type counters struct {
 	rcMessages, udMessages                           atomic.Uint64
 	sourcePorts, sourcePortFallbacks                 atomic.Uint64
 	memberRefused, socketDrops                       atomic.Uint64
+	mcastJoins, mcastLeaves, mcastDelivered          atomic.Uint64
+	gossipRequests, gossipReplies                    atomic.Uint64
+	gossipLearned, gossipDropped                     atomic.Uint64
 }
 
 func (c *counters) drop(r wire.DropReason) { c.drops[r].Add(1) }
@@ -164,6 +184,9 @@ func (c *counters) snapshot() Stats {
 		RCMessages: c.rcMessages.Load(), UDMessages: c.udMessages.Load(),
 		SourcePorts: c.sourcePorts.Load(), SourcePortFallbacks: c.sourcePortFallbacks.Load(),
 		MemberRefused: c.memberRefused.Load(),
+		McastJoins:    c.mcastJoins.Load(), McastLeaves: c.mcastLeaves.Load(), McastDelivered: c.mcastDelivered.Load(),
+		GossipRequests: c.gossipRequests.Load(), GossipReplies: c.gossipReplies.Load(),
+		GossipLearned: c.gossipLearned.Load(), GossipDropped: c.gossipDropped.Load(),
 	}
 	for i := range c.drops {
 		s.Drops[i] = c.drops[i].Load()

@@ -56,10 +56,16 @@ func (q *qp) postSendUD(wrs []hca.SendWR) (int, error) {
 		unicast := [1]netip.Addr{a.dgid.Addr()}
 		to := unicast[:]
 		if wr.RemoteQPN == hca.QPNMulticast && a.dgid.IsMulticast() {
-			// Head-end replication: one unicast copy per member, self
-			// included, so local QPs attached to the group get theirs
-			// through the same receive path.
-			to = d.members
+			if d.cfg.Multicast {
+				// The network replicates; IP_MULTICAST_LOOP brings the
+				// copy for this host's attached QPs.
+				unicast[0] = a.group
+			} else {
+				// Head-end replication: one unicast copy per member,
+				// self included, so local QPs attached to the group get
+				// theirs through the same receive path.
+				to = d.members
+			}
 		}
 		if wr.MSS > 0 {
 			if err := q.sendLSO(&spec, wr, &lso, to); err != nil {
@@ -103,6 +109,10 @@ func (q *qp) queueDatagram(buf []byte, h, n int, to netip.Addr) {
 func (d *Device) recvUD(p *wire.Packet, from netip.Addr) {
 	if len(p.Payload) > int(d.cfg.MTU) {
 		d.ctr.dropUD(wire.DropBadLength)
+		return
+	}
+	if hca.QPN(p.BTH.DestQP) == hca.QPNGSI && d.gossip != nil && wire.IsMemberMAD(p.Payload) {
+		d.receiveMemberMAD(p, from)
 		return
 	}
 	info := udInfo{srcQPN: hca.QPN(p.DETH.SrcQP), srcGID: hca.GIDFromAddr(from), pkey: hca.PKey(p.BTH.PKey)}

@@ -26,6 +26,10 @@ type UpOptions struct {
 	// Bind is the local UDP address; its IP is the port GID.
 	Bind  netip.AddrPort
 	Peers []netip.Addr
+	// Multicast sends the broadcast group and IP multicast as RoCEv2
+	// multicast the network replicates (--multicast=on); false is
+	// head-end replication to the members known.
+	Multicast bool
 	// Allow is the underlay source prefixes accepted; nil means the
 	// default, --peers plus the bind address's connected subnet.
 	Allow []netip.Prefix
@@ -62,7 +66,8 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	hcaName := fs.String("hca", "rocev2", "HCA backend: rocev2")
 	bind := fs.String("bind", "", "local IP address for RoCEv2/UDP, e.g. 192.0.2.1 (required; its GID is ::ffff:<addr>)")
 	port := fs.Uint("port", 4791, "UDP port of the fabric (every host uses the same)")
-	peers := fs.String("peers", "", "comma-separated IP addresses of the other hosts (the broadcast group); hosts heard from inside --allow join too, up to 1024")
+	peers := fs.String("peers", "", "comma-separated IP addresses of other hosts: with --multicast=off the seeds of head-end replication (members they know, and hosts heard from inside --allow, join too, up to 1024); optional with --multicast=on")
+	multicast := fs.String("multicast", "on", "on: multicast UD goes to the IP group of its MGID and the network replicates (needs IGMP/MLD multicast on the link); off: head-end replication, one unicast copy per member")
 	allow := fs.String("allow", "", "comma-separated underlay source prefixes to accept, or 'any'; others are dropped before parsing (default: --peers and the subnet --bind is on)")
 	maxRX := fs.Int("max-rx-conns", 2048, "passive connections at most (REQs over it get REJ NO_QP); a peer holding an established one may replace it")
 	maxRXPeer := fs.Int("max-rx-conns-per-peer", 4, "passive connections from one peer GID at most")
@@ -86,7 +91,7 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	dir := controlDirFlag(fs, env)
 	prof := addProfileFlags(fs)
 	return func(ctx context.Context, args []string) int {
-		o, msg := parseUp(args, upRaw{*dev, *addr, *hcaName, *bind, *port, *peers, *mode, *mtu, *ibMTU})
+		o, msg := parseUp(args, upRaw{*dev, *addr, *hcaName, *bind, *port, *peers, *mode, *mtu, *ibMTU, *multicast})
 		if msg != "" {
 			return usageError(env, "up", msg)
 		}
@@ -146,6 +151,7 @@ type upRaw struct {
 	port                 uint
 	peers, mode          string
 	mtu, ibMTU           int
+	multicast            string
 }
 
 // parseUp validates the flags; a non-empty message is a usage error.
@@ -183,6 +189,14 @@ func parseUp(args []string, r upRaw) (UpOptions, string) {
 		}
 		peers = append(peers, p.Unmap())
 	}
+	var mcast bool
+	switch r.multicast {
+	case "on":
+		mcast = true
+	case "off":
+	default:
+		return o, fmt.Sprintf("--multicast %q: want on or off", r.multicast)
+	}
 	if !validMode(r.mode) {
 		return o, fmt.Sprintf("--mode %q: want connected or datagram", r.mode)
 	}
@@ -195,7 +209,7 @@ func parseUp(args []string, r upRaw) (UpOptions, string) {
 		return o, msg
 	}
 	return UpOptions{Dev: r.dev, Addr: pfx, HCA: r.hca, Bind: netip.AddrPortFrom(bind, uint16(r.port)), Peers: peers,
-		Mode: r.mode, MTU: r.mtu, IBMTU: r.ibMTU}, ""
+		Multicast: mcast, Mode: r.mode, MTU: r.mtu, IBMTU: r.ibMTU}, ""
 }
 
 // oneLine keeps an error message on one line (joined errors print one

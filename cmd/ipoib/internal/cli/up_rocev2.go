@@ -72,10 +72,12 @@ func upDeviceConfig(o UpOptions, log *slog.Logger) (rocev2.Config, error) {
 		}
 	}
 	return rocev2.Config{
-		Bind:  o.Bind,
-		Peers: o.Peers,
-		Allow: allow,
-		MTU:   hca.MTU(o.IBMTU),
+		Bind:      o.Bind,
+		Peers:     o.Peers,
+		Multicast: o.Multicast,
+		Gossip:    !o.Multicast,
+		Allow:     allow,
+		MTU:       hca.MTU(o.IBMTU),
 		Faults: rocev2.Faults{Seed: o.Seed, Drop: o.Loss, Duplicate: o.Dup, Reorder: o.Reorder,
 			Delay: o.Delay, DelayTime: o.DelayTime},
 		MinAckTimeout: o.AckTimeout,
@@ -111,7 +113,7 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 	if err != nil {
 		return setup(err)
 	}
-	if err := checkUnderlay(o.Bind.Addr(), o.Peers, o.IBMTU); err != nil {
+	if err := checkUnderlay(o.Bind.Addr(), o.Peers, o.Multicast, o.IBMTU); err != nil {
 		return setup(err)
 	}
 	mux := &capture.Mux{}
@@ -170,7 +172,7 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 		log.Info("metrics", "url", "http://"+ms.Addr().String()+"/metrics")
 	}
 	log.Info("up; stop with Ctrl-C", "dev", o.Dev, "addr", o.Addr, "bind", dev.LocalAddr(), "hwaddr", ifc.HWAddr(),
-		"mode", ifc.Mode(), "mtu", ifc.MTU(), "peers", o.Peers, "allow", dcfg.Allow, "control", srv.Path())
+		"mode", ifc.Mode(), "mtu", ifc.MTU(), "peers", o.Peers, "multicast", o.Multicast, "allow", dcfg.Allow, "control", srv.Path())
 	if o.Ready != nil {
 		o.Ready(srv.Path())
 	}
