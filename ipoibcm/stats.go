@@ -126,6 +126,7 @@ type Stats struct {
 	RXLimits    RXLimits          `json:"rx_limits"`
 	Outstanding int64             `json:"tx_outstanding"`
 	SRQPosted   int               `json:"srq_posted"`
+	Offloads    OffloadStats      `json:"offloads"`
 }
 
 // Stats returns a snapshot. Counters are read atomically one by one (not
@@ -150,6 +151,7 @@ func (i *Interface) Stats() Stats {
 		Reaper:      i.reaperStats(),
 		RXLimits:    i.rxLimitStats(),
 		Outstanding: i.tx.outstanding.Load(),
+		Offloads:    i.offloadStats(),
 	}
 	// Every reason, zero included: scripts find each key from the start.
 	for r := range numDropReasons {
