@@ -98,6 +98,7 @@ type ReaperStats struct {
 	McastSendOnly        uint64 `json:"mcast_sendonly"`
 	McastSendOnlyExpired uint64 `json:"mcast_sendonly_expired"`
 	McastTableFull       uint64 `json:"mcast_table_full"`
+	McastJoinErrors      uint64 `json:"mcast_join_errors"`
 	TooBigSent           uint64 `json:"too_big_sent"`
 }
 
@@ -234,7 +235,7 @@ func (i *Interface) reaperStats() ReaperStats {
 		TXQueueStops: r.txStops.Load(), TXQueueWakes: r.txWakes.Load(),
 		NeighRestarts: r.neighRestarts.Load(), NeighAged: r.neighAged.Load(), NeighEvicted: r.neighEvicted.Load(), Reresolves: r.reresolves.Load(), ModeSwitches: r.modeSwitches.Load(),
 		McastJoins: r.mcastJoins.Load(), McastLeaves: r.mcastLeaves.Load(), McastSendOnly: r.mcastSendOnly.Load(),
-		McastSendOnlyExpired: r.mcastSendOnlyExpired.Load(), McastTableFull: r.mcastTableFull.Load(),
+		McastSendOnlyExpired: r.mcastSendOnlyExpired.Load(), McastTableFull: r.mcastTableFull.Load(), McastJoinErrors: r.mcastJoinErrors.Load(),
 		TooBigSent: r.tooBigSent.Load(),
 	}
 }
@@ -266,4 +267,5 @@ type reaperCounters struct {
 	rxRejectedMTU, txMTUDowngrades atomic.Uint64
 	// The host's multicast groups (mcast.go).
 	mcastLeaves, mcastSendOnly, mcastSendOnlyExpired, mcastTableFull atomic.Uint64
+	mcastJoinErrors                                                  atomic.Uint64
 }

@@ -419,14 +419,13 @@ func TestWriteFramesMetaRejectsLies(t *testing.T) {
 // arrives.
 func TestLinkOffloadsMTUDecrease(t *testing.T) {
 	a, b, pa, _ := offloadPair(t, Config{MTU: 9000, GSO: true}, nil)
-	// The link's reader already runs: set the trigger under its lock.
-	at := make(chan struct{})
+	// The link's shuttles already read these (under mu).
 	pa.mu.Lock()
-	pa.atFrames, pa.at = 100, at
+	pa.atFrames, pa.at = 100, make(chan struct{})
 	pa.mu.Unlock()
 	errc := make(chan error, 1)
 	go func() {
-		<-at
+		<-pa.at
 		err := b.SetMTU(1500)
 		if err == nil {
 			err = a.SetMTU(1500)
