@@ -67,7 +67,16 @@ type Interface struct {
 	srq        *srqRing // nil without SRQ
 	drainBuf   []byte
 	cmm        *cm.Manager
+	// listener is the CM listener while the host has ib0 up; closed and
+	// nil while it is down (hostlink.go). listenerMu guards the pointer:
+	// Close reads it on its own goroutine.
+	listenerMu sync.Mutex
 	listener   *cm.Listener
+	// hostLink is the host's ib0 state the engine follows (hostLink,
+	// hostlink.go); downQuiet: while down, the last connection is gone
+	// (control loop).
+	hostLink  atomic.Int32
+	downQuiet bool
 
 	// The two data flows: host → TX path → HCA and HCA → RX path → host.
 	tx      txPath
@@ -128,6 +137,9 @@ type Interface struct {
 		// marked up and before its parked frames are posted: the window
 		// of the 2018 start_xmit/REP race.
 		repApplying func(tc *txConn)
+		// hostDownQuiet runs on the control loop when, with the host's
+		// ib0 down, the last connection is gone.
+		hostDownQuiet func()
 	}
 
 	ctr        counters
@@ -306,14 +318,9 @@ func (i *Interface) Start() error {
 	i.tx.napi.Start()
 	i.ctlWG.Add(1)
 	go i.controlLoop()
-	if i.cmm != nil {
-		qpn := uint64(i.ud.qp.QPN())
-		l, err := i.cmm.ListenPKey(i.cfg.PKey, []uint64{serviceIDIETF | qpn, serviceIDRFC | qpn}, i.decideREQ)
-		if err != nil {
-			i.Close()
-			return fmt.Errorf("%s: cm listen: %w", i.cfg.Name, err)
-		}
-		i.listener = l
+	if err := i.listen(); err != nil {
+		i.Close()
+		return fmt.Errorf("%s: %w", i.cfg.Name, err)
 	}
 	i.cancelPort = i.dev.OnPortEvent(func(ev hca.AsyncEvent) {
 		if ev.Type == hca.EventPortPKeyChange {
