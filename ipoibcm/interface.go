@@ -159,6 +159,8 @@ type Interface struct {
 	// since). Both are written at New and by the control loop.
 	pkeyIndex  int
 	pkeyActive bool
+	// pkeyHere: the P_Key is at pkeyIndex now (control loop).
+	pkeyHere bool
 	// cancelPort ends the PKEY_CHANGE subscription.
 	cancelPort func()
 	ownCM      bool // cmm is ours to close (not Config.CMManager)
@@ -196,6 +198,7 @@ func New(cfg Config) (_ *Interface, err error) {
 		return nil, fmt.Errorf("%s: port MTU %d: %w", cfg.Name, i.port.ActiveMTU, hca.ErrInvalidArgument)
 	}
 	i.pkeyIndex, i.pkeyActive = i.port.PKeyIndex(cfg.PKey)
+	i.pkeyHere = i.pkeyActive
 	if !i.pkeyActive {
 		// ipoib_pkey_dev_check_presence: the interface exists, its link
 		// stays down until a PKEY_CHANGE brings the P_Key in.
@@ -370,6 +373,8 @@ func (i *Interface) linkUp() error {
 // connections flushed) until it is back there. The QPs keep their index
 // (IBA: a QP holds an index, not a value), so a P_Key that reappears at
 // another index leaves the link down: the interface must be recreated.
+// While the host has ib0 down the link stays down whatever the table
+// says; openForHost raises it only with the P_Key here.
 func (i *Interface) onPKeyChange() {
 	if ifState(i.state.Load()) != ifRunning || i.reaper.shuttingDown {
 		return
@@ -386,38 +391,48 @@ func (i *Interface) onPKeyChange() {
 			return
 		}
 		i.pkeyIndex, i.pkeyActive = idx, true
-		i.log.Info("P_Key appeared in the port's table", "pkey", pkey, "index", idx)
-		if err := i.linkUp(); err != nil {
-			i.log.Error("link up", "err", err)
-		}
-		return
 	}
 	here := i.pkeyIndex < len(port.PKeys) && port.PKeys[i.pkeyIndex]&^0x8000 == i.cfg.PKey&^0x8000
+	if here == i.pkeyHere {
+		return
+	}
+	i.pkeyHere = here
 	switch {
-	case here && !i.link.Load():
-		i.log.Info("P_Key back in the port's table", "pkey", pkey, "index", i.pkeyIndex)
-		if err := i.linkUp(); err != nil {
-			i.log.Error("link up", "err", err)
+	case here:
+		i.log.Info("P_Key in the port's table", "pkey", pkey, "index", i.pkeyIndex)
+		if !i.hostDown() {
+			if err := i.linkUp(); err != nil {
+				i.log.Error("link up", "err", err)
+			}
 		}
-	case !here && i.link.Load():
-		if found {
-			i.log.Warn("P_Key moved in the port's table; the interface's QPs stay on their index: recreate it", "pkey", pkey, "from", i.pkeyIndex, "to", idx)
-		} else {
-			i.log.Warn("P_Key left the port's table: link down until it is back", "pkey", pkey, "index", i.pkeyIndex)
-		}
-		i.link.Store(false)
-		if err := i.host.SetLinkUp(false); err != nil {
-			i.log.Warn("host SetLinkUp", "err", err)
-		}
-		i.mu.Lock()
-		conns := make([]*txConn, 0, len(i.txConns))
-		for tc := range i.txConns {
-			conns = append(conns, tc)
-		}
-		i.mu.Unlock()
-		for _, tc := range conns {
-			tc.teardown()
-		}
+	case found:
+		i.log.Warn("P_Key moved in the port's table; the interface's QPs stay on their index: recreate it", "pkey", pkey, "from", i.pkeyIndex, "to", idx)
+		i.pkeyLinkDown()
+	default:
+		i.log.Warn("P_Key left the port's table: link down until it is back", "pkey", pkey, "index", i.pkeyIndex)
+		i.pkeyLinkDown()
+	}
+}
+
+// pkeyLinkDown takes the link down for a departed P_Key (control loop):
+// carrier off, so the host stops sending, and the TX connections torn
+// down; passive ones end with their peers' retries.
+func (i *Interface) pkeyLinkDown() {
+	if i.hostDown() {
+		return
+	}
+	i.link.Store(false)
+	if err := i.host.SetLinkUp(false); err != nil {
+		i.log.Warn("host SetLinkUp", "err", err)
+	}
+	i.mu.Lock()
+	conns := make([]*txConn, 0, len(i.txConns))
+	for tc := range i.txConns {
+		conns = append(conns, tc)
+	}
+	i.mu.Unlock()
+	for _, tc := range conns {
+		tc.teardown()
 	}
 }
 
