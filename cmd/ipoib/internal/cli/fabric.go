@@ -30,6 +30,7 @@ func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 	dir := controlDirFlag(fs, env)
 	netnsPrefix := fs.String("netns-prefix", "ipoib-h", "namespace names are this prefix plus the host number")
 	prof := addProfileFlags(fs)
+	offloads := fs.String("offloads", "on", "on: open each TAP with a virtio header so TSO/USO super frames and partial checksums cross it (UD LSO and checksum offload underneath, GRO toward the host); off: one complete frame per read and write")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus/OpenMetrics metrics at http://ADDR/metrics (e.g. 127.0.0.1:9101; empty: off)")
 	return func(ctx context.Context, args []string) int {
 		if len(args) > 0 {
@@ -44,7 +45,7 @@ func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 		if !validMode(*mode) {
 			return usageError(env, "fabric", fmt.Sprintf("--mode %q: want connected or datagram", *mode))
 		}
-		if msg := flagcheck.First(flagcheck.MTU(*mode, *mtu, fabricIBMTU), flagcheck.Ifname("ifname", *ifname)); msg != "" {
+		if msg := flagcheck.First(flagcheck.MTU(*mode, *mtu, fabricIBMTU), flagcheck.Ifname("ifname", *ifname), flagcheck.OnOff("offloads", *offloads)); msg != "" {
 			return usageError(env, "fabric", msg)
 		}
 		pfx, err := netip.ParsePrefix(*prefix)
@@ -73,7 +74,7 @@ func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 			defer srv.Close()
 			log.Info("metrics", "url", "http://"+srv.Addr().String()+"/metrics")
 		}
-		lab := fabricLab{env: env, log: log, owner: &tap.Owner{MarkerDir: env.MarkerDir, Logger: log}, netnsPrefix: *netnsPrefix, metrics: m}
+		lab := fabricLab{env: env, log: log, owner: &tap.Owner{MarkerDir: env.MarkerDir, Logger: log}, netnsPrefix: *netnsPrefix, metrics: m, offloads: *offloads == "on"}
 		err = lab.run(ctx, addrs, *mode, *mtu, *ifname, *seed, *dir)
 		if err = errors.Join(err, stopProfile()); err != nil {
 			return fail(env, "fabric", err)
@@ -106,6 +107,8 @@ type fabricLab struct {
 	netnsPrefix string
 	// metrics, if set, exports every host (--metrics).
 	metrics *metrics.Metrics
+	// offloads opens the TAPs with IFF_VNET_HDR (--offloads).
+	offloads bool
 
 	namespaces []*tap.Netns
 	hosts      []*softHost
@@ -137,7 +140,7 @@ func (l *fabricLab) run(ctx context.Context, addrs []netip.Prefix, mode string, 
 		l.namespaces = append(l.namespaces, ns)
 		// The engine raises the link once it has joined the broadcast
 		// group (HostPort.SetLinkUp).
-		dev, err := tap.Open(tap.Config{Name: ifname, Netns: ns, Link: tap.LinkConfig{Addrs: []netip.Prefix{addr}}})
+		dev, err := tap.Open(tap.Config{Name: ifname, Netns: ns, VnetHdr: l.offloads, Link: tap.LinkConfig{Addrs: []netip.Prefix{addr}}})
 		if err != nil {
 			return err
 		}
