@@ -419,7 +419,10 @@ func TestWriteFramesMetaRejectsLies(t *testing.T) {
 // arrives.
 func TestLinkOffloadsMTUDecrease(t *testing.T) {
 	a, b, pa, _ := offloadPair(t, Config{MTU: 9000, GSO: true}, nil)
+	// The link's shuttles already read these (under mu).
+	pa.mu.Lock()
 	pa.atFrames, pa.at = 100, make(chan struct{})
+	pa.mu.Unlock()
 	errc := make(chan error, 1)
 	go func() {
 		<-pa.at
