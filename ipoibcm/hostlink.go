@@ -108,7 +108,8 @@ func (i *Interface) openForHost() error {
 	err := i.rejoinGroupsLocked()
 	i.mu.Unlock()
 	i.rs.hostUps.Add(1)
-	i.link.Store(true)
+	// Without its P_Key in the table the link stays down (onPKeyChange).
+	i.link.Store(i.pkeyHere)
 	if err != nil {
 		i.log.Warn("host set the interface up: rejoin", "err", err)
 		return fmt.Errorf("%s: host set the interface up: %w", i.cfg.Name, err)
