@@ -75,7 +75,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 				Modes: modeList, MTU: map[string]int{"connected": *mtuCM, "datagram": *mtuUD},
 				Duration: *duration, Streams: *streams,
 				Owner: &tap.Owner{MarkerDir: env.MarkerDir}, Progress: env.Stderr,
-				UpArgs: []string{"--offloads", *offloads},
+				UpArgs: []string{"--offloads", *offloads}, IBOffloads: vnet,
 			}, *asJSON, *plotFile)
 		}
 		cfg := bench.IperfSuiteConfig{
