@@ -139,11 +139,20 @@ type Interface struct {
 	ctlWG    sync.WaitGroup
 	closeErr error
 	closeMu  sync.Mutex
+
+	// parent is the Interface whose device and CM this child shares; nil
+	// for a parent (child.go).
+	parent   *Interface
+	children childSet
 }
 
 // New creates an Interface: its CQs, UD QP, SRQ and buffers, and the CM
 // manager. Nothing runs until Start.
-func New(cfg Config) (_ *Interface, err error) {
+func New(cfg Config) (*Interface, error) { return newInterface(cfg, nil) }
+
+// newInterface is New; a child (parent set) shares the parent's CM
+// manager instead of creating one.
+func newInterface(cfg Config, parent *Interface) (_ *Interface, err error) {
 	cfg, err = cfg.withDefaults()
 	if err != nil {
 		return nil, err
@@ -160,6 +169,7 @@ func New(cfg Config) (_ *Interface, err error) {
 		rxConns: make(map[*rxConn]struct{}),
 		rng:     newPSNSource(cfg.CM.Seed),
 		stop:    make(chan struct{}),
+		parent:  parent,
 	}
 	i.tx = txPath{i: i, wake: make(chan struct{}, 1)}
 	i.rx.i = i
@@ -188,7 +198,12 @@ func New(cfg Config) (_ *Interface, err error) {
 		return nil, fmt.Errorf("%s: %w", cfg.Name, err)
 	}
 	flags := byte(0)
-	if !cfg.DisableCM {
+	switch {
+	case cfg.DisableCM:
+	case parent != nil:
+		flags = frame.FlagRC
+		i.cmm = parent.cmm
+	default:
 		flags = frame.FlagRC
 		m, err := cm.NewManager(cfg.Device, cfg.CM)
 		if err != nil {
