@@ -58,7 +58,7 @@ func (i *Interface) NewChild(cfg Config) (*Interface, error) {
 		return nil, fmt.Errorf("%s: child %s on another device: %w", i.cfg.Name, cfg.Name, hca.ErrInvalidArgument)
 	}
 	if !ValidPKey(cfg.PKey) {
-		return nil, fmt.Errorf("%s: child %s: P_Key %#04x: %w", i.cfg.Name, cfg.Name, uint16(cfg.PKey), ErrInvalidPKey)
+		return nil, fmt.Errorf("%s: child %s: P_Key 0x%04x: %w", i.cfg.Name, cfg.Name, uint16(cfg.PKey), ErrInvalidPKey)
 	}
 	if i.cmm == nil && !cfg.DisableCM {
 		return nil, fmt.Errorf("%s: child %s wants CM on a parent without: %w", i.cfg.Name, cfg.Name, ErrInvalidMode)
@@ -66,7 +66,7 @@ func (i *Interface) NewChild(cfg Config) (*Interface, error) {
 	cfg.PKey |= 0x8000
 	key := cfg.PKey
 	if err := i.children.reserve(key, i.cfg.PKey|0x8000); err != nil {
-		return nil, fmt.Errorf("%s: child %s P_Key %#04x: %w", i.cfg.Name, cfg.Name, uint16(key), err)
+		return nil, fmt.Errorf("%s: child %s P_Key 0x%04x: %w", i.cfg.Name, cfg.Name, uint16(key), err)
 	}
 	c, err := newInterface(cfg, i)
 	if err != nil {
@@ -154,4 +154,24 @@ func (s *childSet) closeAll() error {
 		errs = append(errs, c.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// Membership is how the port's P_Key table holds the interface's
+// partition now (IBTA 10.9.1.2): "full" when an entry has the
+// full-membership bit, "limited" when only a limited entry is there, "none"
+// when the table lacks the partition (the subnet manager has not put the
+// port in it). Linux's ib_find_pkey prefers the full entry the same way.
+func (i *Interface) Membership() string {
+	part := i.PKey() & 0x7FFF
+	m := "none"
+	for _, k := range i.dev.Port().PKeys {
+		if k&0x7FFF != part {
+			continue
+		}
+		if k&0x8000 != 0 {
+			return "full"
+		}
+		m = "limited"
+	}
+	return m
 }

@@ -187,7 +187,7 @@ func ibLinkFactory(seed int64, log *slog.Logger) bench.IBLinkFactory {
 			if err != nil {
 				return nil, errors.Join(err, stop())
 			}
-			h, err := fab.AddHost(side.ns.Name(), "ib0", dev, []netip.Prefix{side.addr}, mode, mtu)
+			h, err := fab.AddHost(side.ns.Name(), "ib0", side.ns, dev, []netip.Prefix{side.addr}, mode, mtu)
 			if err != nil {
 				dev.Close()
 				return nil, errors.Join(err, stop())

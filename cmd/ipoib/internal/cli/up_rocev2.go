@@ -33,7 +33,19 @@ type upHost struct {
 	// view follows the kernel TAP; nil when the host port is not one
 	// (the tests' gVisor hosts).
 	view *hostView
+	// kids are the P_Key children (ipoib child add).
+	kids childSet
 }
+
+// AddChild creates a P_Key child (control.ChildParent), its TAP next to
+// the parent's.
+func (h *upHost) AddChild(req control.ChildRequest) (control.Endpoint, error) { return h.kids.add(req) }
+
+// DeleteChild removes the child named name (control.ChildParent).
+func (h *upHost) DeleteChild(name string) error { return h.kids.del(name) }
+
+// Children lists the children (control.ChildParent).
+func (h *upHost) Children() []control.Endpoint { return h.kids.endpoints() }
 
 var (
 	_ control.Endpoint = (*upHost)(nil)
@@ -91,6 +103,7 @@ func upDeviceConfig(o UpOptions, log *slog.Logger) (rocev2.Config, error) {
 		Bind:  o.Bind,
 		Peers: o.Peers,
 		Allow: allow,
+		PKeys: upPKeyTable(o.PKey),
 		MTU:   hca.MTU(o.IBMTU),
 		Faults: rocev2.Faults{Seed: o.Seed, Drop: o.Loss, Duplicate: o.Dup, Reorder: o.Reorder,
 			Delay: o.Delay, DelayTime: o.DelayTime},
@@ -106,7 +119,7 @@ func upDeviceConfig(o UpOptions, log *slog.Logger) (rocev2.Config, error) {
 // host.
 func upInterfaceConfig(o UpOptions, mode ipoibcm.Mode, dev hca.Device, host ipoibcm.HostPort, log *slog.Logger) ipoibcm.Config {
 	return ipoibcm.Config{
-		Device: dev, Host: host, Name: o.Dev, Mode: mode, MTU: o.MTU, RCRetry: o.RCRetry, Logger: log,
+		Device: dev, Host: host, Name: o.Dev, Mode: mode, MTU: o.MTU, PKey: o.PKey | 0x8000, RCRetry: o.RCRetry, Logger: log,
 		MaxRXConns: o.MaxRXConns, MaxRXConnsPerGID: o.MaxRXConnsPerPeer,
 		CM: cm.Options{MaxHalfOpen: o.MaxHalfOpen},
 	}
@@ -171,6 +184,16 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 	}
 	cleanup = append(cleanup, func() error { view.Close(); return nil })
 	h := &upHost{name: o.Host, ifc: ifc, dev: dev, mux: mux, addrs: []netip.Prefix{o.Addr}, view: view}
+	h.kids = childSet{host: o.Host, parent: ifc, log: log,
+		config: func(name string, port ipoibcm.HostPort) ipoibcm.Config {
+			c := upInterfaceConfig(o, mode, dev, port, log)
+			c.Name, c.Events = name, icfg.Events
+			return c
+		},
+		open: func(name string, addrs []netip.Prefix) (*tap.Device, error) {
+			return tap.Open(tap.Config{Name: name, Link: tap.LinkConfig{Addrs: addrs}})
+		}}
+	cleanup = append(cleanup, h.kids.closeAll)
 	srv, err := control.Listen(o.ControlDir, []control.Endpoint{h}, log)
 	if err != nil {
 		return setup(err)
@@ -193,4 +216,17 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 	<-ctx.Done()
 	log.Info("shutting down", "dev", o.Dev)
 	return nil
+}
+
+// upPKeyTable is the RoCEv2 port's P_Key table for 'ipoib up --pkey
+// pkey' (0: none given): the default partition first, then pkey as given,
+// its bit 15 the membership, there being no subnet manager to write it.
+func upPKeyTable(pkey hca.PKey) []hca.PKey {
+	switch {
+	case pkey == 0:
+		return []hca.PKey{hca.PKeyDefault}
+	case pkey&0x7FFF == 0x7FFF:
+		return []hca.PKey{pkey}
+	}
+	return []hca.PKey{hca.PKeyDefault, pkey}
 }
