@@ -10,6 +10,7 @@ import (
 
 	"github.com/ipoibcm/ipoib/bench"
 	"github.com/ipoibcm/ipoib/control"
+	"github.com/ipoibcm/ipoib/internal/flagcheck"
 )
 
 const controlTimeout = 5 * time.Second
@@ -35,6 +36,11 @@ func showFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	return func(ctx context.Context, args []string) int {
 		if len(args) > 0 {
 			return usageError(env, "show", fmt.Sprintf("unexpected argument %q", args[0]))
+		}
+		if *dev != "" {
+			if msg := flagcheck.Ifname("dev", *dev); msg != "" {
+				return usageError(env, "show", msg)
+			}
 		}
 		if *watch && (*asJSON || *brief) {
 			return usageError(env, "show", "--watch prints rates; it does not combine with --json or --brief")
@@ -138,6 +144,11 @@ func modeFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	return func(_ context.Context, args []string) int {
 		if len(args) != 1 || !validMode(args[0]) {
 			return usageError(env, "mode", "want exactly one of: connected, datagram")
+		}
+		if *dev != "" {
+			if msg := flagcheck.Ifname("dev", *dev); msg != "" {
+				return usageError(env, "mode", msg)
+			}
 		}
 		infos, err := control.SetModeAll(*dir, *host, *dev, args[0], controlTimeout)
 		if err != nil {
