@@ -119,7 +119,7 @@ func upDeviceConfig(o UpOptions, log *slog.Logger) (rocev2.Config, error) {
 // host.
 func upInterfaceConfig(o UpOptions, mode ipoibcm.Mode, dev hca.Device, host ipoibcm.HostPort, log *slog.Logger) ipoibcm.Config {
 	return ipoibcm.Config{
-		Device: dev, Host: host, Name: o.Dev, Mode: mode, MTU: o.MTU, PKey: o.PKey | 0x8000, RCRetry: o.RCRetry, Logger: log,
+		Device: dev, Host: host, Name: o.Dev, Mode: mode, MTU: o.MTU, PKey: upPartition(o.PKey), RCRetry: o.RCRetry, Logger: log,
 		MaxRXConns: o.MaxRXConns, MaxRXConnsPerGID: o.MaxRXConnsPerPeer,
 		CM: cm.Options{MaxHalfOpen: o.MaxHalfOpen},
 	}
@@ -229,4 +229,14 @@ func upPKeyTable(pkey hca.PKey) []hca.PKey {
 		return []hca.PKey{pkey}
 	}
 	return []hca.PKey{hca.PKeyDefault, pkey}
+}
+
+// upPartition is the engine's partition for --pkey: the P_Key with the
+// full-membership bit, as Linux sets it for the broadcast group (the
+// table says whether the port is a full member); 0 is the default.
+func upPartition(pkey hca.PKey) hca.PKey {
+	if pkey == 0 {
+		return hca.PKeyDefault
+	}
+	return pkey | 0x8000
 }
