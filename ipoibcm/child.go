@@ -68,11 +68,13 @@ func (i *Interface) NewChild(cfg Config) (*Interface, error) {
 	if err := i.children.reserve(key, i.cfg.PKey|0x8000); err != nil {
 		return nil, fmt.Errorf("%s: child %s P_Key 0x%04x: %w", i.cfg.Name, cfg.Name, uint16(key), err)
 	}
-	c, err := newInterface(cfg, i)
+	cfg.CMManager = i.cmm
+	c, err := New(cfg)
 	if err != nil {
 		i.children.release(key, nil)
 		return nil, err
 	}
+	c.parent = i
 	if !i.children.set(key, c) {
 		// The parent began closing meanwhile; its CM is going away.
 		return nil, errors.Join(fmt.Errorf("%s: child %s: %w", i.cfg.Name, cfg.Name, ErrClosed), c.closeSelf())

@@ -131,6 +131,11 @@ type Config struct {
 
 	// CM configures the connection manager the Interface creates.
 	CM cm.Options
+	// CMManager, if set, is the connection manager the Interface uses
+	// instead of creating one (CM is then unused): the port's, which a
+	// parent shares with its P_Key children since a port has one GSI QP
+	// (child.go). The Interface does not close it.
+	CMManager *cm.Manager
 	// RCRetry is the transport retry count of the REQ, and so of both
 	// QPs of every connection (0..7, 7 = forever). 0, the default, is
 	// ipoib_cm_send_req's "RFC draft warns against retries"; a lossy

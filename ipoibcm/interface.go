@@ -66,6 +66,7 @@ type Interface struct {
 	srq        *srqRing // nil without SRQ
 	drainBuf   []byte
 	cmm        *cm.Manager
+	ownsCM     bool // cmm is this Interface's to close
 	listener   *cm.Listener
 
 	// The two data flows: host → TX path → HCA and HCA → RX path → host.
@@ -147,12 +148,8 @@ type Interface struct {
 }
 
 // New creates an Interface: its CQs, UD QP, SRQ and buffers, and the CM
-// manager. Nothing runs until Start.
-func New(cfg Config) (*Interface, error) { return newInterface(cfg, nil) }
-
-// newInterface is New; a child (parent set) shares the parent's CM
-// manager instead of creating one.
-func newInterface(cfg Config, parent *Interface) (_ *Interface, err error) {
+// manager (unless Config.CMManager brings one). Nothing runs until Start.
+func New(cfg Config) (_ *Interface, err error) {
 	cfg, err = cfg.withDefaults()
 	if err != nil {
 		return nil, err
@@ -169,7 +166,6 @@ func newInterface(cfg Config, parent *Interface) (_ *Interface, err error) {
 		rxConns: make(map[*rxConn]struct{}),
 		rng:     newPSNSource(cfg.CM.Seed),
 		stop:    make(chan struct{}),
-		parent:  parent,
 	}
 	i.tx = txPath{i: i, wake: make(chan struct{}, 1)}
 	i.rx.i = i
@@ -200,16 +196,16 @@ func newInterface(cfg Config, parent *Interface) (_ *Interface, err error) {
 	flags := byte(0)
 	switch {
 	case cfg.DisableCM:
-	case parent != nil:
+	case cfg.CMManager != nil:
 		flags = frame.FlagRC
-		i.cmm = parent.cmm
+		i.cmm = cfg.CMManager
 	default:
 		flags = frame.FlagRC
 		m, err := cm.NewManager(cfg.Device, cfg.CM)
 		if err != nil {
 			return nil, fmt.Errorf("%s: cm manager: %w", cfg.Name, err)
 		}
-		i.cmm = m
+		i.cmm, i.ownsCM = m, true
 	}
 	i.hw = frame.NewHWAddr(flags, i.ud.qp.QPN(), i.port.GID)
 	return i, nil

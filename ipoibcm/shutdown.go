@@ -73,7 +73,7 @@ var errAlreadyClosed = errors.New("already closed")
 // destroyResources releases whatever New created, in dependency order.
 // Connections are gone by now (Close reaped or forced them).
 func (i *Interface) destroyResources() {
-	if i.cmm != nil && i.parent == nil {
+	if i.ownsCM {
 		i.cmm.Close()
 	}
 	if i.ud != nil {
