@@ -31,6 +31,11 @@ type Result struct {
 	Bytes   int64         `json:"bytes"`
 	Elapsed time.Duration `json:"elapsed_ns"`
 	Gbps    float64       `json:"gbps"`
+	// TxSuperFrames and RxSuperFrames are the GSO super frames the sender
+	// handed its link whole and the receiver was given whole
+	// (netstack.Counters): non-zero when the link used offloads.
+	TxSuperFrames uint64 `json:"tx_super_frames"`
+	RxSuperFrames uint64 `json:"rx_super_frames"`
 }
 
 func (r Result) String() string {
@@ -48,6 +53,13 @@ type LinkFactory func(a, b *netstack.Host) (stop func(), err error)
 // (netstack.Link).
 func DirectLink(a, b *netstack.Host) (func(), error) {
 	return netstack.Link(a, b), nil
+}
+
+// DirectLinkOffloads is DirectLink with the frames' offload metadata
+// carried across (netstack.LinkOffloads): with host GSO on, TCP super
+// frames cross whole.
+func DirectLinkOffloads(a, b *netstack.Host) (func(), error) {
+	return netstack.LinkOffloads(a, b)
 }
 
 // InProcConfig describes one in-process TCP run.
@@ -99,7 +111,9 @@ func RunInProcTCP(ctx context.Context, cfg InProcConfig) (Result, error) {
 		return Result{}, fmt.Errorf("inproc tcp: link: %w", err)
 	}
 	defer stop()
-	return measureTCP(ctx, a, b, cfg.Bytes, cfg.WriteSize)
+	res, err := measureTCP(ctx, a, b, cfg.Bytes, cfg.WriteSize)
+	res.TxSuperFrames, res.RxSuperFrames = a.Counters().TxSuperFrames, b.Counters().RxSuperFrames
+	return res, err
 }
 
 // measureTCP sends n bytes from a to b and times them.

@@ -11,50 +11,67 @@ import (
 	"github.com/ipoibcm/ipoib/tap/netstack"
 )
 
-// TestRunInProcSuite runs the whole table small: four rows, each with its
+// TestRunInProcSuite runs the whole table small: six rows, each with its
 // runs, medians and ratios consistent with them, progress lines for every
 // transfer, and a table and JSON that carry the numbers.
 func TestRunInProcSuite(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	var progress bytes.Buffer
-	host := netstack.Config{TrustRXChecksums: true}
+	host := netstack.Config{GSO: true, TrustRXChecksums: true}
 	rep, err := RunInProcSuite(ctx, InProcSuiteConfig{Bytes: 2 << 20, Runs: 2, Host: &host, Progress: &progress})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []struct {
-		link string
-		mtu  int
-	}{{LinkDirect, 65520}, {LinkIBConnected, 65520}, {LinkDirect, 4092}, {LinkIBDatagram, 4092}}
+		link     string
+		mtu      int
+		offloads bool
+	}{
+		{LinkDirect, 65520, false}, {LinkIBConnected, 65520, false}, {LinkDirectGSO, 65520, true},
+		{LinkDirect, 4092, false}, {LinkIBDatagram, 4092, false}, {LinkDirectGSO, 4092, true},
+	}
 	if len(rep.Rows) != len(want) {
 		t.Fatalf("%d rows, want %d", len(rep.Rows), len(want))
 	}
 	for k, w := range want {
 		row := rep.Rows[k]
-		if row.Link != w.link || row.MTU != w.mtu || len(row.Runs) != 2 {
-			t.Fatalf("row %d: %s/%d with %d runs, want %s/%d with 2", k, row.Link, row.MTU, len(row.Runs), w.link, w.mtu)
+		// Whether ib0 used offloads is the engine's business; the direct
+		// rows are known.
+		if row.Link != w.link || row.MTU != w.mtu || row.Link != LinkIBConnected && row.Link != LinkIBDatagram && row.Offloads != w.offloads || len(row.Runs) != 2 {
+			t.Fatalf("row %d: %s/%d offloads %v with %d runs, want %s/%d offloads %v with 2", k, row.Link, row.MTU, row.Offloads, len(row.Runs), w.link, w.mtu, w.offloads)
+		}
+		for _, r := range row.Runs {
+			if r.Bytes != 2<<20 || r.Gbps <= 0 {
+				t.Fatalf("row %d: run %+v carried nothing", k, r)
+			}
 		}
 		if m := (row.Runs[0].Gbps + row.Runs[1].Gbps) / 2; row.MedianGbps != m {
 			t.Fatalf("row %d: median %v, want %v", k, row.MedianGbps, m)
 		}
 	}
-	if !rep.TrustRXChecksums || rep.GSO {
+	if !rep.TrustRXChecksums || !rep.GSO {
 		t.Fatalf("host settings not reported: %+v", rep)
 	}
 	if got, w := rep.ConnectedVsDirect, rep.Rows[1].MedianGbps/rep.Rows[0].MedianGbps; got != w {
 		t.Fatalf("connected/direct %v, want %v", got, w)
 	}
-	if got, w := rep.ConnectedVsDatagram, rep.Rows[1].MedianGbps/rep.Rows[3].MedianGbps; got != w {
+	if got, w := rep.ConnectedVsDatagram, rep.Rows[1].MedianGbps/rep.Rows[4].MedianGbps; got != w {
 		t.Fatalf("connected/datagram %v, want %v", got, w)
 	}
-	if got, w := rep.DatagramVsDirect, rep.Rows[3].MedianGbps/rep.Rows[2].MedianGbps; got != w {
+	if got, w := rep.DatagramVsDirect, rep.Rows[4].MedianGbps/rep.Rows[3].MedianGbps; got != w {
 		t.Fatalf("datagram/direct %v, want %v", got, w)
 	}
-	if n := strings.Count(progress.String(), "\n"); n != 8 {
-		t.Fatalf("%d progress lines, want 8:\n%s", n, progress.String())
+	if got, w := rep.ConnectedVsDirectGSO, rep.Rows[1].MedianGbps/rep.Rows[2].MedianGbps; got != w {
+		t.Fatalf("connected/direct-gso %v, want %v", got, w)
 	}
-	if !strings.Contains(progress.String(), "run 2/2  ib0-datagram") {
+	if got, w := rep.DatagramVsDirectGSO, rep.Rows[4].MedianGbps/rep.Rows[5].MedianGbps; got != w {
+		t.Fatalf("datagram/direct-gso %v, want %v", got, w)
+	}
+	if n := strings.Count(progress.String(), "\n"); n != 12 {
+		t.Fatalf("%d progress lines, want 12:\n%s", n, progress.String())
+	}
+	if !strings.Contains(progress.String(), "run 2/2  direct-gso") {
 		t.Fatalf("progress lacks the last transfer:\n%s", progress.String())
 	}
 
@@ -62,7 +79,7 @@ func TestRunInProcSuite(t *testing.T) {
 	if err := rep.WriteTable(&table); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"ib0-connected  65520", "ib0-datagram   4092", "connected/direct", "connected/datagram", "median of 2", "trust_rx_checksums=true"} {
+	for _, s := range []string{"direct  65520        no", "direct-gso   4092       yes", "ib0-datagram   4092", "connected/direct", "connected/datagram", "datagram/direct-gso", "median of 2", "gso=true trust_rx_checksums=true"} {
 		if !strings.Contains(table.String(), s) {
 			t.Fatalf("table lacks %q:\n%s", s, table.String())
 		}
@@ -75,7 +92,7 @@ func TestRunInProcSuite(t *testing.T) {
 	if err := json.Unmarshal(js.Bytes(), &back); err != nil {
 		t.Fatal(err)
 	}
-	if back.ConnectedVsDatagram != rep.ConnectedVsDatagram || len(back.Rows) != 4 || back.Rows[1].Runs[1].Bytes != 2<<20 {
+	if back.ConnectedVsDatagram != rep.ConnectedVsDatagram || len(back.Rows) != 6 || !back.Rows[5].Offloads || back.Rows[1].Runs[1].Bytes != 2<<20 {
 		t.Fatalf("JSON round trip: %+v", back)
 	}
 }

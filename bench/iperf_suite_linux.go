@@ -69,8 +69,8 @@ func (c *IperfSuiteConfig) defaults() {
 // linkBuilder sets up one scenario's link between the two namespaces.
 type linkBuilder func(ctx context.Context, mode string, mtu int, a, b *tap.Netns, addrA, addrB netip.Prefix) (func() error, error)
 
-// RunIperfSuite measures, for every mode, a veth pair and a tap-pipe at
-// that mode's MTU and then ib0 in that mode, each in a fresh pair of
+// RunIperfSuite measures, for every mode, a veth pair, a tap-pipe and an
+// offload tap-pipe at that mode's MTU and then ib0 in that mode, each in a fresh pair of
 // namespaces. A failing run is recorded and the suite goes on; the error
 // returned is only for failures that stop the whole suite.
 func RunIperfSuite(ctx context.Context, cfg IperfSuiteConfig) (*IperfReport, error) {
@@ -92,7 +92,7 @@ func RunIperfSuite(ctx context.Context, cfg IperfSuiteConfig) (*IperfReport, err
 	if cfg.IB != nil {
 		ib = linkBuilder(cfg.IB)
 	}
-	steps := []step{{ScenarioVeth, buildVeth}, {ScenarioTapPipe, buildTapPipe}, {ScenarioIB, ib}}
+	steps := []step{{ScenarioVeth, buildVeth}, {ScenarioTapPipe, buildTapPipe}, {ScenarioTapPipeOffload, buildTapPipeOffload}, {ScenarioIB, ib}}
 	total := len(steps) * len(cfg.Modes)
 	n := 0
 	for _, mode := range cfg.Modes {
@@ -106,7 +106,7 @@ func RunIperfSuite(ctx context.Context, cfg IperfSuiteConfig) (*IperfReport, err
 				return report, fmt.Errorf("iperf suite: %w", err)
 			}
 			fmt.Fprintf(cfg.Progress, "[%d/%d] %-8s mode %-9s mtu %5d: running %v ...\n", n, total, s.scenario, mode, mtu, cfg.Duration)
-			run := IperfRun{Scenario: s.scenario, Mode: mode, MTU: mtu}
+			run := IperfRun{Scenario: s.scenario, Mode: mode, MTU: mtu, Offloads: scenarioOffloads(s.scenario)}
 			if s.build == nil {
 				run.Err = "no ib0 link factory configured"
 			} else if res, err := runScenario(ctx, cfg, s.build, mode, mtu); err != nil {
@@ -176,5 +176,26 @@ func buildTapPipe(_ context.Context, _ string, mtu int, a, b *tap.Netns, addrA, 
 		return nil, err
 	}
 	p := NewTapPipe(da, db, mtu+14)
+	return p.Close, nil
+}
+
+// buildTapPipeOffload is buildTapPipe with vnet-header TAPs whose frames
+// cross with their virtio headers (OffloadTapPipe): the kernel on each
+// side hands over and takes 64 KiB super frames with partial checksums.
+func buildTapPipeOffload(_ context.Context, _ string, mtu int, a, b *tap.Netns, addrA, addrB netip.Prefix) (func() error, error) {
+	da, err := tap.Open(tap.Config{Name: "tp0", Netns: a, VnetHdr: true, Link: tap.LinkConfig{MTU: mtu, Addrs: []netip.Prefix{addrA}, Up: true}})
+	if err != nil {
+		return nil, err
+	}
+	db, err := tap.Open(tap.Config{Name: "tp0", Netns: b, VnetHdr: true, Link: tap.LinkConfig{MTU: mtu, Addrs: []netip.Prefix{addrB}, Up: true}})
+	if err != nil {
+		da.Close()
+		return nil, err
+	}
+	if want := tap.OffloadCsum | tap.OffloadTSO4 | tap.OffloadTSO6; da.Offloads()&want != want || db.Offloads()&want != want {
+		err := fmt.Errorf("offload tap-pipe: kernel refused checksum/TSO offload on a vnet TAP (%v, %v)", da.Offloads(), db.Offloads())
+		return nil, errors.Join(err, da.Close(), db.Close())
+	}
+	p := NewOffloadTapPipe(da, db)
 	return p.Close, nil
 }

@@ -32,7 +32,7 @@ func requireIperfRoot(t *testing.T) {
 	}
 }
 
-// TestIperfSuiteBaselines runs the two baselines for real (1 s each) and
+// TestIperfSuiteBaselines runs the three baselines for real (1 s each) and
 // the ib0 step without a factory, which must be recorded as a failure.
 func TestIperfSuiteBaselines(t *testing.T) {
 	requireIperfRoot(t)
@@ -51,10 +51,18 @@ func TestIperfSuiteBaselines(t *testing.T) {
 	if err != nil {
 		t.Fatalf("suite: %v", err)
 	}
-	if len(rep.Runs) != 3 {
-		t.Fatalf("%d runs, want 3", len(rep.Runs))
+	if len(rep.Runs) != 4 {
+		t.Fatalf("%d runs, want 4", len(rep.Runs))
 	}
-	for _, run := range rep.Runs[:2] {
+	for k, want := range []struct {
+		scenario string
+		offloads bool
+	}{{ScenarioVeth, true}, {ScenarioTapPipe, false}, {ScenarioTapPipeOffload, true}} {
+		if run := rep.Runs[k]; run.Scenario != want.scenario || run.Offloads != want.offloads {
+			t.Errorf("run %d: %s offloads %v, want %s offloads %v", k, run.Scenario, run.Offloads, want.scenario, want.offloads)
+		}
+	}
+	for _, run := range rep.Runs[:3] {
 		if run.Result == nil || run.Result.Gbps <= 0 {
 			t.Errorf("%s: %+v, want a positive rate", run.Scenario, run)
 			continue
@@ -65,10 +73,10 @@ func TestIperfSuiteBaselines(t *testing.T) {
 		}
 		t.Logf("%s at mtu %d: %.2f Gbit/s, %d retransmits", run.Scenario, run.MTU, run.Result.Gbps, run.Result.Retransmits)
 	}
-	if ib := rep.Runs[2]; ib.Scenario != ScenarioIB || ib.Err == "" {
+	if ib := rep.Runs[3]; ib.Scenario != ScenarioIB || ib.Err == "" {
 		t.Errorf("ib0 run without factory: %+v, want an error", ib)
 	}
-	if !strings.Contains(progress.String(), "[1/3] veth") || !strings.Contains(progress.String(), "[3/3] ib0") {
+	if !strings.Contains(progress.String(), "[1/4] veth") || !strings.Contains(progress.String(), "[4/4] ib0") {
 		t.Errorf("progress:\n%s", progress.String())
 	}
 	for _, name := range []string{cfg.NetnsA, cfg.NetnsB} {

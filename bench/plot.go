@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -32,51 +33,62 @@ type BarSeries struct {
 	Values []float64
 }
 
-// Chart draws the in-process report: direct and ib0 per MTU, with
-// ib0/direct as the label of each ib0 bar.
+// Chart draws the in-process report: per MTU, the direct link, the direct
+// link with host GSO and ib0, with ib0's ratios to both as the label of
+// each ib0 bar.
 func (r *InProcReport) Chart() BarChart {
 	c := BarChart{
 		Title:       fmt.Sprintf("ipoib bench (in-process TCP, %d MiB, median of %d): ib0 connected / datagram = %.2f", r.Bytes>>20, r.Runs, r.ConnectedVsDatagram),
 		YLabel:      "Gbit/s",
-		RatioSeries: 1,
+		RatioSeries: 2,
 	}
-	direct, ib := BarSeries{Name: "direct link"}, BarSeries{Name: "ib0"}
+	direct, directGSO, ib := BarSeries{Name: "direct link"}, BarSeries{Name: "direct link, host GSO"}, BarSeries{Name: "ib0"}
+	at := func(link string, mtu int) float64 {
+		for _, o := range r.Rows {
+			if o.Link == link && o.MTU == mtu {
+				return o.MedianGbps
+			}
+		}
+		return 0
+	}
 	for _, row := range r.Rows {
-		if row.Link == LinkDirect {
+		if row.Link == LinkDirect || row.Link == LinkDirectGSO {
 			continue
 		}
-		mode, ratio := "connected", r.ConnectedVsDirect
+		mode, ratio, ratioGSO := "connected", r.ConnectedVsDirect, r.ConnectedVsDirectGSO
 		if row.Link == LinkIBDatagram {
-			mode, ratio = "datagram", r.DatagramVsDirect
+			mode, ratio, ratioGSO = "datagram", r.DatagramVsDirect, r.DatagramVsDirectGSO
 		}
 		c.Groups = append(c.Groups, fmt.Sprintf("%s, MTU %d", mode, row.MTU))
 		ib.Values = append(ib.Values, row.MedianGbps)
-		d := 0.0
-		for _, o := range r.Rows {
-			if o.Link == LinkDirect && o.MTU == row.MTU {
-				d = o.MedianGbps
-			}
+		direct.Values = append(direct.Values, at(LinkDirect, row.MTU))
+		directGSO.Values = append(directGSO.Values, at(LinkDirectGSO, row.MTU))
+		label := ratioLabel(ratio, "direct")
+		if l := ratioLabel(ratioGSO, "direct-gso"); l != "" {
+			label = strings.TrimPrefix(label+", "+l, ", ")
 		}
-		direct.Values = append(direct.Values, d)
-		c.Ratios = append(c.Ratios, ratioLabel(ratio, "direct"))
+		c.Ratios = append(c.Ratios, label)
 	}
-	c.Series = []BarSeries{direct, ib}
+	c.Series = []BarSeries{direct, directGSO, ib}
 	return c
 }
 
-// Chart draws the iperf3 report: ib0, veth and tap-pipe per mode, with
+// Chart draws the iperf3 report: ib0, veth, tap-pipe and the offload
+// tap-pipe per mode, with
 // ib0/veth as the label of each ib0 bar.
 func (r *IperfReport) Chart() BarChart {
 	c := BarChart{Title: fmt.Sprintf("ipoib bench --iperf (%d stream(s), %v per test)", r.Streams, r.Duration), YLabel: "Gbit/s"}
 	ib, veth, pipe := BarSeries{Name: "ib0"}, BarSeries{Name: "veth"}, BarSeries{Name: "tap-pipe"}
+	pipeOffload := BarSeries{Name: "tap-pipe, offloads"}
 	for _, cmp := range r.Comparisons {
 		c.Groups = append(c.Groups, fmt.Sprintf("%s, MTU %d", cmp.Mode, cmp.MTU))
 		ib.Values = append(ib.Values, cmp.IBGbps)
 		veth.Values = append(veth.Values, cmp.VethGbps)
 		pipe.Values = append(pipe.Values, cmp.TapPipeGbps)
+		pipeOffload.Values = append(pipeOffload.Values, cmp.TapPipeOffloadGbps)
 		c.Ratios = append(c.Ratios, ratioLabel(cmp.VsVeth, "veth"))
 	}
-	c.Series = []BarSeries{ib, veth, pipe}
+	c.Series = []BarSeries{ib, veth, pipe, pipeOffload}
 	return c
 }
 

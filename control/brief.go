@@ -22,8 +22,11 @@ type summary struct {
 		RxDropped uint64 `json:"rx_dropped"`
 		TxDropped uint64 `json:"tx_dropped"`
 	} `json:"counters"`
-	TXConns []json.RawMessage `json:"tx_conns"`
-	RXConns []json.RawMessage `json:"rx_conns"`
+	TXConns     []json.RawMessage `json:"tx_conns"`
+	RXConns     []json.RawMessage `json:"rx_conns"`
+	McastGroups []struct {
+		State string `json:"state"`
+	} `json:"mcast_groups"`
 }
 
 func summarise(s InterfaceStats) (summary, error) {
@@ -41,6 +44,18 @@ func (s summary) drops() uint64 { return s.Counters.RxDropped + s.Counters.TxDro
 
 func (s summary) conns() string { return fmt.Sprintf("%d/%d", len(s.TXConns), len(s.RXConns)) }
 
+// mcast counts the multicast groups as full (default ones included) and
+// send-only.
+func (s summary) mcast() string {
+	sendOnly := 0
+	for _, g := range s.McastGroups {
+		if g.State == "send-only" {
+			sendOnly++
+		}
+	}
+	return fmt.Sprintf("%d/%d", len(s.McastGroups)-sendOnly, sendOnly)
+}
+
 // SortInterfaces orders snapshots by host name (numeric suffixes
 // naturally: h2 before h10), then by interface name, so the output of
 // several processes reads as one list.
@@ -55,18 +70,19 @@ func SortInterfaces(all []InterfaceStats) {
 
 // FormatBrief writes one header line and one line per interface, like ip
 // -br link: P_Key and membership, mode, MTU, state, packets, drops
-// (rx_dropped + tx_dropped) and connections (TX/RX).
+// (rx_dropped + tx_dropped), connections (TX/RX) and multicast groups
+// (full, the default ones included / send-only).
 func FormatBrief(w io.Writer, all []InterfaceStats) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "HOST\tIFACE\tPKEY\tMEMBER\tMODE\tMTU\tSTATE\tRX-PACKETS\tTX-PACKETS\tDROPS\tCONNS(TX/RX)")
+	fmt.Fprintln(tw, "HOST\tIFACE\tPKEY\tMEMBER\tMODE\tMTU\tSTATE\tRX-PACKETS\tTX-PACKETS\tDROPS\tCONNS(TX/RX)\tMCAST(FULL/SO)")
 	for _, s := range all {
 		sum, err := summarise(s)
 		if err != nil {
 			return err
 		}
 		i := s.Interface
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%d\t%s\n", i.Host, i.Name, orDash(i.PKey), orDash(i.Membership), i.Mode, i.MTU, linkState(i),
-			sum.Counters.RxPackets, sum.Counters.TxPackets, sum.drops(), sum.conns())
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%d\t%s\t%s\n", i.Host, i.Name, orDash(i.PKey), orDash(i.Membership), i.Mode, i.MTU, linkState(i),
+			sum.Counters.RxPackets, sum.Counters.TxPackets, sum.drops(), sum.conns(), sum.mcast())
 	}
 	return tw.Flush()
 }

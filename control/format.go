@@ -55,14 +55,14 @@ func (o FormatOptions) Format(w io.Writer, s InterfaceStats) error {
 	if err != nil {
 		return fmt.Errorf("format %s: counters: %w", info.Host, err)
 	}
-	writeCounterTable(b, "RX", counters, []string{"rx_bytes", "rx_packets", "rx_errors", "rx_dropped", "multicast", "rx_dead_dropped"})
+	writeCounterTable(b, "RX", counters, []string{"rx_bytes", "rx_packets", "rx_errors", "rx_dropped", "multicast", "rx_dead_dropped", "rx_wrong_pkey"})
 	writeCounterTable(b, "TX", counters, []string{"tx_bytes", "tx_packets", "tx_errors", "tx_dropped"})
 
 	// Top-level scalars the header does not already show.
 	other := map[string]json.RawMessage{}
 	for k, v := range sections {
 		switch k {
-		case "counters", "drops", "napi", "reaper", "cm", "neighbours", "txconns", "rxconns",
+		case "counters", "drops", "napi", "reaper", "cm", "neighbours", "txconns", "rxconns", "mcastgroups",
 			"name", "mode", "mtu", "hwaddr", "linkup":
 			continue
 		}
@@ -96,6 +96,7 @@ func (o FormatOptions) Format(w io.Writer, s InterfaceStats) error {
 
 	for _, sec := range []struct{ key, title string }{
 		{"neighbours", "neighbours"}, {"txconns", "tx connections"}, {"rxconns", "rx connections"},
+		{"mcastgroups", "multicast groups"},
 	} {
 		if err := writeObjectTable(b, sec.title, sections[sec.key]); err != nil {
 			return fmt.Errorf("format %s: %s: %w", info.Host, sec.key, err)
@@ -284,7 +285,7 @@ func writeCounterTable(b *bytes.Buffer, dir string, counters map[string]string, 
 // preferredColumns come first in connection and neighbour tables, in this
 // order; other keys follow alphabetically.
 var preferredColumns = []string{
-	"peer", "ip", "ips", "mac", "hwaddr", "peergid", "gid", "connected", "txconn",
+	"peer", "ip", "ips", "mgid", "groups", "mac", "hwaddr", "peergid", "gid", "connected", "txconn",
 	"localqpn", "qpn", "remoteqpn", "state", "mtu", "age", "agems", "idle", "idlems", "lastuse", "packets", "bytes",
 }
 

@@ -16,6 +16,7 @@ const sampleStats = `{
  "Neighbours": [{"ips": ["10.77.0.2", "fe80::2"], "hwaddr": "80:00:00:49:fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:02", "mac": "02:00:00:00:00:01", "connected": true, "tx_conn": "established", "idle_ms": 1500}],
  "TXConns": [{"Peer": "10.77.0.2", "LocalQPN": 73, "RemoteQPN": 88, "State": "established", "age_ms": 61000, "idle_ms": 250, "Packets": 1400, "Bytes": 2100000}],
  "RXConns": [],
+ "mcast_groups": [{"mgid": "ff12:401b:ffff::f01:203", "state": "full", "groups": ["239.1.2.3"], "attached": true, "age_ms": 2000, "idle_ms": 0}],
  "NAPI": {"RX": {"polls": 90, "completions": 1500}, "TX": {"polls": 80}},
  "Reaper": {"stale_scans": 2, "reaped": 1},
  "CM": null,
@@ -51,6 +52,7 @@ func TestFormatShow(t *testing.T) {
 		"    interface:\n        tx_outstanding: 3\n",
 		"    tx connections (1):\n",
 		"    neighbours (1):\n",
+		"    multicast groups (1):\n        MGID                     GROUPS     STATE  AGE  IDLE  ATTACHED\n        ff12:401b:ffff::f01:203  239.1.2.3  full   2s   0s    true\n",
 	}
 	for _, w := range wantContains {
 		if !strings.Contains(out, w) {

@@ -24,6 +24,12 @@
 //     CQ created with CQConfig.InlineCompletion may run inside the verb
 //     call that produced the completion, after backend locks are released.
 //     Such a handler must not block or take a lock a poster may hold.
+//   - Partitions (IBTA 10.9): every UD and RC packet carries the P_Key at
+//     its QP's index (QPAttr.PKeyIndex at Init), a GSI send the one at
+//     SendWR.PKeyIndex. A receiver accepts a packet only if PKey.Matches
+//     holds against its QP's P_Key (for QP 1: against any entry of the
+//     port's table) and counts every other in Port.PKeyViolations. A
+//     rewritten table raises EventPortPKeyChange; QPs keep their index.
 //   - A UD receive buffer holds the payload from offset 0: unlike the
 //     verbs API there is no 40-byte GRH in front, the source GID is in the
 //     work completion instead (SrcGID), so buffers need no GRH headroom.

@@ -13,6 +13,9 @@ const (
 	EventSRQLimitReached                       // SRQ_LIMIT_REACHED
 	EventPortActive                            // PORT_ACTIVE
 	EventPortErr                               // PORT_ERR
+	// EventPortPKeyChange: the port's P_Key table changed (the subnet
+	// manager, or its stand-in, rewrote it).
+	EventPortPKeyChange // PKEY_CHANGE
 )
 
 // AsyncEvent is an asynchronous event. QP events carry the QP's QPN and

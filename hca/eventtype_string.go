@@ -14,11 +14,12 @@ func _() {
 	_ = x[EventSRQLimitReached-4]
 	_ = x[EventPortActive-5]
 	_ = x[EventPortErr-6]
+	_ = x[EventPortPKeyChange-7]
 }
 
-const _EventType_name = "QP_LAST_WQE_REACHEDQP_FATALCQ_ERRSRQ_LIMIT_REACHEDPORT_ACTIVEPORT_ERR"
+const _EventType_name = "QP_LAST_WQE_REACHEDQP_FATALCQ_ERRSRQ_LIMIT_REACHEDPORT_ACTIVEPORT_ERRPKEY_CHANGE"
 
-var _EventType_index = [...]uint8{0, 19, 27, 33, 50, 61, 69}
+var _EventType_index = [...]uint8{0, 19, 27, 33, 50, 61, 69, 80}
 
 func (i EventType) String() string {
 	idx := int(i) - 1

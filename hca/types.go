@@ -22,18 +22,65 @@ type QKey uint32
 // QKeyGSI is the well-known Q_Key of the GSI QP.
 const QKeyGSI QKey = 0x80010000
 
-// PKey is a partition key; bit 15 is the full-membership bit.
+// PKey is a partition key; bit 15 is the full-membership bit, the low 15
+// bits name the partition.
 type PKey uint16
 
 // PKeyDefault is the default partition with full membership.
 const PKeyDefault PKey = 0xFFFF
 
-// Matches is the IBTA partition check (IBTA 10.9.3): a packet with P_Key k
-// is accepted by a port or QP holding P_Key o when the low 15 bits (the
-// partition) are equal and at least one of the two is a full member (bit
-// 15); two limited members of a partition cannot talk.
+// pkeyFullMember is the membership bit of a P_Key.
+const pkeyFullMember PKey = 0x8000
+
+// Valid reports whether k names a partition: 0x0000 and 0x8000 are the
+// invalid P_Key (IBTA 10.9.1.2) and never match anything.
+func (k PKey) Valid() bool { return k&^pkeyFullMember != 0 }
+
+// Full reports whether k is a full member (bit 15 set); a limited member
+// may talk only to full members of its partition.
+func (k PKey) Full() bool { return k&pkeyFullMember != 0 }
+
+// Matches is the IBTA partition key match (IBTA 10.9.3), as rxe's
+// pkey_match: a packet with P_Key k is accepted by a port or QP holding
+// P_Key o when both name the same partition (the low 15 bits), that
+// partition is valid, and at least one of the two is a full member; two
+// limited members of a partition cannot talk.
 func (k PKey) Matches(o PKey) bool {
-	return k&0x7FFF == o&0x7FFF && (k|o)&0x8000 != 0
+	return k.Valid() && k&^pkeyFullMember == o&^pkeyFullMember && (k | o).Full()
+}
+
+// PKeyIndex finds the table entry of k's partition, preferring a full
+// member, as Linux's ib_find_pkey does: the membership a QP sends with is
+// the table's (the subnet manager's) value at that index, not k's bit.
+func PKeyIndex(table []PKey, k PKey) (int, bool) {
+	if !k.Valid() {
+		return 0, false
+	}
+	limited := -1
+	for i, e := range table {
+		if e&^pkeyFullMember != k&^pkeyFullMember {
+			continue
+		}
+		if e.Full() {
+			return i, true
+		}
+		if limited < 0 {
+			limited = i
+		}
+	}
+	return max(limited, 0), limited >= 0
+}
+
+// MatchingPKeyIndex is the index of the first table entry a packet with
+// P_Key k matches (Matches), the entry that let it in; a GSI response
+// goes out with it (Linux's wc.pkey_index).
+func MatchingPKeyIndex(table []PKey, k PKey) (int, bool) {
+	for i, e := range table {
+		if k.Matches(e) {
+			return i, true
+		}
+	}
+	return 0, false
 }
 
 // GID is a 128-bit global identifier. With RoCEv2 it is an IPv6 address or
@@ -110,7 +157,14 @@ type Port struct {
 	PKeys     []PKey // the P_Key table; index 0 is the default
 	ActiveMTU MTU
 	Active    bool // link state: true when PORT_ACTIVE
+	// PKeyViolations counts packets the port dropped because their BTH
+	// P_Key matched no entry of the table, or not the P_Key of the
+	// destination QP (IBTA PortInfo P_KeyViolations, not saturating).
+	PKeyViolations uint64
 }
+
+// PKeyIndex is PKeyIndex over the port's table.
+func (p *Port) PKeyIndex(k PKey) (int, bool) { return PKeyIndex(p.PKeys, k) }
 
 // Limits are the device capabilities a consumer sizes its queues by, and
 // the device attributes the CM puts on the wire (Linux ib_device_attr).

@@ -20,7 +20,8 @@ type Device interface {
 	// a multicast MGID).
 	CreateAH(dgid GID) (AH, error)
 
-	// OnPortEvent registers fn for EventPortActive / EventPortErr and returns
+	// OnPortEvent registers fn for EventPortActive / EventPortErr /
+	// EventPortPKeyChange and returns
 	// a function that unregisters it. Events are delivered outside locks.
 	OnPortEvent(fn func(AsyncEvent)) (cancel func())
 
@@ -173,6 +174,11 @@ type SendWR struct {
 	AH         AH
 	RemoteQPN  QPN
 	RemoteQKey QKey
+	// PKeyIndex is the P_Key table index of a GSI (QP 1) send, as
+	// ib_ud_wr.pkey_index: QP 1 serves every partition, so each MAD
+	// names its own. UD and RC sends ignore it and use the
+	// QP's P_Key, set by QPAttr.PKeyIndex at Init.
+	PKeyIndex int
 }
 
 // RecvWR is a receive work request. Buf is one scatter element.
@@ -193,7 +199,9 @@ type WC struct {
 	// UD receives only: the sender's QPN and GID.
 	SrcQPN QPN
 	SrcGID GID
-	// UD receives only: the P_Key of the packet (from the BTH).
+	// UD receives only: the P_Key of the packet (from the BTH). The GSI
+	// QP receives every P_Key that matches an entry of the port's table;
+	// other QPs only their own partition's.
 	PKey PKey
 	// Flags report the offloads' verdict on a received message
 	// (WCIPCsumOK, WCCsumPartial).

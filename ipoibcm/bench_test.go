@@ -95,19 +95,10 @@ func newEnginePairBatch(tb testing.TB, mode Mode, payload, batch int, tweak ...f
 // turns a hang into a failure that says what was awaited.
 func (p *enginePair) await(tb testing.TB, what string, cond func() bool) {
 	tb.Helper()
-	deadline := time.NewTimer(20 * time.Second)
-	defer deadline.Stop()
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-deadline.C:
-			st := p.a.Stats()
-			tb.Fatalf("timed out waiting for %s; a: outstanding %d, %+v, %+v, drops %v",
-				what, p.a.tx.outstanding.Load(), st.Counters, st.Reaper, st.Drops)
-		case <-tick.C:
-		}
-	}
+	awaitCond(tb, what, cond, func() string {
+		st := p.a.Stats()
+		return fmt.Sprintf("a: outstanding %d, %+v, %+v, drops %v", p.a.tx.outstanding.Load(), st.Counters, st.Reaper, st.Drops)
+	})
 }
 
 // awaitDelivered waits until b's host got n frames in all.

@@ -159,21 +159,18 @@ func (s *childSet) closeAll() error {
 }
 
 // Membership is how the port's P_Key table holds the interface's
-// partition now (IBTA 10.9.1.2): "full" when an entry has the
-// full-membership bit, "limited" when only a limited entry is there, "none"
-// when the table lacks the partition (the subnet manager has not put the
-// port in it). Linux's ib_find_pkey prefers the full entry the same way.
+// partition now (IBTA 10.9.1.2): "full" or "limited" by the entry Linux's
+// ib_find_pkey would pick (hca.PKeyIndex: the full one if there are both),
+// "none" when the table lacks the partition (the subnet manager has not
+// put the port in it; the link is down).
 func (i *Interface) Membership() string {
-	part := i.PKey() & 0x7FFF
-	m := "none"
-	for _, k := range i.dev.Port().PKeys {
-		if k&0x7FFF != part {
-			continue
-		}
-		if k&0x8000 != 0 {
-			return "full"
-		}
-		m = "limited"
+	port := i.dev.Port()
+	idx, ok := port.PKeyIndex(i.PKey())
+	switch {
+	case !ok:
+		return "none"
+	case port.PKeys[idx].Full():
+		return "full"
 	}
-	return m
+	return "limited"
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -17,6 +18,12 @@ import (
 // 10.0.<subnet>.k+1.
 func addChild(t *testing.T, parent *testNode, k int, pkey hca.PKey, subnet byte) *testNode {
 	t.Helper()
+	// The test is the subnet manager: the port joins the partition.
+	if tbl := parent.dev.Port().PKeys; !slices.Contains(tbl, pkey) {
+		if err := parent.dev.SetPKeyTable(append(tbl, pkey)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	v4 := netip.AddrFrom4([4]byte{10, 0, subnet, byte(k + 1)})
 	host, err := netstack.New(netstack.Config{Addrs: []netip.Prefix{netip.PrefixFrom(v4, 24)}, MTU: 65520})
 	if err != nil {

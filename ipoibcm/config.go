@@ -84,6 +84,13 @@ const (
 	// Config.NeighbourEvictAfter.
 	neighbourEvictFactor = 10
 
+	// DefaultMaxMcastGroups bounds the multicast groups an interface
+	// keeps for its host, full and send-only (mcast.go): well above what
+	// hosts join (a few per address and service), low enough that a host
+	// sending to every group it can name costs at most this many address
+	// handles.
+	DefaultMaxMcastGroups = 1024
+
 	// DefaultDrainTimeout is ipoib_cm_dev_stop's 5 s bound.
 	DefaultDrainTimeout = 5 * time.Second
 
@@ -105,7 +112,12 @@ type Config struct {
 	// MTU is the IP MTU; 0 = mode default (65520 connected, UD MTU
 	// datagram). In datagram mode it is capped at the UD MTU.
 	MTU int
-	// PKey is the partition (default 0xFFFF).
+	// PKey is the interface's partition (default 0xFFFF), as Linux's
+	// priv->pkey: its MGIDs carry it with the full-member bit, and every
+	// QP (UD, and both sides of every RC connection) uses the index of
+	// its entry in the port's table, whose value (the membership the
+	// subnet manager gave the port) is what the BTH and the CM REQ
+	// carry. 0x0000 and 0x8000 are invalid.
 	PKey hca.PKey
 	// DisableCM makes the Interface a datagram-only node: its hardware
 	// address carries no 'C' flag, it does not listen and never connects.
@@ -131,10 +143,11 @@ type Config struct {
 
 	// CM configures the connection manager the Interface creates.
 	CM cm.Options
-	// CMManager, if set, is the connection manager the Interface uses
-	// instead of creating one (CM is then unused): the port's, which a
-	// parent shares with its P_Key children since a port has one GSI QP
-	// (child.go). The Interface does not close it.
+	// CMManager, if set, is the device's connection manager the Interface
+	// uses instead of creating one (CM is then ignored): a device has one
+	// GSI QP, so the interfaces of one device (a parent and its P_Key
+	// children) share one Manager. The Interface listens on it in its own
+	// partition and never closes it.
 	CMManager *cm.Manager
 	// RCRetry is the transport retry count of the REQ, and so of both
 	// QPs of every connection (0..7, 7 = forever). 0, the default, is
@@ -160,6 +173,16 @@ type Config struct {
 	NeighbourEvictAfter time.Duration
 	// DrainTimeout bounds the wait for the drain protocol at Close.
 	DrainTimeout time.Duration
+	// MaxMcastGroups bounds the host's multicast groups (full and
+	// send-only; the default groups not counted), DefaultMaxMcastGroups.
+	// A join over it first evicts the least recently used send-only
+	// group; a send to a new group over it is dropped
+	// (tx_mcast_table_full).
+	MaxMcastGroups int
+	// McastSendOnlyTimeout ages out a send-only group the host has not
+	// sent to for this long; default NeighbourTimeout, as Linux collects
+	// send-only groups with the neighbours.
+	McastSendOnlyTimeout time.Duration
 
 	Logger *slog.Logger
 
@@ -187,6 +210,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.PKey == 0 {
 		c.PKey = hca.PKeyDefault
 	}
+	if !c.PKey.Valid() {
+		return c, fmt.Errorf("ipoibcm config: P_Key %#04x: %w", uint16(c.PKey), hca.ErrInvalidArgument)
+	}
 	setDefault(&c.SendQueueSize, DefaultSendQueueSize)
 	if c.UDRecvQueueSize <= 0 {
 		c.UDRecvQueueSize = c.RecvQueueSize
@@ -211,6 +237,8 @@ func (c Config) withDefaults() (Config, error) {
 			c.NeighbourEvictAfter, c.NeighbourTimeout, hca.ErrInvalidArgument)
 	}
 	setDefault(&c.DrainTimeout, DefaultDrainTimeout)
+	setDefault(&c.MaxMcastGroups, DefaultMaxMcastGroups)
+	setDefault(&c.McastSendOnlyTimeout, c.NeighbourTimeout)
 	if c.RCRetry > 7 {
 		return c, fmt.Errorf("ipoibcm config: RC retry count %d not in 0..7: %w", c.RCRetry, hca.ErrInvalidArgument)
 	}

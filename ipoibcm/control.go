@@ -28,12 +28,12 @@ func (c *control) post(fn func()) { c.q.Post(fn) }
 func (c *control) stopLoop() { c.once.Do(func() { close(c.stopped) }) }
 
 // controlLoop runs posted work and the periodic tasks: the passive stale
-// scan, neighbour aging and, during Close, the drain deadline.
+// scan, neighbour and send-only multicast aging and, during Close, the drain deadline.
 func (i *Interface) controlLoop() {
 	defer i.ctlWG.Done()
 	stale := time.NewTicker(i.cfg.StaleScan)
 	defer stale.Stop()
-	gc := time.NewTicker(max(i.cfg.NeighbourTimeout/2, time.Millisecond))
+	gc := time.NewTicker(max(min(i.cfg.NeighbourTimeout, i.cfg.McastSendOnlyTimeout)/2, time.Millisecond))
 	defer gc.Stop()
 	for {
 		var deadline <-chan time.Time

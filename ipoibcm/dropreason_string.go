@@ -22,21 +22,23 @@ func _() {
 	_ = x[dropTxSendError-11]
 	_ = x[dropTxNoAH-12]
 	_ = x[dropTxNotIP-13]
-	_ = x[dropRxTruncatedHeader-14]
-	_ = x[dropRxUnknownEthertype-15]
-	_ = x[dropRxOwnEcho-16]
-	_ = x[dropRxBadARP-17]
-	_ = x[dropRxBadND-18]
-	_ = x[dropRxBadIP-19]
-	_ = x[dropRxError-20]
-	_ = x[dropRxHostWrite-21]
-	_ = x[dropRxFromUnknownConn-22]
-	_ = x[numDropReasons-23]
+	_ = x[dropTxBadMcastReport-14]
+	_ = x[dropTxMcastTableFull-15]
+	_ = x[dropRxTruncatedHeader-16]
+	_ = x[dropRxUnknownEthertype-17]
+	_ = x[dropRxOwnEcho-18]
+	_ = x[dropRxBadARP-19]
+	_ = x[dropRxBadND-20]
+	_ = x[dropRxBadIP-21]
+	_ = x[dropRxError-22]
+	_ = x[dropRxHostWrite-23]
+	_ = x[dropRxFromUnknownConn-24]
+	_ = x[numDropReasons-25]
 }
 
-const _dropReason_name = "tx_unknown_ethertypetx_truncatedtx_vlantx_oversizetx_too_bigtx_unknown_neighbourtx_neigh_queue_fulltx_neigh_flushedtx_bad_arptx_bad_ndtx_post_failedtx_send_errortx_no_ahtx_not_iprx_truncated_headerrx_unknown_ethertyperx_own_echorx_bad_arprx_bad_ndrx_bad_iprx_errorrx_host_writerx_unknown_connnumDropReasons"
+const _dropReason_name = "tx_unknown_ethertypetx_truncatedtx_vlantx_oversizetx_too_bigtx_unknown_neighbourtx_neigh_queue_fulltx_neigh_flushedtx_bad_arptx_bad_ndtx_post_failedtx_send_errortx_no_ahtx_not_iptx_bad_mcast_reporttx_mcast_table_fullrx_truncated_headerrx_unknown_ethertyperx_own_echorx_bad_arprx_bad_ndrx_bad_iprx_errorrx_host_writerx_unknown_connnumDropReasons"
 
-var _dropReason_index = [...]uint16{0, 20, 32, 39, 50, 60, 80, 99, 115, 125, 134, 148, 161, 169, 178, 197, 217, 228, 238, 247, 256, 264, 277, 292, 306}
+var _dropReason_index = [...]uint16{0, 20, 32, 39, 50, 60, 80, 99, 115, 125, 134, 148, 161, 169, 178, 197, 216, 235, 255, 266, 276, 285, 294, 302, 315, 330, 344}
 
 func (i dropReason) String() string {
 	idx := int(i) - 0

@@ -23,6 +23,8 @@ const (
 	dropTxSendError                          // tx_send_error
 	dropTxNoAH                               // tx_no_ah
 	dropTxNotIP                              // tx_not_ip
+	dropTxBadMcastReport                     // tx_bad_mcast_report
+	dropTxMcastTableFull                     // tx_mcast_table_full
 	dropRxTruncatedHeader                    // rx_truncated_header
 	dropRxUnknownEthertype                   // rx_unknown_ethertype
 	dropRxOwnEcho                            // rx_own_echo

@@ -66,7 +66,15 @@ type Interface struct {
 	srq        *srqRing // nil without SRQ
 	drainBuf   []byte
 	cmm        *cm.Manager
-	ownsCM     bool // cmm is this Interface's to close
+	ownCM      bool // cmm is ours to close (not Config.CMManager)
+	// pkeyIndex is the port table's index of the interface's partition:
+	// every QP's P_Key index. pkeyActive: the UD QP is up on it (the
+	// P_Key was in the table at New or has appeared since). Written at
+	// New and by the control loop.
+	pkeyIndex  int
+	pkeyActive bool
+	// cancelPort ends the PKEY_CHANGE subscription.
+	cancelPort func()
 	listener   *cm.Listener
 
 	// The two data flows: host → TX path → HCA and HCA → RX path → host.
@@ -79,15 +87,13 @@ type Interface struct {
 	// may wait for the CM goroutine.
 	mu      sync.Mutex
 	neigh   neighbourTable
-	mcast   map[hca.GID]*mcastGroup
+	mcast   mcastTable
 	txConns map[*txConn]struct{}
 	rxConns map[*rxConn]struct{}
 	nonSRQ  int // passive connections with their own ring
 	rxLimit rxLimits
 	rng     *rand.Rand
 	hostIPs []netip.Addr // host addresses seen, for re-resolving neighbours
-	// mcastScratch collects the groups of one IGMP/MLD report (reader).
-	mcastScratch [16]netip.Addr
 
 	ctl    control
 	reaper reaper // owned by the control loop
@@ -148,7 +154,7 @@ type Interface struct {
 }
 
 // New creates an Interface: its CQs, UD QP, SRQ and buffers, and the CM
-// manager (unless Config.CMManager brings one). Nothing runs until Start.
+// manager. Nothing runs until Start.
 func New(cfg Config) (_ *Interface, err error) {
 	cfg, err = cfg.withDefaults()
 	if err != nil {
@@ -161,7 +167,7 @@ func New(cfg Config) (_ *Interface, err error) {
 		log:     cfg.Logger.With("if", cfg.Name),
 		port:    cfg.Device.Port(),
 		neigh:   newNeighbourTable(),
-		mcast:   make(map[hca.GID]*mcastGroup),
+		mcast:   newMcastTable(),
 		txConns: make(map[*txConn]struct{}),
 		rxConns: make(map[*rxConn]struct{}),
 		rng:     newPSNSource(cfg.CM.Seed),
@@ -176,6 +182,12 @@ func New(cfg Config) (_ *Interface, err error) {
 	}
 	if !i.port.ActiveMTU.Valid() {
 		return nil, fmt.Errorf("%s: port MTU %d: %w", cfg.Name, i.port.ActiveMTU, hca.ErrInvalidArgument)
+	}
+	i.pkeyIndex, i.pkeyActive = i.port.PKeyIndex(cfg.PKey)
+	if !i.pkeyActive {
+		// ipoib_pkey_dev_check_presence: the interface exists, its link
+		// stays down until a PKEY_CHANGE brings the P_Key in.
+		i.log.Warn("P_Key not in the port's table: link down until it appears", "pkey", fmt.Sprintf("%#04x", uint16(cfg.PKey)), "table", fmt.Sprintf("%#04x", i.port.PKeys))
 	}
 	i.udMTU = frame.UDMTU(i.port.ActiveMTU)
 	i.bcast = frame.BroadcastMGID(cfg.PKey)
@@ -194,18 +206,15 @@ func New(cfg Config) (_ *Interface, err error) {
 		return nil, fmt.Errorf("%s: %w", cfg.Name, err)
 	}
 	flags := byte(0)
-	switch {
-	case cfg.DisableCM:
-	case cfg.CMManager != nil:
+	if !cfg.DisableCM {
 		flags = frame.FlagRC
-		i.cmm = cfg.CMManager
-	default:
-		flags = frame.FlagRC
-		m, err := cm.NewManager(cfg.Device, cfg.CM)
-		if err != nil {
-			return nil, fmt.Errorf("%s: cm manager: %w", cfg.Name, err)
+		if i.cmm = cfg.CMManager; i.cmm == nil {
+			m, err := cm.NewManager(cfg.Device, cfg.CM)
+			if err != nil {
+				return nil, fmt.Errorf("%s: cm manager: %w", cfg.Name, err)
+			}
+			i.cmm, i.ownCM = m, true
 		}
-		i.cmm, i.ownsCM = m, true
 	}
 	i.hw = frame.NewHWAddr(flags, i.ud.qp.QPN(), i.port.GID)
 	return i, nil
@@ -297,16 +306,37 @@ func (i *Interface) Start() error {
 	go i.controlLoop()
 	if i.cmm != nil {
 		qpn := uint64(i.ud.qp.QPN())
-		l, err := i.cmm.Listen([]uint64{serviceIDIETF | qpn, serviceIDRFC | qpn}, i.decideREQ)
+		l, err := i.cmm.ListenPKey(i.cfg.PKey, []uint64{serviceIDIETF | qpn, serviceIDRFC | qpn}, i.decideREQ)
 		if err != nil {
 			i.Close()
 			return fmt.Errorf("%s: cm listen: %w", i.cfg.Name, err)
 		}
 		i.listener = l
 	}
+	i.cancelPort = i.dev.OnPortEvent(func(ev hca.AsyncEvent) {
+		if ev.Type == hca.EventPortPKeyChange {
+			i.ctl.post(i.onPKeyChange)
+		}
+	})
+	if i.pkeyActive {
+		if err := i.linkUp(); err != nil {
+			i.Close()
+			return fmt.Errorf("%s: %w", i.cfg.Name, err)
+		}
+	} else if err := i.host.SetLinkUp(false); err != nil {
+		i.log.Warn("host SetLinkUp", "err", err)
+	}
+	i.readerWG.Add(1)
+	go i.hostReader()
+	i.log.Info("up", "hwaddr", i.hw, "mode", i.Mode(), "mtu", i.MTU())
+	return nil
+}
+
+// linkUp joins the broadcast and default groups and raises the link: at
+// Start, or on the control loop once the P_Key is (back) in the table.
+func (i *Interface) linkUp() error {
 	if err := i.joinDefaultGroups(); err != nil {
-		i.Close()
-		return fmt.Errorf("%s: %w", i.cfg.Name, err)
+		return err
 	}
 	if err := i.host.SetMTU(i.MTU()); err != nil {
 		i.log.Warn("host SetMTU", "err", err)
@@ -320,10 +350,65 @@ func (i *Interface) Start() error {
 	if err := i.host.SetLinkUp(true); err != nil {
 		i.log.Warn("host SetLinkUp", "err", err)
 	}
-	i.readerWG.Add(1)
-	go i.hostReader()
-	i.log.Info("up", "hwaddr", i.hw, "mode", i.Mode(), "mtu", i.MTU())
 	return nil
+}
+
+// onPKeyChange follows the subnet manager's rewrite of the P_Key table
+// (control loop), as ipoib's PKEY_CHANGE flush: a P_Key that appeared
+// brings the UD QP up on its index and the link up; one that left the
+// index the QPs were made with takes the link down (carrier off, TX
+// connections flushed) until it is back there. The QPs keep their index
+// (IBA: a QP holds an index, not a value), so a P_Key that reappears at
+// another index leaves the link down: the interface must be recreated.
+func (i *Interface) onPKeyChange() {
+	if ifState(i.state.Load()) != ifRunning || i.reaper.shuttingDown {
+		return
+	}
+	port := i.dev.Port()
+	idx, found := port.PKeyIndex(i.cfg.PKey)
+	pkey := fmt.Sprintf("%#04x", uint16(i.cfg.PKey))
+	if !i.pkeyActive {
+		if !found {
+			return
+		}
+		if err := i.ud.activate(idx); err != nil {
+			i.log.Error("P_Key appeared, UD QP not brought up", "pkey", pkey, "err", err)
+			return
+		}
+		i.pkeyIndex, i.pkeyActive = idx, true
+		i.log.Info("P_Key appeared in the port's table", "pkey", pkey, "index", idx)
+		if err := i.linkUp(); err != nil {
+			i.log.Error("link up", "err", err)
+		}
+		return
+	}
+	here := i.pkeyIndex < len(port.PKeys) && port.PKeys[i.pkeyIndex]&^0x8000 == i.cfg.PKey&^0x8000
+	switch {
+	case here && !i.link.Load():
+		i.log.Info("P_Key back in the port's table", "pkey", pkey, "index", i.pkeyIndex)
+		if err := i.linkUp(); err != nil {
+			i.log.Error("link up", "err", err)
+		}
+	case !here && i.link.Load():
+		if found {
+			i.log.Warn("P_Key moved in the port's table; the interface's QPs stay on their index: recreate it", "pkey", pkey, "from", i.pkeyIndex, "to", idx)
+		} else {
+			i.log.Warn("P_Key left the port's table: link down until it is back", "pkey", pkey, "index", i.pkeyIndex)
+		}
+		i.link.Store(false)
+		if err := i.host.SetLinkUp(false); err != nil {
+			i.log.Warn("host SetLinkUp", "err", err)
+		}
+		i.mu.Lock()
+		conns := make([]*txConn, 0, len(i.txConns))
+		for tc := range i.txConns {
+			conns = append(conns, tc)
+		}
+		i.mu.Unlock()
+		for _, tc := range conns {
+			tc.teardown()
+		}
+	}
 }
 
 // Mode is the current mode.

@@ -18,8 +18,10 @@ const (
 
 	igmpV1Report = 0x12
 	igmpV2Report = 0x16
+	igmpV2Leave  = 0x17
 	igmpV3Report = 0x22
 	mldV1Report  = 131
+	mldV1Done    = 132
 	mldV2Report  = 143
 )
 
@@ -66,88 +68,148 @@ func solicitedNode(a netip.Addr) netip.Addr {
 	return netip.AddrFrom16([16]byte{0xff, 0x02, 10: 0, 11: 1, 12: 0xff, 13: b[13], 14: b[14], 15: b[15]})
 }
 
-// igmpReportGroups returns the groups an IPv4 IGMP membership report (v1,
-// v2 or v3) joins, appended to into; ok is false for anything else.
-// Leave records and v3 "block" records are not reported: the engine never
-// detaches (the broadcast group MTU and Linux's umcast default make a
-// stale attachment harmless).
-func igmpReportGroups(p []byte, into []netip.Addr) ([]netip.Addr, bool) {
+// mcastChange is one change of the host's multicast membership that an
+// IGMP or MLD message from the host states.
+type mcastChange struct {
+	group netip.Addr
+	join  bool // false: the host left the group
+}
+
+// mcastVerdict is what parseMcastReport made of a packet.
+type mcastVerdict uint8
+
+const (
+	mcastNotReport mcastVerdict = iota // not an IGMP/MLD membership report or leave
+	mcastReport                        // a well-formed report or leave: its changes
+	mcastBadReport                     // a membership message that does not parse
+)
+
+// IGMP and MLD v2 group record types (RFC 3376 4.2.12, RFC 3810 5.2.12).
+const (
+	recModeIsInclude   = 1
+	recModeIsExclude   = 2
+	recChangeToInclude = 3
+	recChangeToExclude = 4
+	recAllowNewSources = 5
+	recBlockOldSources = 6
+)
+
+// parseMcastReport appends to into the membership changes an IPv4 or IPv6
+// packet from the host states: IGMPv1/v2 reports and v2 leaves, IGMPv3
+// reports (RFC 3376), MLDv1 reports and done messages, MLDv2 reports (RFC
+// 3810). Queries and every other packet are mcastNotReport. A v2 record
+// joins when it puts the host in exclude mode (receive from all but a
+// list) or includes sources; an include record without sources is a leave
+// (Linux sends TO_IN({}) when the last socket leaves). BLOCK records only
+// narrow the source list, which an IB multicast group cannot filter, so
+// they change nothing. A membership message whose lengths, record types
+// or group addresses do not hold together is mcastBadReport, and into
+// comes back as it was: nothing in it is acted on.
+func parseMcastReport(etherType uint16, p []byte, into []mcastChange) ([]mcastChange, mcastVerdict) {
+	switch etherType {
+	case 0x0800:
+		return parseIGMP(p, into)
+	case 0x86DD:
+		return parseMLD(p, into)
+	}
+	return into, mcastNotReport
+}
+
+func parseIGMP(p []byte, into []mcastChange) ([]mcastChange, mcastVerdict) {
 	if !validIPv4(p) || p[9] != ipProtoIGMP {
-		return into, false
+		return into, mcastNotReport
 	}
 	ihl := int(p[0]&0xf) * 4
 	total := int(binary.BigEndian.Uint16(p[2:4]))
 	m := p[ihl:total]
-	if len(m) < 8 {
-		return into, false
+	if len(m) < 1 {
+		return into, mcastBadReport
 	}
 	switch m[0] {
-	case igmpV1Report, igmpV2Report:
-		return append(into, netip.AddrFrom4([4]byte(m[4:8]))), true
-	case igmpV3Report:
-		n := int(binary.BigEndian.Uint16(m[6:8]))
-		off := 8
-		for range n {
-			if off+8 > len(m) {
-				break
-			}
-			recType, aux, nsrc := m[off], int(m[off+1]), int(binary.BigEndian.Uint16(m[off+2:off+4]))
-			g := netip.AddrFrom4([4]byte(m[off+4 : off+8]))
-			// MODE_IS_EXCLUDE(2), CHANGE_TO_EXCLUDE(4), ALLOW(5) and a
-			// non-empty include list mean "receiving".
-			if recType == 2 || recType == 4 || recType == 5 || ((recType == 1 || recType == 3) && nsrc > 0) {
-				into = append(into, g)
-			}
-			off += 8 + 4*nsrc + 4*aux
+	case igmpV1Report, igmpV2Report, igmpV2Leave:
+		if len(m) < 8 {
+			return into, mcastBadReport
 		}
-		return into, true
+		g := netip.AddrFrom4([4]byte(m[4:8]))
+		if !g.IsMulticast() {
+			return into, mcastBadReport
+		}
+		return append(into, mcastChange{group: g, join: m[0] != igmpV2Leave}), mcastReport
+	case igmpV3Report:
+		if len(m) < 8 {
+			return into, mcastBadReport
+		}
+		return parseV2Records(m[8:], int(binary.BigEndian.Uint16(m[6:8])), 4, into)
 	}
-	return into, false
+	return into, mcastNotReport
 }
 
-// mldReportGroups is igmpReportGroups for MLDv1/v2 (behind the hop-by-hop
-// Router Alert header MLD uses).
-func mldReportGroups(p []byte, into []netip.Addr) ([]netip.Addr, bool) {
+// parseMLD reads MLD behind at most one hop-by-hop header (MLD carries
+// the Router Alert option there).
+func parseMLD(p []byte, into []mcastChange) ([]mcastChange, mcastVerdict) {
 	if !validIPv6(p) {
-		return into, false
+		return into, mcastNotReport
 	}
 	next := p[6]
 	off := 40
 	end := 40 + int(binary.BigEndian.Uint16(p[4:6]))
 	if next == ipv6HopByHop {
 		if off+8 > end {
-			return into, false
+			return into, mcastNotReport
 		}
 		next = p[off]
 		off += (int(p[off+1]) + 1) * 8
 	}
-	if next != ipProtoICMPv6 || off+8 > end {
-		return into, false
+	if next != ipProtoICMPv6 || off+1 > end {
+		return into, mcastNotReport
 	}
 	m := p[off:end]
 	switch m[0] {
-	case mldV1Report:
+	case mldV1Report, mldV1Done:
 		if len(m) < 24 {
-			return into, false
+			return into, mcastBadReport
 		}
-		return append(into, netip.AddrFrom16([16]byte(m[8:24]))), true
+		g := netip.AddrFrom16([16]byte(m[8:24]))
+		if !g.IsMulticast() {
+			return into, mcastBadReport
+		}
+		return append(into, mcastChange{group: g, join: m[0] == mldV1Report}), mcastReport
 	case mldV2Report:
-		n := int(binary.BigEndian.Uint16(m[6:8]))
-		o := 8
-		for range n {
-			if o+20 > len(m) {
-				break
-			}
-			recType, aux, nsrc := m[o], int(m[o+1]), int(binary.BigEndian.Uint16(m[o+2:o+4]))
-			g := netip.AddrFrom16([16]byte(m[o+4 : o+20]))
-			if recType == 2 || recType == 4 || recType == 5 || ((recType == 1 || recType == 3) && nsrc > 0) {
-				into = append(into, g)
-			}
-			o += 20 + 16*nsrc + 4*aux
+		if len(m) < 8 {
+			return into, mcastBadReport
 		}
-		return into, true
+		return parseV2Records(m[8:], int(binary.BigEndian.Uint16(m[6:8])), 16, into)
 	}
-	return into, false
+	return into, mcastNotReport
+}
+
+// parseV2Records reads n IGMPv3 / MLDv2 group records with addrLen-byte
+// addresses from b: type, aux data length (in 32-bit words), source count,
+// group, sources, aux data. Bytes after the last record are ignored.
+func parseV2Records(b []byte, n, addrLen int, into []mcastChange) ([]mcastChange, mcastVerdict) {
+	orig := len(into)
+	off := 0
+	for range n {
+		if off+4+addrLen > len(b) {
+			return into[:orig], mcastBadReport
+		}
+		recType, aux, nsrc := b[off], int(b[off+1]), int(binary.BigEndian.Uint16(b[off+2:off+4]))
+		g, _ := netip.AddrFromSlice(b[off+4 : off+4+addrLen])
+		off += 4 + addrLen + addrLen*nsrc + 4*aux
+		if off > len(b) || !g.IsMulticast() || recType < recModeIsInclude || recType > recBlockOldSources {
+			return into[:orig], mcastBadReport
+		}
+		switch {
+		case recType == recModeIsExclude || recType == recChangeToExclude:
+			into = append(into, mcastChange{group: g, join: true})
+		case recType == recBlockOldSources:
+		case nsrc > 0:
+			into = append(into, mcastChange{group: g, join: true})
+		case recType != recAllowNewSources:
+			into = append(into, mcastChange{group: g, join: false})
+		}
+	}
+	return into, mcastReport
 }
 
 // hostMulticastMAC is the Ethernet destination of an IP multicast packet

@@ -136,7 +136,7 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	rc.qp = qp
-	if err := i.initRXQP(rc); err != nil {
+	if err := i.initRXQP(rc, req.PKeyIndex); err != nil {
 		i.log.Warn("init RX QP", "peer", rc.peer, "err", err)
 		qp.Destroy()
 		i.releaseRX(rc)
@@ -180,9 +180,11 @@ func (i *Interface) releaseRX(rc *rxConn) {
 	i.mu.Unlock()
 }
 
-// initRXQP moves the QP to Init and, without SRQ, posts its own ring.
-func (i *Interface) initRXQP(rc *rxConn) error {
-	if err := rc.qp.Modify(hca.QPAttr{State: hca.QPStateInit, PKeyIndex: 0}); err != nil {
+// initRXQP moves the QP to Init on the P_Key index the REQ's partition
+// has here (the CM checked it is the interface's) and, without SRQ, posts
+// its own ring.
+func (i *Interface) initRXQP(rc *rxConn, pkeyIndex int) error {
+	if err := rc.qp.Modify(hca.QPAttr{State: hca.QPStateInit, PKeyIndex: pkeyIndex}); err != nil {
 		return fmt.Errorf("RX QP to Init: %w", err)
 	}
 	if i.srq != nil {

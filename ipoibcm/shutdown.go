@@ -14,7 +14,7 @@ import (
 // Close stops the interface: its children first (child.go), then the
 // host reader, then every connection through the teardown protocol
 // (bounded by DrainTimeout), then the pollers, the control loop, the CM
-// (a parent's; children share it) and every queue. The host port is
+// (unless Config.CMManager brought it) and every queue. The host port is
 // closed too. Close is idempotent.
 func (i *Interface) Close() error {
 	kidsErr := i.children.closeAll()
@@ -45,6 +45,9 @@ func (i *Interface) closeSelf() error {
 	if i.listener != nil {
 		i.listener.Close()
 	}
+	if i.cancelPort != nil {
+		i.cancelPort()
+	}
 	// The reader ends when the port closes; it may be parked waiting for
 	// credits, which stop releases.
 	hostErr := i.host.Close()
@@ -73,7 +76,7 @@ var errAlreadyClosed = errors.New("already closed")
 // destroyResources releases whatever New created, in dependency order.
 // Connections are gone by now (Close reaped or forced them).
 func (i *Interface) destroyResources() {
-	if i.ownsCM {
+	if i.cmm != nil && i.ownCM {
 		i.cmm.Close()
 	}
 	if i.ud != nil {
@@ -82,7 +85,7 @@ func (i *Interface) destroyResources() {
 	if i.srq != nil {
 		i.srq.destroy()
 	}
-	for _, g := range i.mcast {
+	for _, g := range i.mcast.groups {
 		if g.ah != nil {
 			g.ah.Destroy()
 		}

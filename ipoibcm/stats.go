@@ -24,6 +24,12 @@ type Counters struct {
 	TxDropped     uint64 `json:"tx_dropped"`
 	Multicast     uint64 `json:"multicast"`
 	RxDeadDropped uint64 `json:"rx_dead_dropped"`
+	// RxWrongPKey is the port's count of packets dropped because their
+	// P_Key matched no entry of its table or not the receiving QP's
+	// (hca.Port.PKeyViolations): the same number on every interface of
+	// one device, since a packet of a partition none of them is in
+	// belongs to none.
+	RxWrongPKey uint64 `json:"rx_wrong_pkey"`
 }
 
 // NeighbourInfo describes one neighbour. Every field is always present in
@@ -60,35 +66,39 @@ type ConnInfo struct {
 
 // ReaperStats count the teardown machinery's work.
 type ReaperStats struct {
-	StaleScans        uint64 `json:"stale_scans"`
-	StaleReaped       uint64 `json:"stale_reaped"`
-	MovedToError      uint64 `json:"moved_to_error"`
-	LastWQESeen       uint64 `json:"last_wqe_seen"`
-	LateLastWQE       uint64 `json:"late_last_wqe"` // LAST_WQE on a connection still live
-	DrainsPosted      uint64 `json:"drains_posted"`
-	DrainsCompleted   uint64 `json:"drains_completed"`
-	DrainPostFailures uint64 `json:"drain_post_failures"`
-	Reaped            uint64 `json:"reaped"`
-	ForcedAtStop      uint64 `json:"forced_at_stop"`
-	CQErrors          uint64 `json:"cq_errors"`
-	RXAccepted        uint64 `json:"rx_accepted"`
-	RXRejectedNoQP    uint64 `json:"rx_rejected_no_qp"`
-	RXRejectedMTU     uint64 `json:"rx_rejected_mtu"`
-	TXMTUDowngrades   uint64 `json:"tx_mtu_downgrades"`
-	TXConnects        uint64 `json:"tx_connects"`
-	TXEstablished     uint64 `json:"tx_established"`
-	TXConnectFailures uint64 `json:"tx_connect_failures"`
-	TXTeardowns       uint64 `json:"tx_teardowns"`
-	TXDestroyed       uint64 `json:"tx_destroyed"`
-	TXQueueStops      uint64 `json:"tx_queue_stops"`
-	TXQueueWakes      uint64 `json:"tx_queue_wakes"`
-	NeighRestarts     uint64 `json:"neigh_restarts"`
-	NeighAged         uint64 `json:"neigh_aged"`
-	NeighEvicted      uint64 `json:"neigh_evicted"`
-	Reresolves        uint64 `json:"reresolves"`
-	ModeSwitches      uint64 `json:"mode_switches"`
-	McastJoins        uint64 `json:"mcast_joins"`
-	TooBigSent        uint64 `json:"too_big_sent"`
+	StaleScans           uint64 `json:"stale_scans"`
+	StaleReaped          uint64 `json:"stale_reaped"`
+	MovedToError         uint64 `json:"moved_to_error"`
+	LastWQESeen          uint64 `json:"last_wqe_seen"`
+	LateLastWQE          uint64 `json:"late_last_wqe"` // LAST_WQE on a connection still live
+	DrainsPosted         uint64 `json:"drains_posted"`
+	DrainsCompleted      uint64 `json:"drains_completed"`
+	DrainPostFailures    uint64 `json:"drain_post_failures"`
+	Reaped               uint64 `json:"reaped"`
+	ForcedAtStop         uint64 `json:"forced_at_stop"`
+	CQErrors             uint64 `json:"cq_errors"`
+	RXAccepted           uint64 `json:"rx_accepted"`
+	RXRejectedNoQP       uint64 `json:"rx_rejected_no_qp"`
+	RXRejectedMTU        uint64 `json:"rx_rejected_mtu"`
+	TXMTUDowngrades      uint64 `json:"tx_mtu_downgrades"`
+	TXConnects           uint64 `json:"tx_connects"`
+	TXEstablished        uint64 `json:"tx_established"`
+	TXConnectFailures    uint64 `json:"tx_connect_failures"`
+	TXTeardowns          uint64 `json:"tx_teardowns"`
+	TXDestroyed          uint64 `json:"tx_destroyed"`
+	TXQueueStops         uint64 `json:"tx_queue_stops"`
+	TXQueueWakes         uint64 `json:"tx_queue_wakes"`
+	NeighRestarts        uint64 `json:"neigh_restarts"`
+	NeighAged            uint64 `json:"neigh_aged"`
+	NeighEvicted         uint64 `json:"neigh_evicted"`
+	Reresolves           uint64 `json:"reresolves"`
+	ModeSwitches         uint64 `json:"mode_switches"`
+	McastJoins           uint64 `json:"mcast_joins"`
+	McastLeaves          uint64 `json:"mcast_leaves"`
+	McastSendOnly        uint64 `json:"mcast_sendonly"`
+	McastSendOnlyExpired uint64 `json:"mcast_sendonly_expired"`
+	McastTableFull       uint64 `json:"mcast_table_full"`
+	TooBigSent           uint64 `json:"too_big_sent"`
 }
 
 // NAPIStats are the two pollers' statistics.
@@ -109,6 +119,7 @@ type Stats struct {
 	Neighbours  []NeighbourInfo   `json:"neighbours"`
 	TXConns     []ConnInfo        `json:"tx_conns"`
 	RXConns     []ConnInfo        `json:"rx_conns"`
+	McastGroups []McastGroupInfo  `json:"mcast_groups"`
 	NAPI        NAPIStats         `json:"napi"`
 	Reaper      ReaperStats       `json:"reaper"`
 	CM          cm.Stats          `json:"cm"`
@@ -132,6 +143,7 @@ func (i *Interface) Stats() Stats {
 			RxBytes: c.rxBytes.Load(), TxBytes: c.txBytes.Load(),
 			TxErrors: c.txErrors.Load(), RxDropped: c.rxDropped.Load(), TxDropped: c.txDropped.Load(),
 			Multicast: c.multicast.Load(), RxDeadDropped: c.rxDeadDropped.Load(),
+			RxWrongPKey: i.dev.Port().PKeyViolations,
 		},
 		Drops:       make(map[string]uint64),
 		NAPI:        NAPIStats{RX: i.rxNAPI.Stats(), TX: i.tx.napi.Stats()},
@@ -152,6 +164,7 @@ func (i *Interface) Stats() Stats {
 	if i.srq != nil && i.srq.srq != nil {
 		s.SRQPosted = i.srq.srq.Posted()
 	}
+	s.McastGroups = i.mcastInfoLocked(now)
 	for _, n := range i.neigh.byGID {
 		ni := NeighbourInfo{
 			IPs: append([]netip.Addr{}, n.ips...), HWAddr: n.hw.ColonString(), MAC: n.mac.String(),
@@ -218,7 +231,9 @@ func (i *Interface) reaperStats() ReaperStats {
 		TXConnectFailures: r.txConnectFailures.Load(), TXTeardowns: r.txTeardowns.Load(), TXDestroyed: r.txDestroyed.Load(),
 		TXQueueStops: r.txStops.Load(), TXQueueWakes: r.txWakes.Load(),
 		NeighRestarts: r.neighRestarts.Load(), NeighAged: r.neighAged.Load(), NeighEvicted: r.neighEvicted.Load(), Reresolves: r.reresolves.Load(), ModeSwitches: r.modeSwitches.Load(),
-		McastJoins: r.mcastJoins.Load(), TooBigSent: r.tooBigSent.Load(),
+		McastJoins: r.mcastJoins.Load(), McastLeaves: r.mcastLeaves.Load(), McastSendOnly: r.mcastSendOnly.Load(),
+		McastSendOnlyExpired: r.mcastSendOnlyExpired.Load(), McastTableFull: r.mcastTableFull.Load(),
+		TooBigSent: r.tooBigSent.Load(),
 	}
 }
 
@@ -247,4 +262,6 @@ type reaperCounters struct {
 	// with REJ INVALID_MTU; txMTUDowngrades: REQs resent one IB MTU
 	// lower after such a REJ (cmpathmtu.go).
 	rxRejectedMTU, txMTUDowngrades atomic.Uint64
+	// The host's multicast groups (mcast.go).
+	mcastLeaves, mcastSendOnly, mcastSendOnlyExpired, mcastTableFull atomic.Uint64
 }

@@ -27,7 +27,7 @@ func TestStatsSchemaStable(t *testing.T) {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	want := []string{"cm", "counters", "drops", "hwaddr", "link_up", "mode", "mtu", "name", "napi",
+	want := []string{"cm", "counters", "drops", "hwaddr", "link_up", "mcast_groups", "mode", "mtu", "name", "napi",
 		"neighbours", "reaper", "rx_conns", "rx_limits", "srq_posted", "tx_conns", "tx_outstanding"}
 	if !slices.Equal(keys, want) {
 		t.Fatalf("top-level keys %v, want %v", keys, want)
@@ -41,7 +41,7 @@ func TestStatsSchemaStable(t *testing.T) {
 			t.Errorf("drop %s = %v (present %v), want 0", r, v, ok)
 		}
 	}
-	for _, k := range []string{"neighbours", "tx_conns", "rx_conns"} {
+	for _, k := range []string{"neighbours", "tx_conns", "rx_conns", "mcast_groups"} {
 		if _, ok := top[k].([]any); !ok {
 			t.Errorf("%s is %v, want an array (empty, not null)", k, top[k])
 		}

@@ -83,7 +83,7 @@ func (tc *txConn) connect() {
 		tc.fail(false)
 		return
 	}
-	if err := qp.Modify(hca.QPAttr{State: hca.QPStateInit, PKeyIndex: 0}); err != nil {
+	if err := qp.Modify(hca.QPAttr{State: hca.QPStateInit, PKeyIndex: i.pkeyIndex}); err != nil {
 		qp.Destroy()
 		i.log.Warn("TX QP to Init", "peer", tc.peer, "err", err)
 		tc.fail(false)
@@ -106,6 +106,7 @@ func (tc *txConn) connect() {
 		// ipoib_cm_send_req: "arbitrary defaults".
 		ResponderResources: 4,
 		SRQ:                i.srq != nil,
+		PKey:               i.cfg.PKey,
 	}, tc.onCMEvent)
 	if err != nil {
 		i.log.Warn("CM connect", "peer", tc.peer, "err", err)

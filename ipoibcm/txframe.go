@@ -2,6 +2,7 @@ package ipoibcm
 
 import (
 	"errors"
+	"net/netip"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -47,23 +48,19 @@ func (i *Interface) txFrameLocked(t *txScratch, bufIdx, size int, now time.Time)
 			i.ctr.drop(dropTxNotIP)
 			return false
 		}
-		if g, ok := igmpReportGroups(payload, i.mcastScratch[:0]); ok {
-			for _, a := range g {
-				i.joinIPLocked(a)
-			}
+		if !i.hostMcastReportLocked(h.EtherType, payload, now) {
+			return false
 		}
 	case frame.EtherTypeIPv6:
 		if !validIPv6(payload) {
 			i.ctr.drop(dropTxNotIP)
 			return false
 		}
-		if g, ok := mldReportGroups(payload, i.mcastScratch[:0]); ok {
-			for _, a := range g {
-				i.joinIPLocked(a)
-			}
+		if !i.hostMcastReportLocked(h.EtherType, payload, now) {
+			return false
 		}
 		if frame.IsND(payload) {
-			n, ok := i.txNDLocked(t, payload)
+			n, ok := i.txNDLocked(t, payload, now)
 			if !ok {
 				return false
 			}
@@ -75,7 +72,8 @@ func (i *Interface) txFrameLocked(t *txScratch, bufIdx, size int, now time.Time)
 		return false
 	}
 	if h.Dst.IsMulticast() {
-		return i.txMulticastLocked(t, bufIdx, size, h.EtherType, i.mgidFor(h, payload))
+		mgid, dst := i.mgidFor(h, payload)
+		return i.txMulticastLocked(t, bufIdx, size, h.EtherType, mgid, dst, now)
 	}
 	n := i.neigh.lookupMAC(h.Dst)
 	if n == nil {
@@ -85,27 +83,28 @@ func (i *Interface) txFrameLocked(t *txScratch, bufIdx, size int, now time.Time)
 	return i.txNeighLocked(t, n, bufIdx, size, h.EtherType, now)
 }
 
-// mgidFor maps a host multicast/broadcast frame to its group: IP multicast
-// destinations to their MGID (from the IP address: the MAC lost bits),
-// everything else (broadcast, ARP) to the broadcast group.
-func (i *Interface) mgidFor(h frame.EthHeader, payload []byte) hca.GID {
+// mgidFor maps a host multicast/broadcast frame to its group and IP
+// destination: IP multicast destinations to their MGID (from the IP
+// address: the MAC lost bits), everything else (broadcast, ARP) to the
+// broadcast group, with no destination.
+func (i *Interface) mgidFor(h frame.EthHeader, payload []byte) (hca.GID, netip.Addr) {
 	switch h.EtherType {
 	case frame.EtherTypeIPv4:
 		if dst := ipv4Dst(payload); dst.IsMulticast() {
-			return frame.MulticastMGID(dst, i.cfg.PKey)
+			return frame.MulticastMGID(dst, i.cfg.PKey), dst
 		}
 	case frame.EtherTypeIPv6:
 		if dst := ipv6Dst(payload); dst.IsMulticast() {
-			return frame.MulticastMGID(dst, i.cfg.PKey)
+			return frame.MulticastMGID(dst, i.cfg.PKey), dst
 		}
 	}
-	return i.bcast
+	return i.bcast, netip.Addr{}
 }
 
 // txNDLocked rewrites a host neighbour-discovery packet to IPoIB form (our
 // hardware address in the link-layer options) in place, and joins the
 // solicited-node group of the host address it reveals.
-func (i *Interface) txNDLocked(t *txScratch, payload []byte) (int, bool) {
+func (i *Interface) txNDLocked(t *txScratch, payload []byte, now time.Time) (int, bool) {
 	n, info, err := frame.NDToIPoIB(t.nd, payload, i.hw)
 	if err != nil {
 		i.ctr.drop(dropTxBadND)
@@ -117,7 +116,7 @@ func (i *Interface) txNDLocked(t *txScratch, payload []byte) (int, bool) {
 	}
 	if src.IsValid() && !src.IsUnspecified() && !src.IsMulticast() {
 		i.noteHostIPLocked(src)
-		i.joinIPLocked(solicitedNode(src))
+		i.hostMembershipLocked(solicitedNode(src), true, now)
 	}
 	copy(payload[:cap(payload)][:n], t.nd[:n])
 	return n, true
@@ -157,7 +156,7 @@ func (i *Interface) txARPLocked(t *txScratch, bufIdx int, h frame.EthHeader, pay
 			i.ctr.drop(dropTxUnknownNeighbour)
 			return false
 		}
-		ah, err := i.groupAHLocked(i.bcast)
+		ah, _, err := i.mcastAHLocked(i.bcast, netip.Addr{}, now)
 		if err != nil {
 			i.ctr.drop(dropTxNoAH)
 			return false
@@ -173,13 +172,17 @@ func (i *Interface) txARPLocked(t *txScratch, bufIdx int, h frame.EthHeader, pay
 	return t.post.post(sendDest{ah: ah, qpn: n.hw.QPN()}, bufIdx, size, frame.EtherTypeARP)
 }
 
-func (i *Interface) txMulticastLocked(t *txScratch, bufIdx, size int, etherType uint16, mgid hca.GID) bool {
+func (i *Interface) txMulticastLocked(t *txScratch, bufIdx, size int, etherType uint16, mgid hca.GID, dst netip.Addr, now time.Time) bool {
 	if size-frame.EthHdrLen > i.udMTU {
 		i.ctr.txErrors.Add(1)
 		i.ctr.drop(dropTxTooBig)
 		return false
 	}
-	ah, err := i.groupAHLocked(mgid)
+	ah, ok, err := i.mcastAHLocked(mgid, dst, now)
+	if !ok {
+		i.ctr.drop(dropTxMcastTableFull)
+		return false
+	}
 	if err != nil {
 		i.ctr.drop(dropTxNoAH)
 		return false

@@ -2,7 +2,6 @@ package ipoibcm
 
 import (
 	"fmt"
-	"net/netip"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
@@ -18,10 +17,11 @@ type udPath struct {
 	bufs [][]byte // UDRecvQueueSize buffers: headroom + IB MTU
 }
 
-// newUDPath creates the UD QP, posts its ring and brings it to RTS. On
-// error the QP it created is destroyed again: a live QP would keep both CQs
-// busy (the backend refuses to destroy a CQ a QP still uses), so New's
-// clean-up could not release them either.
+// newUDPath creates the UD QP and its ring, and brings it to RTS if the
+// interface's P_Key is in the port's table (else activate does, once it
+// is). On error the QP it created is destroyed again: a live QP would keep
+// both CQs busy (the backend refuses to destroy a CQ a QP still uses), so
+// New's clean-up could not release them either.
 func newUDPath(i *Interface) (_ *udPath, err error) {
 	u := &udPath{i: i}
 	qp, err := i.dev.CreateQP(hca.QPConfig{
@@ -44,37 +44,54 @@ func newUDPath(i *Interface) (_ *udPath, err error) {
 		}
 	}()
 	u.qp = qp
-	if err := qp.Modify(hca.QPAttr{State: hca.QPStateInit, PKeyIndex: 0, QKey: frame.QKeyIPoIB}); err != nil {
-		return nil, fmt.Errorf("UD QP to Init: %w", err)
-	}
 	size := headroom + int(i.port.ActiveMTU)
 	u.bufs = make([][]byte, i.cfg.UDRecvQueueSize)
-	wrs := make([]hca.RecvWR, len(u.bufs))
 	for k := range u.bufs {
 		b, err := i.dev.Alloc(size)
 		if err != nil {
 			return nil, fmt.Errorf("UD receive buffer %d: %w", k, err)
 		}
 		u.bufs[k] = b
+	}
+	if i.pkeyActive {
+		if err := u.activate(i.pkeyIndex); err != nil {
+			return nil, err
+		}
+	}
+	return u, nil
+}
+
+// activate moves the UD QP from Reset to RTS on P_Key index pkeyIndex
+// with every ring buffer posted: at New, or once the P_Key appears.
+func (u *udPath) activate(pkeyIndex int) error {
+	i, qp := u.i, u.qp
+	if err := qp.Modify(hca.QPAttr{State: hca.QPStateInit, PKeyIndex: pkeyIndex, QKey: frame.QKeyIPoIB}); err != nil {
+		return fmt.Errorf("UD QP to Init: %w", err)
+	}
+	wrs := make([]hca.RecvWR, len(u.bufs))
+	for k, b := range u.bufs {
 		wrs[k] = hca.RecvWR{ID: wrID(wrKindUDRecv, k), Buf: b[headroom:]}
 	}
 	if n, err := qp.PostRecv(wrs); err != nil || n != len(wrs) {
-		return nil, fmt.Errorf("post %d UD receives (%d posted): %w", len(wrs), n, err)
+		return fmt.Errorf("post %d UD receives (%d posted): %w", len(wrs), n, err)
 	}
 	if err := qp.Modify(hca.QPAttr{State: hca.QPStateRTR}); err != nil {
-		return nil, fmt.Errorf("UD QP to RTR: %w", err)
+		return fmt.Errorf("UD QP to RTR: %w", err)
 	}
-	if err := qp.Modify(hca.QPAttr{State: hca.QPStateRTS, SQPSN: i.rng.Uint32() & 0xffffff}); err != nil {
-		return nil, fmt.Errorf("UD QP to RTS: %w", err)
+	i.mu.Lock() // the CM goroutine draws from rng too
+	psn := i.rng.Uint32() & 0xffffff
+	i.mu.Unlock()
+	if err := qp.Modify(hca.QPAttr{State: hca.QPStateRTS, SQPSN: psn}); err != nil {
+		return fmt.Errorf("UD QP to RTS: %w", err)
 	}
-	return u, nil
+	return nil
 }
 
 func (u *udPath) destroy() {
 	if u.qp == nil {
 		return
 	}
-	for mgid, g := range u.i.mcast {
+	for mgid, g := range u.i.mcast.groups {
 		if g.attached {
 			if err := u.qp.DetachMcast(mgid); err != nil {
 				u.i.log.Warn("detach multicast", "mgid", mgid, "err", err)
@@ -88,65 +105,6 @@ func (u *udPath) destroy() {
 	u.qp = nil
 }
 
-// mcastGroup is a multicast group the UD QP sends to or receives from.
-type mcastGroup struct {
-	ah       hca.AH
-	attached bool
-}
-
-// joinDefaultGroups attaches the broadcast group (the link comes up only
-// after it) and the all-hosts / all-nodes groups every IP host is in.
-func (i *Interface) joinDefaultGroups() error {
-	i.mu.Lock()
-	defer i.mu.Unlock()
-	if err := i.attachLocked(i.bcast); err != nil {
-		return fmt.Errorf("join broadcast group %s: %w", i.bcast, err)
-	}
-	for _, g := range []netip.Addr{netip.AddrFrom4([4]byte{224, 0, 0, 1}), netip.MustParseAddr("ff02::1")} {
-		if err := i.attachLocked(frame.MulticastMGID(g, i.cfg.PKey)); err != nil {
-			return fmt.Errorf("join %s: %w", g, err)
-		}
-	}
-	return nil
-}
-
-// attachLocked attaches the UD QP to mgid once. The soft fabric has no SA:
-// attaching is joining.
-func (i *Interface) attachLocked(mgid hca.GID) error {
-	g := i.groupLocked(mgid)
-	if g.attached {
-		return nil
-	}
-	if err := i.ud.qp.AttachMcast(mgid); err != nil {
-		return fmt.Errorf("attach %s: %w", mgid, err)
-	}
-	g.attached = true
-	i.rs.mcastJoins.Add(1)
-	return nil
-}
-
-func (i *Interface) groupLocked(mgid hca.GID) *mcastGroup {
-	g := i.mcast[mgid]
-	if g == nil {
-		g = &mcastGroup{}
-		i.mcast[mgid] = g
-	}
-	return g
-}
-
-// groupAHLocked is the address handle for sends to mgid.
-func (i *Interface) groupAHLocked(mgid hca.GID) (hca.AH, error) {
-	g := i.groupLocked(mgid)
-	if g.ah == nil {
-		ah, err := i.dev.CreateAH(mgid)
-		if err != nil {
-			return nil, fmt.Errorf("address handle for %s: %w", mgid, err)
-		}
-		g.ah = ah
-	}
-	return g.ah, nil
-}
-
 // neighAHLocked is the address handle for UD sends to neighbour n,
 // created on first use and kept until the neighbour is reaped.
 func (i *Interface) neighAHLocked(n *neighbour) (hca.AH, error) {
@@ -158,15 +116,4 @@ func (i *Interface) neighAHLocked(n *neighbour) (hca.AH, error) {
 		n.ah = ah
 	}
 	return n.ah, nil
-}
-
-// joinIP attaches the multicast group of IP group address a (seen in a
-// host IGMP/MLD report or as a host IPv6 address's solicited-node group).
-func (i *Interface) joinIPLocked(a netip.Addr) {
-	if !a.IsMulticast() {
-		return
-	}
-	if err := i.attachLocked(frame.MulticastMGID(a, i.cfg.PKey)); err != nil {
-		i.log.Warn("multicast join", "group", a, "err", err)
-	}
 }

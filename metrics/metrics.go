@@ -162,6 +162,7 @@ var linuxCounters = []struct{ name, help string }{
 	{"tx_dropped", "Sum of the tx_* drop reasons."},
 	{"multicast", "Multicast and broadcast packets received."},
 	{"rx_dead_dropped", "Receive completions of connections in teardown, recycled and not delivered."},
+	{"rx_wrong_pkey", "Packets the port dropped for a P_Key outside its partitions or the receiving QP's (per device)."},
 }
 
 func (e *emitter) host(host string, s ipoibcm.Stats) {
@@ -171,6 +172,7 @@ func (e *emitter) host(host string, s ipoibcm.Stats) {
 		"rx_bytes": s.Counters.RxBytes, "tx_bytes": s.Counters.TxBytes, "tx_errors": s.Counters.TxErrors,
 		"rx_dropped": s.Counters.RxDropped, "tx_dropped": s.Counters.TxDropped,
 		"multicast": s.Counters.Multicast, "rx_dead_dropped": s.Counters.RxDeadDropped,
+		"rx_wrong_pkey": s.Counters.RxWrongPKey,
 	}
 	for _, c := range linuxCounters {
 		e.emit(c.name+"_total", c.help, prometheus.CounterValue, float64(cv[c.name]), h, host)

@@ -96,3 +96,14 @@ func fillPartial(frame []byte, h *Headers) {
 	}
 	binary.BigEndian.PutUint16(frame[h.L4+h.CsumOffset():], pseudoSum(frame, h, h.Len-h.L4))
 }
+
+// FillPartial writes the IPv4 header checksum of the packet h describes
+// and seeds its TCP/UDP checksum field with the pseudo-header sum over
+// h.Len, leaving the frame in the CHECKSUM_PARTIAL state (NeedsCsum with
+// CsumStart h.L4 and CsumOffset h.CsumOffset()) that CompletePartial
+// finishes: what a GRO engine hands up for a frame it coalesced, as
+// Linux's tcp4_gro_complete / tcp6_gro_complete do. The caller has
+// written the packet's IP length fields to match h.Len.
+func (h Headers) FillPartial(frame []byte) {
+	fillPartial(frame, &h)
+}

@@ -29,6 +29,12 @@ type ConnectParams struct {
 	ResponderResources uint8
 	InitiatorDepth     uint8
 	SRQ                bool
+	// PKey is the connection's partition; 0 means the port table's
+	// entry 0. The REQ's Partition Key carries the table's entry for it
+	// (the membership the subnet manager gave this port, as the QP's
+	// BTH will), and every MAD of the connection goes out with that
+	// entry's index. QP must be in Init with the same index.
+	PKey hca.PKey
 }
 
 // Connect sends a REQ for p and returns the new connection in REQ_SENT.
@@ -53,7 +59,16 @@ func (m *Manager) Connect(p ConnectParams, h Handler) (*Conn, error) {
 	if err := m.checkOpen(); err != nil {
 		return nil, err
 	}
+	pkey := p.PKey
+	if pkey == 0 {
+		pkey = m.pkeys[0]
+	}
+	idx, ok := hca.PKeyIndex(m.pkeys, pkey)
+	if !ok {
+		return nil, fmt.Errorf("cm: connect: P_Key %#04x not in the port's table %#04x: %w", uint16(pkey), m.pkeys, hca.ErrInvalidArgument)
+	}
 	c := m.newConn(true, h)
+	c.pkey = m.pkeys[idx]
 	c.remoteGID = p.DestGID
 	c.serviceID = p.ServiceID
 	c.qp = p.QP
@@ -83,7 +98,7 @@ func (m *Manager) Connect(p ConnectParams, h Handler) (*Conn, error) {
 		StartingPSN:             c.reqPSN,
 		LocalCMResponseTimeout:  code,
 		RetryCount:              p.RetryCount,
-		PKey:                    m.pkey,
+		PKey:                    c.pkey,
 		PathMTU:                 p.PathMTU,
 		RNRRetryCount:           p.RNRRetry,
 		MaxCMRetries:            uint8(m.opts.MaxRetries),
@@ -166,7 +181,7 @@ func (m *Manager) finishREP(c *Conn) {
 
 func (m *Manager) sendRTU(c *Conn) {
 	rtu := RTU{TransactionID: c.tid, LocalCommID: c.localCommID, RemoteCommID: c.remoteCommID}
-	if err := m.sendMsg(&rtu, c.remoteGID); err != nil {
+	if err := m.sendMsg(&rtu, c.remoteGID, c.pkey); err != nil {
 		m.log.Debug("cm: send RTU", "conn", c, "err", err)
 	}
 }

@@ -115,7 +115,7 @@ func TestManagerAddressHandlesBounded(t *testing.T) {
 	base := f.Stats().AHs
 	for k := range peers {
 		n.m.mu.Lock()
-		err := n.m.sendRaw(n.m.scratch[:], MsgDREQ, gidN(100+k))
+		err := n.m.sendRaw(n.m.scratch[:], MsgDREQ, gidN(100+k), hca.PKeyDefault)
 		posted := n.m.ahs.posted
 		n.m.mu.Unlock()
 		if err != nil {
@@ -135,7 +135,7 @@ func TestManagerAddressHandlesBounded(t *testing.T) {
 	}
 	// A cached peer is reused, not re-created.
 	n.m.mu.Lock()
-	err := n.m.sendRaw(n.m.scratch[:], MsgDREQ, gidN(108))
+	err := n.m.sendRaw(n.m.scratch[:], MsgDREQ, gidN(108), hca.PKeyDefault)
 	n.m.mu.Unlock()
 	if err != nil {
 		t.Fatal(err)

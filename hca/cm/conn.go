@@ -21,9 +21,12 @@ type Conn struct {
 	remoteGID    hca.GID
 	remoteQPN    hca.QPN
 	serviceID    uint64
-	qp           hca.QP
-	tid          uint64 // of the REQ and everything that answers it
-	dreqTID      uint64
+	// pkey is the connection's partition: the REQ's Partition Key. Its
+	// MADs go out with its index in our table.
+	pkey    hca.PKey
+	qp      hca.QP
+	tid     uint64 // of the REQ and everything that answers it
+	dreqTID uint64
 
 	// Path parameters: the active side's from ConnectParams, the passive
 	// side's from the REQ.
@@ -88,6 +91,9 @@ func (c *Conn) RemoteQPN() hca.QPN {
 
 // RemoteGID is the peer's GID.
 func (c *Conn) RemoteGID() hca.GID { return c.remoteGID }
+
+// PKey is the connection's partition, as its REQ carried it.
+func (c *Conn) PKey() hca.PKey { return c.pkey }
 
 // ServiceID is the service ID of the REQ.
 func (c *Conn) ServiceID() uint64 { return c.serviceID }
@@ -224,7 +230,7 @@ func (m *Manager) onTimeout(c *Conn) {
 			}
 			c.retries++
 			m.stats.retries++
-			if err := m.sendRaw(c.retx[:], c.retxType, c.remoteGID); err != nil {
+			if err := m.sendRaw(c.retx[:], c.retxType, c.remoteGID, c.pkey); err != nil {
 				m.log.Debug("cm: resend", "conn", c, "err", err)
 			}
 			m.setDeadline(c, c.respTimeout)
@@ -263,7 +269,7 @@ func (m *Manager) sendTracked(c *Conn, msg Message) {
 		m.setDeadline(c, m.opts.ResponseTimeout)
 		return
 	}
-	if err := m.sendRaw(c.retx[:], c.retxType, c.remoteGID); err != nil {
+	if err := m.sendRaw(c.retx[:], c.retxType, c.remoteGID, c.pkey); err != nil {
 		m.log.Debug("cm: send", "conn", c, "err", err)
 	}
 	m.setDeadline(c, c.respTimeout)

@@ -23,7 +23,7 @@ func (m *Manager) sendDREQ(c *Conn) {
 // sendDREP answers a DREQ, reusing its TID. m.mu must be held.
 func (m *Manager) sendDREP(r *DREQ, dst hca.GID) {
 	drep := DREP{TransactionID: r.TransactionID, LocalCommID: r.RemoteCommID, RemoteCommID: r.LocalCommID}
-	if err := m.sendMsg(&drep, dst); err != nil {
+	if err := m.sendMsg(&drep, dst, m.rxPKey); err != nil {
 		m.log.Debug("cm: send DREP", "err", err)
 	}
 }

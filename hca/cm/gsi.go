@@ -47,6 +47,7 @@ func (m *Manager) setupGSI() error {
 		m.freeSlots[i] = uint32(depth - 1 - i)
 	}
 	m.recvWRs = make([]hca.RecvWR, 0, depth)
+	m.slotPKey = make([]hca.PKey, depth)
 	m.backlog = newBacklog(depth)
 	for i := 0; i < depth; i++ {
 		m.recvWRs = append(m.recvWRs, hca.RecvWR{ID: uint64(i), Buf: m.recvSlot(i)})
@@ -140,6 +141,7 @@ func (m *Manager) takeWC(wc *hca.WC) {
 			return
 		}
 		if wc.Status == hca.StatusSuccess && m.backlog.push(wc.SrcGID, slot, min(max(wc.ByteLen, 0), recvSlotSize)) {
+			m.slotPKey[slot] = wc.PKey
 			return
 		}
 		m.recvWRs = append(m.recvWRs, hca.RecvWR{ID: wc.ID, Buf: m.recvSlot(slot)})
@@ -165,15 +167,17 @@ func (m *Manager) serveBacklog(max int) {
 		}
 		buf := m.recvSlot(slot)
 		m.mu.Lock()
-		m.handleMAD(buf[:n], src)
+		m.handleMAD(buf[:n], src, m.slotPKey[slot])
 		m.mu.Unlock()
 		m.recvWRs = append(m.recvWRs, hca.RecvWR{ID: uint64(slot), Buf: buf})
 	}
 }
 
-// handleMAD decodes one MAD into the run goroutine's scratch messages and
-// hands it to its state machine. m.mu must be held.
-func (m *Manager) handleMAD(b []byte, src hca.GID) {
+// handleMAD decodes one MAD, received with P_Key pkey, into the run
+// goroutine's scratch messages and hands it to its state machine. m.mu
+// must be held.
+func (m *Manager) handleMAD(b []byte, src hca.GID, pkey hca.PKey) {
+	m.rxPKey = pkey
 	h, err := checkMAD(b)
 	if err == nil {
 		var msg Message
@@ -223,21 +227,27 @@ func (m *Manager) handleMAD(b []byte, src hca.GID) {
 	}
 }
 
-// sendMsg marshals msg into the scratch buffer and sends it to dgid.
-// m.mu must be held.
-func (m *Manager) sendMsg(msg Message, dgid hca.GID) error {
+// sendMsg marshals msg into the scratch buffer and sends it to dgid in
+// partition pkey. m.mu must be held.
+func (m *Manager) sendMsg(msg Message, dgid hca.GID, pkey hca.PKey) error {
 	if err := msg.Marshal(m.scratch[:]); err != nil {
 		return err
 	}
-	return m.sendRaw(m.scratch[:], msg.Type(), dgid)
+	return m.sendRaw(m.scratch[:], msg.Type(), dgid, pkey)
 }
 
 // sendRaw copies a marshalled MAD into a free send slot and posts it to
-// the peer's GSI QP. Failures are counted; the caller's retry timer, if
-// any, covers them. m.mu must be held.
-func (m *Manager) sendRaw(mad []byte, t MsgType, dgid hca.GID) error {
+// the peer's GSI QP, with the P_Key index of partition pkey in our table
+// (cm_init_av_by_path's ib_find_cached_pkey). Failures are counted; the
+// caller's retry timer, if any, covers them. m.mu must be held.
+func (m *Manager) sendRaw(mad []byte, t MsgType, dgid hca.GID, pkey hca.PKey) error {
 	if m.closed {
 		return ErrClosed
+	}
+	pkeyIndex, ok := hca.PKeyIndex(m.pkeys, pkey)
+	if !ok {
+		m.stats.sendErrors++
+		return fmt.Errorf("cm: send %s: P_Key %#04x not in the port's table: %w", t, uint16(pkey), hca.ErrInvalidArgument)
 	}
 	if len(m.freeSlots) == 0 {
 		m.stats.sendErrors++
@@ -255,7 +265,7 @@ func (m *Manager) sendRaw(mad []byte, t MsgType, dgid hca.GID) error {
 	slot := m.freeSlots[len(m.freeSlots)-1]
 	buf := m.sendBuf[int(slot)*MADSize : (int(slot)+1)*MADSize]
 	copy(buf, mad)
-	m.sendWR[0] = hca.SendWR{ID: uint64(slot), Data: buf, AH: ahe.ah, RemoteQPN: hca.QPNGSI, RemoteQKey: hca.QKeyGSI}
+	m.sendWR[0] = hca.SendWR{ID: uint64(slot), Data: buf, AH: ahe.ah, RemoteQPN: hca.QPNGSI, RemoteQKey: hca.QKeyGSI, PKeyIndex: pkeyIndex}
 	n, err := m.qp.PostSend(m.sendWR[:])
 	m.sendWR[0] = hca.SendWR{}
 	if err != nil || n != 1 {

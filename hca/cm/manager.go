@@ -49,7 +49,8 @@ type Manager struct {
 	caGUID uint64 // the node GUID, as cm_format_req and cm_format_rep send
 	// ackDelay is the device's Local CA ACK Delay (cm_add_one).
 	ackDelay uint8
-	pkey     hca.PKey
+	// cancelPort ends the subscription that keeps pkeys current.
+	cancelPort func()
 
 	cq      hca.CQ
 	qp      hca.QP
@@ -61,10 +62,12 @@ type Manager struct {
 	wg   sync.WaitGroup
 
 	// Owned by the run goroutine only.
-	wcs     []hca.WC
-	recvWRs []hca.RecvWR
-	backlog backlog // received MADs waiting, per source (backlog.go)
-	rx      struct {
+	wcs []hca.WC
+	// slotPKey is the P_Key each receive slot's MAD arrived with.
+	slotPKey []hca.PKey
+	recvWRs  []hca.RecvWR
+	backlog  backlog // received MADs waiting, per source (backlog.go)
+	rx       struct {
 		req  REQ
 		rep  REP
 		rtu  RTU
@@ -74,8 +77,14 @@ type Manager struct {
 		drep DREP
 	}
 
-	mu          sync.Mutex
-	closed      bool
+	mu     sync.Mutex
+	closed bool
+	// pkeys is the port's P_Key table, refreshed on PKEY_CHANGE: MADs
+	// go out with the index of their connection's partition in it.
+	pkeys []hca.PKey
+	// rxPKey is the P_Key of the MAD being handled: answers that belong
+	// to no connection go back in its partition (cm_init_av_for_response).
+	rxPKey      hca.PKey
 	rng         *rand.Rand
 	nextTID     uint64
 	conns       map[uint32]*Conn // by local comm ID
@@ -132,7 +141,7 @@ func NewManager(dev hca.Device, opts Options) (*Manager, error) {
 		gid:         port.GID,
 		caGUID:      lim.NodeGUID,
 		ackDelay:    lim.LocalCAACKDelay & 0x1F,
-		pkey:        hca.PKeyDefault,
+		pkeys:       port.PKeys,
 		wake:        make(chan struct{}, 1),
 		done:        make(chan struct{}),
 		wcs:         make([]hca.WC, 64),
@@ -144,8 +153,8 @@ func NewManager(dev hca.Device, opts Options) (*Manager, error) {
 		halfOpen:    make(map[hca.GID]*halfOpenSet),
 		ahs:         newAHCache(maxCachedAHs),
 	}
-	if len(port.PKeys) > 0 {
-		m.pkey = port.PKeys[0]
+	if len(m.pkeys) == 0 {
+		m.pkeys = []hca.PKey{hca.PKeyDefault}
 	}
 	if m.caGUID == 0 {
 		// A device that reports no node GUID: its port GUID names it.
@@ -160,6 +169,7 @@ func NewManager(dev hca.Device, opts Options) (*Manager, error) {
 		m.teardownGSI()
 		return nil, err
 	}
+	m.cancelPort = dev.OnPortEvent(m.onPortEvent)
 	m.timer = time.NewTimer(time.Hour)
 	m.timer.Stop()
 	m.wg.Add(1)
@@ -181,6 +191,7 @@ func (m *Manager) Close() error {
 	m.mu.Unlock()
 	close(m.done)
 	m.wg.Wait()
+	m.cancelPort()
 	m.timer.Stop()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -208,6 +219,20 @@ func (m *Manager) Stats() Stats {
 	s.MaxHalfOpenPerGID = m.opts.MaxHalfOpenPerGID
 	s.Listeners = len(m.listeners)
 	return s
+}
+
+// onPortEvent keeps the P_Key table current (IB_EVENT_PKEY_CHANGE).
+func (m *Manager) onPortEvent(ev hca.AsyncEvent) {
+	if ev.Type != hca.EventPortPKeyChange {
+		return
+	}
+	pkeys := m.dev.Port().PKeys
+	if len(pkeys) == 0 {
+		return
+	}
+	m.mu.Lock()
+	m.pkeys = pkeys
+	m.mu.Unlock()
 }
 
 // GID is the device GID the Manager uses as its local and primary GID.

@@ -20,6 +20,12 @@ type Request struct {
 	RetryCount   uint8
 	SRQ          bool
 	MaxCMRetries uint8
+	// PKey is the REQ's partition and PKeyIndex the index of our table's
+	// entry for it: the consumer moves its RC QP to Init with PKeyIndex
+	// (ib_cm_init_qp_attr's pkey_index), so both QPs are in the
+	// partition the REQ named.
+	PKey      hca.PKey
+	PKeyIndex int
 	// PrivateData is a copy of the REQ's 92 bytes of private data.
 	PrivateData []byte
 	// Conn is the passive connection, in REQ_RCVD; with Decision.Defer the
@@ -58,15 +64,35 @@ type Decision struct {
 type Listener struct {
 	m          *Manager
 	serviceIDs []uint64
-	accept     func(*Request) Decision
-	closed     bool // guarded by m.mu
+	// pkey, if not 0, is the only partition the listener serves (an IPoIB
+	// child's); REQs of another are refused before accept sees them.
+	pkey   hca.PKey
+	accept func(*Request) Decision
+	closed bool // guarded by m.mu
 }
 
 // Listen registers accept for every ID in serviceIDs (IPoIB listens on
 // 0x1000000000000000|UD QPN and 0x0100000000000000|UD QPN). accept runs on
 // the Manager's goroutine and must not block. A REQ for a service ID
-// nobody listens on is rejected with INVALID_SERVICE_ID.
+// nobody listens on is rejected with INVALID_SERVICE_ID. The listener
+// takes REQs of every partition in the port's table; see ListenPKey.
 func (m *Manager) Listen(serviceIDs []uint64, accept func(req *Request) Decision) (*Listener, error) {
+	return m.listen(0, serviceIDs, accept)
+}
+
+// ListenPKey is Listen for the REQs of one partition, pkey's (the low 15
+// bits; the membership is the port table's business). A REQ for one of
+// serviceIDs in another partition is rejected with INVALID_SERVICE_ID:
+// nobody listens for that service there. Service IDs stay unique per
+// Manager, whatever the partition.
+func (m *Manager) ListenPKey(pkey hca.PKey, serviceIDs []uint64, accept func(req *Request) Decision) (*Listener, error) {
+	if !pkey.Valid() {
+		return nil, fmt.Errorf("cm: listen: P_Key %#04x: %w", uint16(pkey), hca.ErrInvalidArgument)
+	}
+	return m.listen(pkey, serviceIDs, accept)
+}
+
+func (m *Manager) listen(pkey hca.PKey, serviceIDs []uint64, accept func(req *Request) Decision) (*Listener, error) {
 	if len(serviceIDs) == 0 || accept == nil {
 		return nil, fmt.Errorf("cm: listen: no service IDs or no accept function: %w", hca.ErrInvalidArgument)
 	}
@@ -85,7 +111,7 @@ func (m *Manager) Listen(serviceIDs []uint64, accept func(req *Request) Decision
 			}
 		}
 	}
-	l := &Listener{m: m, serviceIDs: append([]uint64(nil), serviceIDs...), accept: accept}
+	l := &Listener{m: m, serviceIDs: append([]uint64(nil), serviceIDs...), pkey: pkey, accept: accept}
 	for _, id := range serviceIDs {
 		m.listeners[id] = l
 	}
@@ -164,6 +190,21 @@ func (m *Manager) handleREQ(r *REQ, src hca.GID) {
 		m.rejectREQ(r, src, RejectInvalidTransportType)
 		return
 	}
+	pkeyIndex, ok := hca.PKeyIndex(m.pkeys, r.PKey)
+	if !ok || !r.PKey.Matches(m.pkeys[pkeyIndex]) {
+		// cm_req_handler: cm_init_av_by_path finds no table entry for
+		// the path's P_Key (or, stricter than Linux, one the IBTA rule
+		// would let no packet through) and the REQ is rejected
+		// INVALID_GID with our GID as the additional information.
+		m.stats.reqs[REQBadPKey]++
+		m.rejectREQInfo(r, src, RejectInvalidGID, m.gid[:])
+		return
+	}
+	if l.pkey != 0 && l.pkey&^0x8000 != r.PKey&^0x8000 {
+		m.stats.reqs[REQWrongPartition]++
+		m.rejectREQ(r, src, RejectInvalidServiceID)
+		return
+	}
 	if !m.admitHalfOpen(src) {
 		m.stats.reqs[REQHalfOpenPerGID]++
 		m.rejectREQ(r, src, RejectNoResources)
@@ -177,6 +218,7 @@ func (m *Manager) handleREQ(r *REQ, src hca.GID) {
 	c.remoteGID = src
 	c.remoteQPN = r.LocalQPN
 	c.serviceID = r.ServiceID
+	c.pkey = r.PKey
 	c.pathMTU = r.PathMTU
 	c.retryCount = r.RetryCount
 	c.rnrRetry = r.RNRRetryCount
@@ -202,6 +244,8 @@ func (m *Manager) handleREQ(r *REQ, src hca.GID) {
 		RetryCount:   r.RetryCount,
 		SRQ:          r.SRQ,
 		MaxCMRetries: r.MaxCMRetries,
+		PKey:         r.PKey,
+		PKeyIndex:    pkeyIndex,
 		PrivateData:  copyBytes(r.PrivateData[:]),
 		Conn:         c,
 	}
@@ -252,7 +296,7 @@ func (m *Manager) duplicateREQ(c *Conn, r *REQ) {
 		if !m.mayAnswer(c) {
 			return
 		}
-		if err := m.sendMsg(&mra, c.remoteGID); err != nil {
+		if err := m.sendMsg(&mra, c.remoteGID, c.pkey); err != nil {
 			m.log.Debug("cm: send MRA", "conn", c, "err", err)
 		}
 	case StateTimeWait:
@@ -260,16 +304,22 @@ func (m *Manager) duplicateREQ(c *Conn, r *REQ) {
 	}
 }
 
-// rejectREQ answers a REQ that has no connection with REJ. m.mu must be
-// held.
+// rejectREQ answers a REQ that has no connection with REJ, in the
+// partition the REQ came in. m.mu must be held.
 func (m *Manager) rejectREQ(r *REQ, dst hca.GID, reason RejectReason) {
+	m.rejectREQInfo(r, dst, reason, nil)
+}
+
+// rejectREQInfo is rejectREQ with additional rejection information.
+func (m *Manager) rejectREQInfo(r *REQ, dst hca.GID, reason RejectReason, ari []byte) {
 	rej := REJ{
 		TransactionID:   r.TransactionID,
 		RemoteCommID:    r.LocalCommID,
 		MessageRejected: RespondsToREQ,
 		Reason:          reason,
 	}
-	if err := m.sendMsg(&rej, dst); err != nil {
+	rej.RejectInfoLength = uint8(copy(rej.ARI[:], ari))
+	if err := m.sendMsg(&rej, dst, m.rxPKey); err != nil {
 		m.log.Debug("cm: send REJ", "reason", reason, "err", err)
 	}
 }

@@ -18,7 +18,7 @@ func (m *Manager) sendREJ(c *Conn, reason RejectReason, rejected MsgResponse) {
 		MessageRejected: rejected,
 		Reason:          reason,
 	}
-	if err := m.sendMsg(&rej, c.remoteGID); err != nil {
+	if err := m.sendMsg(&rej, c.remoteGID, c.pkey); err != nil {
 		m.log.Debug("cm: send REJ", "conn", c, "reason", reason, "err", err)
 	}
 }
@@ -40,7 +40,7 @@ func (m *Manager) sendREJTimeout(c *Conn, rejected MsgResponse) {
 		Reason:           RejectTimeout,
 	}
 	binary.BigEndian.PutUint64(rej.ARI[:], m.caGUID)
-	if err := m.sendMsg(&rej, c.remoteGID); err != nil {
+	if err := m.sendMsg(&rej, c.remoteGID, c.pkey); err != nil {
 		m.log.Debug("cm: send REJ TIMEOUT", "conn", c, "err", err)
 	}
 }

@@ -15,12 +15,14 @@ func _() {
 	_ = x[REQBadTransport-4]
 	_ = x[REQHalfOpenPerGID-5]
 	_ = x[REQUnexpected-6]
-	_ = x[numREQOutcomes-7]
+	_ = x[REQBadPKey-7]
+	_ = x[REQWrongPartition-8]
+	_ = x[numREQOutcomes-9]
 }
 
-const _REQOutcome_name = "to_listenerduplicatestaleno_listenerbad_transporthalf_open_per_gid_limitunexpectednumREQOutcomes"
+const _REQOutcome_name = "to_listenerduplicatestaleno_listenerbad_transporthalf_open_per_gid_limitunexpectedbad_pkeywrong_partitionnumREQOutcomes"
 
-var _REQOutcome_index = [...]uint8{0, 11, 20, 25, 36, 49, 72, 82, 96}
+var _REQOutcome_index = [...]uint8{0, 11, 20, 25, 36, 49, 72, 82, 90, 105, 119}
 
 func (i REQOutcome) String() string {
 	idx := int(i) - 0

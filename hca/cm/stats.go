@@ -73,6 +73,12 @@ const (
 	// REQUnexpected: a new transaction for a comm ID in a state that
 	// cannot take it; dropped.
 	REQUnexpected // unexpected
+	// REQBadPKey: rejected INVALID_GID, the REQ's partition has no entry
+	// in the port's table that its P_Key matches (IBTA 10.9.3).
+	REQBadPKey // bad_pkey
+	// REQWrongPartition: rejected INVALID_SERVICE_ID, the service's
+	// listener serves another partition.
+	REQWrongPartition // wrong_partition
 	numREQOutcomes
 )
 

@@ -26,6 +26,17 @@ type Config struct {
 	// The device's own address is always allowed. Empty allows every
 	// source.
 	Allow []netip.Prefix
+	// Multicast sends UD multicast the RoCEv2 way: to the IP group
+	// GroupAddr maps the MGID to, joined through the kernel by
+	// AttachMcast on the interface holding Bind, so the network
+	// replicates (mcast.go). Peers and hosts heard from are then no
+	// replication targets. Off: head-end replication to Members.
+	Multicast bool
+	// Gossip spreads the replication set without multicast: members
+	// exchange their member lists (membership MADs, gossip.go), so a
+	// device knowing one peer comes to know every member and they it.
+	// Ignored with Multicast.
+	Gossip bool
 	// MaxMembers bounds the broadcast group: peers, self and hosts heard
 	// from. Beyond it hosts heard from are not added (counted
 	// member_refused), so a flood of spoofed sources cannot turn every

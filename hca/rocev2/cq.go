@@ -2,6 +2,7 @@ package rocev2
 
 import (
 	"fmt"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -210,6 +211,8 @@ func (s *srq) Destroy() error {
 // destination IP address.
 type ah struct {
 	dgid hca.GID
+	// group is where multicast sends to dgid go (Config.Multicast).
+	group netip.Addr
 }
 
 func (a *ah) DGID() hca.GID { return a.dgid }

@@ -7,7 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
-	"syscall"
+
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -50,13 +50,19 @@ type Device struct {
 	// mu guards every verbs object of the device. Work that must run
 	// outside it (socket writes, completion handlers, async events) is
 	// collected in work and run by unlock.
-	mu        sync.Mutex
-	closed    bool
-	qps       map[hca.QPN]*qp
-	nextQPN   hca.QPN
-	gsi       *qp
-	cqs       map[*cq]struct{}
-	members   []netip.Addr
+	mu      sync.Mutex
+	closed  bool
+	qps     map[hca.QPN]*qp
+	nextQPN hca.QPN
+	gsi     *qp
+	cqs     map[*cq]struct{}
+	members []netip.Addr
+	// ifi is the interface holding the bind address, where groups are
+	// joined (Config.Multicast); groups the IP groups joined.
+	ifi    *net.Interface
+	groups map[netip.Addr]*group
+	// gossip spreads the members (Config.Gossip); nil when off.
+	gossip    *gossip
 	memberSet map[netip.Addr]struct{}
 	portFns   map[int]func(hca.AsyncEvent)
 	nextFn    int
@@ -117,17 +123,31 @@ func New(cfg Config) (*Device, error) { return newDevice(cfg, hooks{}) }
 // hooks let tests observe the device without polling; all nil in
 // production.
 type hooks struct {
-	// afterRxBatch runs on the receive goroutine after each batch.
+	// afterRxBatch runs on the receive goroutine after each batch, and
+	// on a group's receive goroutine after each datagram.
 	afterRxBatch func()
+	// now replaces time.Now for the rate-limited warnings, so a test
+	// crosses a warning interval without waiting for it.
+	now func() time.Time
 }
 
 func newDevice(cfg Config, h hooks) (*Device, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
-	sock, err := openSocket(cfg.Bind, offloads{gso: !cfg.DisableGSO, gro: !cfg.DisableGRO})
+	sock, err := openSocket(cfg.Bind, offloads{gso: !cfg.DisableGSO, gro: !cfg.DisableGRO}, nil)
 	if err != nil {
-		return nil, err
+		return nil, err // a bind address that is not local says so here
+	}
+	var ifi *net.Interface
+	if cfg.Multicast {
+		if ifi, err = BindInterface(cfg.Bind.Addr()); err == nil {
+			err = sock.setMulticastSend(ifi)
+		}
+		if err != nil {
+			sock.Close()
+			return nil, err
+		}
 	}
 	tx := newSender(sock, txBatch)
 	tx.gso = sock.gso && !cfg.Faults.active()
@@ -139,7 +159,9 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 		local:     netip.AddrPortFrom(cfg.Bind.Addr(), sock.port),
 		sock:      sock,
 		tx:        tx,
-		srcPorts:  newSourcePorts(sock, cfg.Bind.Addr()),
+		srcPorts:  newSourcePorts(sock, cfg.Bind.Addr(), ifi),
+		ifi:       ifi,
+		groups:    make(map[netip.Addr]*group),
 		faults:    newFaultInjector(cfg.Faults),
 		maxPacket: wire.PacketLen(wire.OpUDSendOnly, int(cfg.MTU)),
 		qps:       make(map[hca.QPN]*qp),
@@ -161,6 +183,17 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 	d.wg.Add(2)
 	go d.rxLoop()
 	go d.timerLoop()
+	if cfg.Gossip && !cfg.Multicast {
+		now := time.Now()
+		d.mu.Lock()
+		d.gossip = newGossip(now)
+		for _, p := range cfg.Peers {
+			d.askHost(p.Unmap(), now)
+		}
+		d.unlock()
+		d.wg.Add(1)
+		go d.gossipLoop()
+	}
 	return d, nil
 }
 
@@ -176,7 +209,8 @@ func (d *Device) LocalAddr() netip.AddrPort { return d.local }
 
 // Port implements hca.Device. The link is always up.
 func (d *Device) Port() hca.Port {
-	return hca.Port{GID: d.gid, PKeys: append([]hca.PKey(nil), d.cfg.PKeys...), ActiveMTU: d.cfg.MTU, Active: true}
+	return hca.Port{GID: d.gid, PKeys: append([]hca.PKey(nil), d.cfg.PKeys...), ActiveMTU: d.cfg.MTU, Active: true,
+		PKeyViolations: d.ctr.drops[wire.DropBadPKey].Load()}
 }
 
 // Limits implements hca.Device.
@@ -281,7 +315,11 @@ func (d *Device) CreateAH(dgid hca.GID) (hca.AH, error) {
 	if !dgid.IsMulticast() && dgid.Addr().Is4() != d.local.Addr().Is4() {
 		return nil, fmt.Errorf("rocev2: AH to %v from %v: %w", dgid, d.local.Addr(), hca.ErrInvalidArgument)
 	}
-	return &ah{dgid: dgid}, nil
+	a := &ah{dgid: dgid}
+	if d.cfg.Multicast {
+		a.group, _ = GroupAddr(dgid, d.local.Addr().Is4())
+	}
+	return a, nil
 }
 
 // OnPortEvent implements hca.Device. The UDP port never goes down, so no
@@ -318,6 +356,7 @@ func (d *Device) Close() error {
 		c.dropHeld()
 	}
 	d.srcPorts.closeAll(&d.ctr)
+	gerr := d.closeGroups()
 	d.mu.Unlock()
 	close(d.done)
 	if n, ok := d.sock.drops(); ok {
@@ -326,9 +365,9 @@ func (d *Device) Close() error {
 	err := d.sock.Close()
 	d.wg.Wait()
 	if err != nil {
-		return fmt.Errorf("rocev2: close socket: %w", err)
+		return errors.Join(fmt.Errorf("rocev2: close socket: %w", err), gerr)
 	}
-	return nil
+	return gerr
 }
 
 // addMember adds a multicast replication target; called with mu held or
@@ -483,16 +522,16 @@ func (d *Device) stage(buf []byte, to netip.Addr, src *udpSocket) {
 	}
 }
 
-// flushTx writes the staged batch; txMu held.
+// flushTx writes the staged batch and warns, rate-limited, of the
+// datagrams the kernel refused; txMu held.
 func (d *Device) flushTx() {
-	err := d.tx.flush(&d.ctr)
-	switch {
-	case err == nil || errors.Is(err, net.ErrClosed):
-	case errors.Is(err, syscall.EMSGSIZE):
-		d.warnTooBig.warn(d.cfg.Logger, time.Now(), "rocev2: datagram larger than the route to the peer carries (EMSGSIZE), dropped: lower --ib-mtu or raise the underlay MTU",
-			"dev", d.cfg.Name, "ib_mtu", int(d.cfg.MTU), "err", err)
-	default:
-		d.warnTx.warn(d.cfg.Logger, time.Now(), "rocev2: transmit failed", "dev", d.cfg.Name, "err", err)
+	f := d.tx.flush(&d.ctr)
+	if f.tooBig > 0 {
+		d.warnTooBig.warn(d.cfg.Logger, d.now(), f.tooBig, "rocev2: datagram larger than the route to the peer carries (EMSGSIZE), dropped: lower --ib-mtu or raise the underlay MTU",
+			"dev", d.cfg.Name, "ib_mtu", int(d.cfg.MTU), "err", f.tooBigErr)
+	}
+	if f.other > 0 && !errors.Is(f.otherErr, net.ErrClosed) {
+		d.warnTx.warn(d.cfg.Logger, d.now(), f.other, "rocev2: transmit failed", "dev", d.cfg.Name, "err", f.otherErr)
 	}
 }
 

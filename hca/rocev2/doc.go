@@ -10,14 +10,23 @@
 // go-back-N retransmission on the transport timer, one PSN sequence NAK
 // per gap, re-ACK of duplicates, and RNR NAKs with the IBTA timer table.
 //
-// UD multicast uses head-end replication (docs/wire.md §6):
-// a send to an MGID becomes one unicast copy with DestQP 0xFFFFFF to every
-// known member: the configured peers, every address heard from, and the
-// device itself. The MGID is not in a RoCEv2 packet sent to a unicast IP
-// address, so a receiver cannot tell groups apart: it delivers a
-// multicast packet to every local QP attached to any group whose Q_Key
-// matches the DETH Q_Key. IPoIB puts all its groups on one Q_Key and
-// filters by IP destination above, so this limitation is invisible to it.
+// UD multicast (docs/wire.md §6) goes one of two ways. With
+// Config.Multicast it is RoCEv2 multicast as rxe sends it (mcast.go): a
+// send to an MGID goes to the IP group GroupAddr maps it to (the MGID
+// itself over IPv6, 239.x.y.z over IPv4), with DestQP 0xFFFFFF, and the
+// network replicates it; AttachMcast joins the group through the kernel
+// (IGMP/MLD) on the interface of the bind address, one socket bound to
+// the group per joined group, and DetachMcast of the last attachment
+// leaves it. A datagram to a group goes to every QP attached to an MGID
+// of that group (the sender's own through IP_MULTICAST_LOOP), never to
+// another. Without it, head-end replication: a send becomes one unicast
+// copy with DestQP 0xFFFFFF to every known member (the configured peers,
+// every address heard from, the device itself, and with Config.Gossip
+// the members other members know: gossip.go). The MGID is not in a
+// packet sent to a unicast address, so such a receiver delivers it to
+// every local QP attached to any group whose Q_Key matches the DETH
+// Q_Key; IPoIB puts all its groups on one Q_Key and filters by IP
+// destination above, so this is invisible to it.
 //
 // Socket I/O is batch-shaped and allocation-free: recvmmsg and sendmmsg
 // are called directly on the runtime's non-blocking descriptor (through

@@ -362,6 +362,12 @@ func (q *qp) AttachMcast(mgid hca.GID) error {
 	if q.typ != hca.QPTypeUD || !mgid.IsMulticast() {
 		return fmt.Errorf("rocev2: attach %v QP to %v: %w", q.typ, mgid, hca.ErrInvalidArgument)
 	}
+	if _, ok := q.mcast[mgid]; ok {
+		return nil
+	}
+	if err := d.attachGroup(q, mgid); err != nil {
+		return err
+	}
 	if q.mcast == nil {
 		q.mcast = make(map[hca.GID]struct{})
 	}
@@ -380,7 +386,7 @@ func (q *qp) DetachMcast(mgid hca.GID) error {
 		return fmt.Errorf("rocev2: QP %#x not attached to %v: %w", q.qpn, mgid, hca.ErrInvalidArgument)
 	}
 	delete(q.mcast, mgid)
-	return nil
+	return d.detachGroup(q, mgid)
 }
 
 // Destroy releases the QP without generating completions (as rxe);

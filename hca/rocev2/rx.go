@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
@@ -90,7 +89,7 @@ func (d *Device) rxLoop() {
 // device's IB MTU allows: the peer runs a larger --ib-mtu, and everything
 // it sends in full-size packets is lost here.
 func (d *Device) warnOversize(from netip.AddrPort, n int) {
-	d.warnRxTooBig.warn(d.cfg.Logger, time.Now(), "rocev2: datagram larger than our IB MTU, dropped: the peer uses a larger --ib-mtu",
+	d.warnRxTooBig.warn(d.cfg.Logger, d.now(), 1, "rocev2: datagram larger than our IB MTU, dropped: the peer uses a larger --ib-mtu",
 		"dev", d.cfg.Name, "from", from, "bytes", n, "max", d.maxPacket, "ib_mtu", int(d.cfg.MTU))
 }
 
@@ -124,35 +123,8 @@ func (d *Device) receiveMessage(b []byte, from netip.AddrPort, seg int, p *wire.
 
 // receive validates one datagram and hands it to its QP. mu held.
 func (d *Device) receive(b []byte, from netip.AddrPort, p *wire.Packet) {
-	if err := wire.ParsePacket(b, p); err != nil {
-		d.ctr.drop(wire.ReasonOf(err))
+	if !d.accept(b, from, d.local.Addr(), p) {
 		return
-	}
-	var hdr [wire.IPv6HeaderLen + wire.UDPHeaderLen]byte
-	udpLen := wire.UDPHeaderLen + len(b)
-	if from.Addr().Is4() != d.local.Addr().Is4() {
-		d.ctr.drop(wire.DropGarbage)
-		return
-	}
-	n := wire.PutIPHeader(hdr[:], from.Addr(), d.local.Addr(), udpLen)
-	wire.PutUDPHeader(hdr[n:], from.Port(), d.local.Port(), udpLen)
-	// The sender's IPv4 ID is not visible here: accept the IDs a GSO
-	// sender gives its segments (0 for a plain send).
-	if _, err := wire.CheckICRCGSO(hdr[:n], hdr[n:n+wire.UDPHeaderLen], b, &d.rxShifts); err != nil {
-		d.ctr.drop(wire.ReasonOf(err))
-		return
-	}
-	if d.cfg.Tap != nil {
-		d.cfg.Tap.Datagram(from, d.local, b)
-	}
-	if !d.pkeyInTable(hca.PKey(p.BTH.PKey)) {
-		d.ctr.drop(wire.DropBadPKey)
-		return
-	}
-	if sp := from.Port(); sp == d.local.Port() || sp >= wire.SourcePortMin {
-		// A peer's QPs send from the fabric port or from per-QP ports
-		// in the RoCEv2 entropy range.
-		d.addMember(from.Addr())
 	}
 	switch op := p.BTH.Opcode; {
 	case op == wire.OpUDSendOnly:
@@ -177,11 +149,47 @@ func (d *Device) receive(b []byte, from netip.AddrPort, p *wire.Packet) {
 	}
 }
 
-func (d *Device) pkeyInTable(k hca.PKey) bool {
-	for _, e := range d.cfg.PKeys {
-		if k.Matches(e) {
-			return true
-		}
+// accept parses a datagram sent from from to dst (this device's address
+// or a group it joined), checks its ICRC, P_Key and family, shows it to
+// the tap and learns its sender; false if it was dropped (counted). mu
+// held.
+func (d *Device) accept(b []byte, from netip.AddrPort, dst netip.Addr, p *wire.Packet) bool {
+	if err := wire.ParsePacket(b, p); err != nil {
+		d.ctr.drop(wire.ReasonOf(err))
+		return false
 	}
-	return false
+	var hdr [wire.IPv6HeaderLen + wire.UDPHeaderLen]byte
+	udpLen := wire.UDPHeaderLen + len(b)
+	if from.Addr().Is4() != d.local.Addr().Is4() {
+		d.ctr.drop(wire.DropGarbage)
+		return false
+	}
+	n := wire.PutIPHeader(hdr[:], from.Addr(), dst, udpLen)
+	wire.PutUDPHeader(hdr[n:], from.Port(), d.local.Port(), udpLen)
+	// The sender's IPv4 ID is not visible here: accept the IDs a GSO
+	// sender gives its segments (0 for a plain send).
+	if _, err := wire.CheckICRCGSO(hdr[:n], hdr[n:n+wire.UDPHeaderLen], b, &d.rxShifts); err != nil {
+		d.ctr.drop(wire.ReasonOf(err))
+		return false
+	}
+	if d.cfg.Tap != nil {
+		d.cfg.Tap.Datagram(from, netip.AddrPortFrom(dst, d.local.Port()), b)
+	}
+	if _, ok := hca.MatchingPKeyIndex(d.cfg.PKeys, hca.PKey(p.BTH.PKey)); !ok {
+		// No partition of ours (IBTA 10.9.3), before the sender may
+		// join the broadcast group: a host of another partition stays
+		// out of it.
+		if p.BTH.Opcode == wire.OpUDSendOnly {
+			d.ctr.dropUD(wire.DropBadPKey)
+		} else {
+			d.ctr.drop(wire.DropBadPKey)
+		}
+		return false
+	}
+	if sp := from.Port(); sp == d.local.Port() || sp >= wire.SourcePortMin {
+		// A peer's QPs send from the fabric port or from per-QP ports
+		// in the RoCEv2 entropy range.
+		d.addMember(from.Addr())
+	}
+	return true
 }

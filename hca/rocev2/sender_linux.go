@@ -148,18 +148,43 @@ func (w *sender) sendmmsg(fd uintptr) bool {
 	return true
 }
 
+// txFailures are the datagrams one flush could not send: refused as
+// larger than the route carries (EMSGSIZE) and refused otherwise, with the
+// first error of each kind for the log.
+type txFailures struct {
+	tooBig, other       uint64
+	tooBigErr, otherErr error
+}
+
+// add counts n datagrams refused with err.
+func (f *txFailures) add(n int, err error, ctr *counters) {
+	ctr.txErrors.Add(uint64(n))
+	if errors.Is(err, unix.EMSGSIZE) {
+		ctr.txTooBig.Add(uint64(n))
+		f.tooBig += uint64(n)
+		if f.tooBigErr == nil {
+			f.tooBigErr = err
+		}
+		return
+	}
+	f.other += uint64(n)
+	if f.otherErr == nil {
+		f.otherErr = err
+	}
+}
+
 // flush sends every staged datagram, waiting for socket space as needed,
 // and counts them in ctr. A message the kernel refuses (EMSGSIZE, a route
-// error) is skipped and its datagrams counted as transmit errors; the
-// first such error is returned for logging. A GSO message refused with
-// EIO (no checksum offload on the route) turns GSO off for good. A socket
-// that went away (its QPs were destroyed, or the device closed) fails its
-// run of messages, counted as transmit errors, and the error wraps
+// error) is skipped and its datagrams counted as transmit errors, those
+// refused as too big also as TxTooBig. A GSO message refused with EIO (no
+// checksum offload on the route) turns GSO off for good. A socket that
+// went away (its QPs were destroyed, or the device closed) fails its run
+// of messages, counted as transmit errors, with an error wrapping
 // net.ErrClosed.
-func (w *sender) flush(ctr *counters) error {
+func (w *sender) flush(ctr *counters) txFailures {
 	defer w.reset()
 	w.build()
-	var first error
+	var f txFailures
 	for w.off < w.msgs {
 		src := w.msgSrc[w.off]
 		if w.end <= w.off {
@@ -167,11 +192,8 @@ func (w *sender) flush(ctr *counters) error {
 			}
 		}
 		if err := src.raw.Write(w.writeFn); err != nil {
-			ctr.txErrors.Add(uint64(w.msgFirst[w.end] - w.msgFirst[w.off]))
+			f.add(w.msgFirst[w.end]-w.msgFirst[w.off], fmt.Errorf("rocev2: sendmmsg: %w", err), ctr)
 			w.off = w.end
-			if first == nil {
-				first = fmt.Errorf("rocev2: sendmmsg: %w", err)
-			}
 			continue
 		}
 		ctr.txBatches.Add(1)
@@ -180,18 +202,16 @@ func (w *sender) flush(ctr *counters) error {
 		}
 		w.off += w.batch.n
 		if err := w.batch.err; err != nil {
-			ctr.txErrors.Add(uint64(w.msgFirst[w.off+1] - w.msgFirst[w.off]))
-			gso := w.msgFirst[w.off+1]-w.msgFirst[w.off] > 1
+			n := w.msgFirst[w.off+1] - w.msgFirst[w.off]
+			gso := n > 1
 			if gso && errors.Is(err, unix.EIO) {
 				w.gso = false
 			}
-			if first == nil {
-				first = fmt.Errorf("rocev2: sendmmsg (GSO %v): %w", gso, err)
-			}
+			f.add(n, fmt.Errorf("rocev2: sendmmsg (GSO %v): %w", gso, err), ctr)
 			w.off++
 		}
 	}
-	return first
+	return f
 }
 
 // count adds message m's datagrams to the transmit counters.

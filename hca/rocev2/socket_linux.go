@@ -40,7 +40,10 @@ type offloads struct {
 // kernel sends IPv4 ID 0 with DF set and the ICRC computed before sendmmsg
 // matches the wire. GSO and GRO are turned on where asked for and the
 // kernel has them; their absence is not an error.
-func openSocket(bind netip.AddrPort, want offloads) (*udpSocket, error) {
+//
+// With mcast set, multicast sends leave through that interface
+// (setMulticastSend).
+func openSocket(bind netip.AddrPort, want offloads, mcast *net.Interface) (*udpSocket, error) {
 	network := "udp4"
 	if !bind.Addr().Is4() {
 		network = "udp6"
@@ -64,6 +67,11 @@ func openSocket(bind netip.AddrPort, want offloads) (*udpSocket, error) {
 		}
 		if sockErr != nil {
 			return
+		}
+		if mcast != nil {
+			if sockErr = setMulticastSend(int(fd), network == "udp6", mcast.Index); sockErr != nil {
+				return
+			}
 		}
 		// FORCE variants need CAP_NET_ADMIN; the plain ones are capped by
 		// rmem_max/wmem_max, which is still better than the default.

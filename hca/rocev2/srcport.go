@@ -1,6 +1,7 @@
 package rocev2
 
 import (
+	"net"
 	"net/netip"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -24,7 +25,8 @@ const maxSourcePorts = 256
 type sourcePorts struct {
 	bind  netip.Addr
 	gso   bool
-	main  *udpSocket // the fabric port's socket, also the fallback
+	mcast *net.Interface // multicast sends leave here (nil: no multicast)
+	main  *udpSocket     // the fabric port's socket, also the fallback
 	socks map[uint16]*sourceSocket
 }
 
@@ -33,8 +35,8 @@ type sourceSocket struct {
 	refs int
 }
 
-func newSourcePorts(main *udpSocket, bind netip.Addr) *sourcePorts {
-	return &sourcePorts{bind: bind, gso: main.gso, main: main, socks: make(map[uint16]*sourceSocket)}
+func newSourcePorts(main *udpSocket, bind netip.Addr, mcast *net.Interface) *sourcePorts {
+	return &sourcePorts{bind: bind, gso: main.gso, mcast: mcast, main: main, socks: make(map[uint16]*sourceSocket)}
 }
 
 // acquire returns the socket that sends from port, opening it on first
@@ -53,7 +55,7 @@ func (p *sourcePorts) acquire(port uint16, ctr *counters) *udpSocket {
 		ctr.sourcePortFallbacks.Add(1)
 		return p.main
 	}
-	s, err := openSocket(netip.AddrPortFrom(p.bind, port), offloads{gso: p.gso})
+	s, err := openSocket(netip.AddrPortFrom(p.bind, port), offloads{gso: p.gso}, p.mcast)
 	if err != nil {
 		ctr.sourcePortFallbacks.Add(1)
 		return p.main

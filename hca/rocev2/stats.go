@@ -15,8 +15,11 @@ type Stats struct {
 	RxBytes   uint64 `json:"rx_bytes"`
 	TxPackets uint64 `json:"tx_packets"`
 	TxBytes   uint64 `json:"tx_bytes"`
-	// TxErrors counts datagrams the socket refused.
+	// TxErrors counts datagrams the socket refused; TxTooBig those of
+	// them refused as larger than the route toward the peer carries
+	// (EMSGSIZE: the underlay MTU is below --ib-mtu plus the headers).
 	TxErrors uint64 `json:"tx_errors"`
+	TxTooBig uint64 `json:"tx_too_big"`
 	// TxBatches and RxBatches count sendmmsg and recvmmsg calls that
 	// moved datagrams: the data path's syscalls.
 	TxBatches uint64 `json:"tx_batches"`
@@ -48,6 +51,23 @@ type Stats struct {
 	// MemberRefused counts hosts heard from that were not added to the
 	// broadcast group because it had Config.MaxMembers members.
 	MemberRefused uint64 `json:"member_refused"`
+	// McastJoins and McastLeaves count IP multicast groups joined and
+	// left through the kernel (Config.Multicast); McastDelivered counts
+	// copies of group datagrams delivered to attached QPs (one datagram,
+	// one copy per attached QP). A group datagram no attached QP took is
+	// dropped as not_attached.
+	McastJoins     uint64 `json:"mcast_joins"`
+	McastLeaves    uint64 `json:"mcast_leaves"`
+	McastDelivered uint64 `json:"mcast_delivered"`
+	// Gossip (Config.Gossip): GossipRequests counts member-list Gets
+	// sent, GossipReplies the GetResps that answered Gets received (one
+	// each), GossipLearned members learned from lists, GossipDropped
+	// membership MADs dropped (malformed, unsolicited or stale answers,
+	// and Gets not queued because the queue was full).
+	GossipRequests uint64 `json:"gossip_requests"`
+	GossipReplies  uint64 `json:"gossip_replies"`
+	GossipLearned  uint64 `json:"gossip_learned"`
+	GossipDropped  uint64 `json:"gossip_dropped"`
 	// SocketDrops is the kernel's count of datagrams dropped because the
 	// socket's receive buffer was full (SO_MEMINFO's sk_drops): lost
 	// before the device could see or count them.
@@ -119,6 +139,7 @@ func (s Stats) TotalDropped() uint64 {
 // counters are the live, atomically updated form of Stats.
 type counters struct {
 	rxPackets, rxBytes, txPackets, txBytes, txErrors atomic.Uint64
+	txTooBig                                         atomic.Uint64
 	txBatches, rxBatches                             atomic.Uint64
 	txGSOMessages, rxGROMessages                     atomic.Uint64
 	drops                                            [wire.NumDropReasons]atomic.Uint64
@@ -133,6 +154,9 @@ type counters struct {
 	rcMessages, udMessages                           atomic.Uint64
 	sourcePorts, sourcePortFallbacks                 atomic.Uint64
 	memberRefused, socketDrops                       atomic.Uint64
+	mcastJoins, mcastLeaves, mcastDelivered          atomic.Uint64
+	gossipRequests, gossipReplies                    atomic.Uint64
+	gossipLearned, gossipDropped                     atomic.Uint64
 }
 
 func (c *counters) drop(r wire.DropReason) { c.drops[r].Add(1) }
@@ -146,7 +170,7 @@ func (c *counters) dropUD(r wire.DropReason) {
 func (c *counters) snapshot() Stats {
 	s := Stats{
 		RxPackets: c.rxPackets.Load(), RxBytes: c.rxBytes.Load(),
-		TxPackets: c.txPackets.Load(), TxBytes: c.txBytes.Load(), TxErrors: c.txErrors.Load(),
+		TxPackets: c.txPackets.Load(), TxBytes: c.txBytes.Load(), TxErrors: c.txErrors.Load(), TxTooBig: c.txTooBig.Load(),
 		TxBatches: c.txBatches.Load(), RxBatches: c.rxBatches.Load(),
 		TxGSOMessages: c.txGSOMessages.Load(), RxGROMessages: c.rxGROMessages.Load(),
 		Retransmits: c.retransmits.Load(), Timeouts: c.timeouts.Load(), AcksSent: c.acksSent.Load(),
@@ -160,6 +184,9 @@ func (c *counters) snapshot() Stats {
 		RCMessages: c.rcMessages.Load(), UDMessages: c.udMessages.Load(),
 		SourcePorts: c.sourcePorts.Load(), SourcePortFallbacks: c.sourcePortFallbacks.Load(),
 		MemberRefused: c.memberRefused.Load(),
+		McastJoins:    c.mcastJoins.Load(), McastLeaves: c.mcastLeaves.Load(), McastDelivered: c.mcastDelivered.Load(),
+		GossipRequests: c.gossipRequests.Load(), GossipReplies: c.gossipReplies.Load(),
+		GossipLearned: c.gossipLearned.Load(), GossipDropped: c.gossipDropped.Load(),
 	}
 	for i := range c.drops {
 		s.Drops[i] = c.drops[i].Load()

@@ -40,17 +40,32 @@ func (q *qp) postSendUD(wrs []hca.SendWR) (int, error) {
 		if qkey&qkeyUseOwn != 0 {
 			qkey = q.qkey
 		}
+		pkey := q.pkey
+		if q.typ == hca.QPTypeGSI {
+			// QP 1 serves every partition: each MAD names its P_Key
+			// index (ib_ud_wr.pkey_index).
+			if wr.PKeyIndex < 0 || wr.PKeyIndex >= len(d.cfg.PKeys) {
+				return i, fmt.Errorf("rocev2: send WR %d: P_Key index %d of %d: %w", wr.ID, wr.PKeyIndex, len(d.cfg.PKeys), hca.ErrInvalidArgument)
+			}
+			pkey = d.cfg.PKeys[wr.PKeyIndex]
+		}
 		spec := wire.PacketSpec{
-			BTH:  wire.BTH{Opcode: wire.OpUDSendOnly, PKey: uint16(q.pkey), DestQP: uint32(wr.RemoteQPN & hca.QPNMask), PSN: q.udPSN},
+			BTH:  wire.BTH{Opcode: wire.OpUDSendOnly, PKey: uint16(pkey), DestQP: uint32(wr.RemoteQPN & hca.QPNMask), PSN: q.udPSN},
 			DETH: wire.DETH{QKey: uint32(qkey), SrcQP: uint32(q.qpn)},
 		}
 		unicast := [1]netip.Addr{a.dgid.Addr()}
 		to := unicast[:]
 		if wr.RemoteQPN == hca.QPNMulticast && a.dgid.IsMulticast() {
-			// Head-end replication: one unicast copy per member, self
-			// included, so local QPs attached to the group get theirs
-			// through the same receive path.
-			to = d.members
+			if d.cfg.Multicast {
+				// The network replicates; IP_MULTICAST_LOOP brings the
+				// copy for this host's attached QPs.
+				unicast[0] = a.group
+			} else {
+				// Head-end replication: one unicast copy per member,
+				// self included, so local QPs attached to the group get
+				// theirs through the same receive path.
+				to = d.members
+			}
 		}
 		if wr.MSS > 0 {
 			if err := q.sendLSO(&spec, wr, &lso, to); err != nil {
@@ -96,18 +111,30 @@ func (d *Device) recvUD(p *wire.Packet, from netip.Addr) {
 		d.ctr.dropUD(wire.DropBadLength)
 		return
 	}
+	if hca.QPN(p.BTH.DestQP) == hca.QPNGSI && d.gossip != nil && wire.IsMemberMAD(p.Payload) {
+		d.receiveMemberMAD(p, from)
+		return
+	}
 	info := udInfo{srcQPN: hca.QPN(p.DETH.SrcQP), srcGID: hca.GIDFromAddr(from), pkey: hca.PKey(p.BTH.PKey)}
 	if hca.QPN(p.BTH.DestQP) == hca.QPNMulticast {
-		delivered := false
+		delivered, otherPartition := false, false
 		for _, q := range d.qps {
-			if len(q.mcast) == 0 || uint32(q.qkey) != p.DETH.QKey || q.state < hca.QPStateRTR || q.state == hca.QPStateError ||
-				!info.pkey.Matches(q.pkey) {
+			if len(q.mcast) == 0 || uint32(q.qkey) != p.DETH.QKey || q.state < hca.QPStateRTR || q.state == hca.QPStateError {
+				continue
+			}
+			if !info.pkey.Matches(q.pkey) {
+				otherPartition = true
 				continue
 			}
 			delivered = true
 			q.deliverUD(p, &info)
 		}
-		if !delivered {
+		switch {
+		case delivered:
+		case otherPartition:
+			// The port is in the partition but no member QP is.
+			d.ctr.dropUD(wire.DropBadPKey)
+		default:
 			d.ctr.dropUD(wire.DropUnknownQP)
 		}
 		return

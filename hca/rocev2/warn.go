@@ -14,22 +14,33 @@ import (
 const warnEvery = 10 * time.Second
 
 // rateLimitedWarn lets one warning through per warnEvery and counts the
-// ones it held back; the next warning reports that count.
+// datagrams of the ones it held back; the next warning reports that
+// count, so the log accounts for every datagram the counters hold.
 type rateLimitedWarn struct {
 	mu   sync.Mutex
 	last time.Time
 	held uint64
 }
 
-func (w *rateLimitedWarn) warn(log *slog.Logger, now time.Time, msg string, args ...any) {
+// warn reports n datagrams lost for the reason msg names, or holds them
+// back when a warning of this kind went out less than warnEvery ago.
+func (w *rateLimitedWarn) warn(log *slog.Logger, now time.Time, n uint64, msg string, args ...any) {
 	w.mu.Lock()
 	if !w.last.IsZero() && now.Sub(w.last) < warnEvery {
-		w.held++
+		w.held += n
 		w.mu.Unlock()
 		return
 	}
 	held := w.held
 	w.last, w.held = now, 0
 	w.mu.Unlock()
-	log.Warn(msg, append(args, "suppressed_since_last", held)...)
+	log.Warn(msg, append(args, "datagrams", n, "suppressed_since_last", held)...)
+}
+
+// now is the clock of the device's warnings.
+func (d *Device) now() time.Time {
+	if d.hooks.now != nil {
+		return d.hooks.now()
+	}
+	return time.Now()
 }

@@ -13,10 +13,12 @@ import (
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
 )
 
-// warnRecorder is a slog handler that keeps the messages of warnings.
+// warnRecorder is a slog handler that keeps the messages of warnings
+// and their attributes.
 type warnRecorder struct {
-	mu   sync.Mutex
-	msgs []string
+	mu    sync.Mutex
+	msgs  []string
+	attrs []map[string]string
 }
 
 func (r *warnRecorder) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
@@ -24,7 +26,27 @@ func (r *warnRecorder) Handle(_ context.Context, rec slog.Record) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.msgs = append(r.msgs, rec.Message)
+	a := make(map[string]string)
+	rec.Attrs(func(at slog.Attr) bool {
+		a[at.Key] = at.Value.String()
+		return true
+	})
+	r.attrs = append(r.attrs, a)
 	return nil
+}
+
+// withMsg returns the attributes of the warnings whose message contains
+// substr, in order.
+func (r *warnRecorder) withMsg(substr string) []map[string]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []map[string]string
+	for k, m := range r.msgs {
+		if strings.Contains(m, substr) {
+			out = append(out, r.attrs[k])
+		}
+	}
+	return out
 }
 func (r *warnRecorder) WithAttrs([]slog.Attr) slog.Handler { return r }
 func (r *warnRecorder) WithGroup(string) slog.Handler      { return r }
@@ -69,13 +91,13 @@ func TestRateLimitedWarnCountsHeldBack(t *testing.T) {
 	var w rateLimitedWarn
 	t0 := time.Unix(1000, 0)
 	for i := range 5 {
-		w.warn(log, t0.Add(time.Duration(i)*time.Second), "black hole")
+		w.warn(log, t0.Add(time.Duration(i)*time.Second), 3, "black hole")
 	}
-	if rec.count("black hole") != 1 || w.held != 4 {
-		t.Fatalf("%d warnings, %d held; want 1 and 4", rec.count("black hole"), w.held)
+	if rec.count("black hole") != 1 || w.held != 12 {
+		t.Fatalf("%d warnings, %d datagrams held; want 1 and 12", rec.count("black hole"), w.held)
 	}
-	w.warn(log, t0.Add(warnEvery), "black hole")
-	if rec.count("black hole") != 2 || w.held != 0 {
-		t.Fatalf("after the interval: %d warnings, %d held; want 2 and 0", rec.count("black hole"), w.held)
+	w.warn(log, t0.Add(warnEvery), 1, "black hole")
+	if ws := rec.withMsg("black hole"); len(ws) != 2 || w.held != 0 || ws[1]["suppressed_since_last"] != "12" {
+		t.Fatalf("after the interval: %v, %d held; want 2 warnings, the second with suppressed_since_last=12", ws, w.held)
 	}
 }

@@ -51,6 +51,13 @@ func (s *suiteFabric) NewDeviceWithPKeys(t *testing.T, pkeys []hca.PKey) hca.Dev
 	return d
 }
 
+func (s *suiteFabric) SetPKeyTable(t *testing.T, dev hca.Device, table []hca.PKey) {
+	t.Helper()
+	if err := dev.(*Device).SetPKeyTable(table); err != nil {
+		t.Fatalf("set P_Key table: %v", err)
+	}
+}
+
 func (s *suiteFabric) SetLinkUp(t *testing.T, dev hca.Device, up bool) { dev.(*Device).SetLinkUp(up) }
 
 // fastTimers scales the IBTA timers down so retry paths take microseconds.

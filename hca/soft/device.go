@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"sync/atomic"
 
 	"github.com/ipoibcm/ipoib/hca"
 )
@@ -29,6 +30,9 @@ type Device struct {
 	name string
 	gid  hca.GID
 
+	// pkeyViolations counts packets this port dropped for their P_Key.
+	pkeyViolations atomic.Uint64
+
 	// All fields below are guarded by f.mu.
 	pkeys    []hca.PKey
 	linkUp   bool
@@ -42,6 +46,7 @@ type Device struct {
 	ahs      map[*ah]struct{}
 	handlers map[uint64]func(hca.AsyncEvent)
 	nextH    uint64
+	mcast    deviceMcast
 }
 
 var _ hca.Device = (*Device)(nil)
@@ -77,6 +82,8 @@ func (d *Device) Port() hca.Port {
 		PKeys:     slices.Clone(d.pkeys),
 		ActiveMTU: d.f.cfg.MTU,
 		Active:    d.linkUp,
+
+		PKeyViolations: d.pkeyViolations.Load(),
 	}
 }
 
@@ -89,15 +96,26 @@ func (d *Device) Limits() hca.Limits {
 		Offloads: d.f.offloads()}
 }
 
-// SetPKeyTable replaces the port's P_Key table (index 0 first). QPs keep
-// the index they were given at Init and see the new value at that index.
+// SetPKeyTable replaces the port's P_Key table (index 0 first), as the
+// subnet manager does, and raises EventPortPKeyChange. QPs keep the index
+// they were given at Init and see the new value at that index.
 func (d *Device) SetPKeyTable(table []hca.PKey) error {
 	if len(table) == 0 {
 		return fmt.Errorf("soft: %s: empty P_Key table: %w", d.name, hca.ErrInvalidArgument)
 	}
-	d.f.mu.Lock()
-	defer d.f.mu.Unlock()
+	f := d.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if slices.Equal(d.pkeys, table) {
+		return nil
+	}
 	d.pkeys = slices.Clone(table)
+	if d.closed {
+		return nil
+	}
+	for _, id := range sortedKeys(d.handlers) {
+		f.event(d.handlers[id], hca.AsyncEvent{Type: hca.EventPortPKeyChange})
+	}
 	return nil
 }
 
@@ -138,7 +156,7 @@ func sortedKeys[V any](m map[uint64]V) []uint64 {
 	return keys
 }
 
-// OnPortEvent registers fn for PORT_ACTIVE / PORT_ERR.
+// OnPortEvent registers fn for PORT_ACTIVE / PORT_ERR / PKEY_CHANGE.
 func (d *Device) OnPortEvent(fn func(hca.AsyncEvent)) (cancel func()) {
 	d.f.mu.Lock()
 	defer d.f.mu.Unlock()

@@ -142,6 +142,17 @@ func (q *qp) QPN() hca.QPN     { return q.qpn }
 func (q *qp) Type() hca.QPType { return q.typ }
 func (q *qp) String() string   { return fmt.Sprintf("%s QP %#x on %s", q.typ, q.qpn, q.dev.name) }
 func (q *qp) pkey() hca.PKey   { return q.dev.pkeyAt(q.pkeyIndex) }
+
+// acceptsPKey is the receive-side partition check (IBTA 10.9.3): the GSI
+// QP takes every P_Key the port's table matches, any other QP only those
+// matching its own P_Key. Under f.mu.
+func (q *qp) acceptsPKey(k hca.PKey) bool {
+	if q.typ != hca.QPTypeGSI {
+		return k.Matches(q.pkey())
+	}
+	_, ok := hca.MatchingPKeyIndex(q.dev.pkeys, k)
+	return ok
+}
 func (q *qp) recvQueue() *recvQueue {
 	if q.srq != nil {
 		return &q.srq.rq

@@ -85,7 +85,14 @@ func (f *Fabric) deliverRC(s *qp, wr *hca.SendWR) (rcResult, *qp) {
 	r := f.peerOf(s)
 	if r == nil || r.destroyed.Load() || !s.dev.linkUp || !r.dev.linkUp || r.typ != hca.QPTypeRC ||
 		(r.state != hca.QPStateRTR && r.state != hca.QPStateRTS) ||
-		r.destQPN != s.qpn || r.destGID != s.dev.gid || !s.pkey().Matches(r.pkey()) {
+		r.destQPN != s.qpn || r.destGID != s.dev.gid {
+		return rcUnreachable, r
+	}
+	if !r.acceptsPKey(s.pkey()) {
+		// The responder drops the packet unanswered; the requester
+		// retries it until its retry count is spent, every copy one
+		// more violation at the responder's port.
+		r.dev.pkeyViolations.Add(1)
 		return rcUnreachable, r
 	}
 	if f.chance(f.faults.RNR) {

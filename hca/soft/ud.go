@@ -16,6 +16,9 @@ type udSend struct {
 	segments int
 	// flags go on every receive completion of the send.
 	flags hca.WCFlags
+	// mgid is the group of a multicast send (zero otherwise), counted per
+	// receiving device (Device.McastStats).
+	mgid hca.GID
 }
 
 // sendUD delivers one UD send to its destination QP, or to every QP
@@ -49,6 +52,13 @@ func (f *Fabric) sendUD(s *qp, wr *hca.SendWR) error {
 		return nil
 	}
 	pkey := s.pkey()
+	if s.typ == hca.QPTypeGSI {
+		// QP 1 serves every partition: each MAD names its P_Key index.
+		if wr.PKeyIndex < 0 || wr.PKeyIndex >= len(s.dev.pkeys) {
+			return fmt.Errorf("send WR %d: P_Key index %d of %d: %w", wr.ID, wr.PKeyIndex, len(s.dev.pkeys), hca.ErrInvalidArgument)
+		}
+		pkey = s.dev.pkeys[wr.PKeyIndex]
+	}
 	if f.cfg.Tap != nil {
 		f.tapUD(s, wr, a.dgid, pkey)
 	}
@@ -58,6 +68,7 @@ func (f *Fabric) sendUD(s *qp, wr *hca.SendWR) error {
 			f.stats.udNoQP.Add(1)
 			return nil
 		}
+		u.mgid = a.dgid
 		for _, r := range members {
 			f.deliverUD(s, r, &u, pkey)
 		}
@@ -100,8 +111,9 @@ func (f *Fabric) deliverUDOne(s, r *qp, u *udSend, pkey hca.PKey, seg int) {
 	case wr.RemoteQKey != r.qkey:
 		f.stats.udQKey.Add(1)
 		return
-	case !pkey.Matches(r.pkey()):
+	case !r.acceptsPKey(pkey):
 		f.stats.udPKey.Add(1)
+		r.dev.pkeyViolations.Add(1)
 		return
 	case f.chance(f.faults.UDLoss):
 		f.stats.udLoss.Add(1)
@@ -130,6 +142,9 @@ func (f *Fabric) deliverUDOne(s, r *qp, u *udSend, pkey hca.PKey, seg int) {
 	} else {
 		copy(buf.Buf, wr.Data)
 		f.stats.udMessages.Add(1)
+	}
+	if wc.Status == hca.StatusSuccess && u.mgid.IsMulticast() {
+		r.dev.mcast.delivered(u.mgid)
 	}
 	f.complete(r.recvCQ, r, wc)
 }

@@ -64,10 +64,13 @@ type Config struct {
 	QueueLen int
 	// BatchSize is the largest batch ReadFrames fills (default 64).
 	BatchSize int
-	// GSO lets gVisor's TCP build segments of up to 64 KiB and cut them to
-	// MSS just before the link (stack.GVisorGSOSupported). Every frame
-	// still fits the MTU, so the engine sees nothing different; it only
-	// saves per-segment work in the sender.
+	// GSO turns on gVisor's host GSO (stack.HostGSOSupported), as TSO on
+	// a Linux NIC: the stack's TCP builds segments of up to 64 KiB with a
+	// partial checksum and leaves the cutting to the link. A reader that
+	// takes super frames (ReadFramesMeta after SetOffloads with TSO) gets
+	// them whole; for any other the link cuts them to the MTU
+	// (segmenter), so every frame a plain ReadFrames returns still fits.
+	// It applies to connections opened afterwards.
 	GSO bool
 	// TrustRXChecksums skips checksum verification of received packets
 	// (CapabilityRXChecksumOffload). Only safe when the peer is trusted to

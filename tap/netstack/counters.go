@@ -24,14 +24,28 @@ type Counters struct {
 	TxDroppedLinkDown  uint64 // sent while carrier was down
 	TxDroppedClosed    uint64 // sent after Close
 	TxTruncated        uint64 // longer than the caller's ReadFrames buffer
-	// TxResegmented counts TCP segments queued while the MTU was larger
-	// and cut to the current MTU on their way out (each cut is a TxPacket).
+	// TxResegmented counts TCP segments the link cut to the MTU on their
+	// way out because the reader does not take them whole: host GSO super
+	// frames for a reader without TSO, and segments queued while the MTU
+	// was larger (each cut is a TxPacket).
 	TxResegmented uint64
+	// TxSuperFrames counts GSO super frames handed to a reader that takes
+	// them whole (ReadFramesMeta with TSO); each is one TxPacket.
+	TxSuperFrames uint64
+	// RxSuperFrames counts TCP super frames (GSO metadata) delivered to
+	// the stack whole; each is one RxPacket.
+	RxSuperFrames uint64
+	// RxResegmented counts UDP super frames cut into their datagrams
+	// before the stack (each datagram is an RxPacket).
+	RxResegmented uint64
+	// RxDroppedOffload counts frames whose offload metadata contradicts
+	// the frame (see WriteFramesMeta).
+	RxDroppedOffload uint64
 }
 
 // RxDropped sums the receive drop reasons.
 func (c Counters) RxDropped() uint64 {
-	return c.RxDroppedOtherHost + c.RxDroppedRunt + c.RxDroppedEtherType + c.RxDroppedLinkDown + c.RxDroppedClosed + c.RxDroppedStalePMTU
+	return c.RxDroppedOtherHost + c.RxDroppedRunt + c.RxDroppedEtherType + c.RxDroppedLinkDown + c.RxDroppedClosed + c.RxDroppedStalePMTU + c.RxDroppedOffload
 }
 
 // TxDropped sums the transmit drop reasons.
@@ -46,7 +60,8 @@ type counters struct {
 	rxDroppedOtherHost, rxDroppedRunt, rxDroppedEtherType  atomic.Uint64
 	rxDroppedLinkDown, rxDroppedClosed, rxDroppedStalePMTU atomic.Uint64
 	txDroppedQueueFull, txDroppedLinkDown, txDroppedClosed atomic.Uint64
-	txTruncated, txResegmented                             atomic.Uint64
+	txTruncated, txResegmented, txSuperFrames              atomic.Uint64
+	rxSuperFrames, rxResegmented, rxDroppedOffload         atomic.Uint64
 }
 
 func (c *counters) snapshot() Counters {
@@ -66,5 +81,9 @@ func (c *counters) snapshot() Counters {
 		TxDroppedClosed:    c.txDroppedClosed.Load(),
 		TxTruncated:        c.txTruncated.Load(),
 		TxResegmented:      c.txResegmented.Load(),
+		TxSuperFrames:      c.txSuperFrames.Load(),
+		RxSuperFrames:      c.rxSuperFrames.Load(),
+		RxResegmented:      c.rxResegmented.Load(),
+		RxDroppedOffload:   c.rxDroppedOffload.Load(),
 	}
 }

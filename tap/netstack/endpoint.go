@@ -10,6 +10,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
+
+	"github.com/ipoibcm/ipoib/offload"
 )
 
 const ethernetHeaderLen = header.EthernetMinimumSize
@@ -38,8 +40,17 @@ type endpoint struct {
 	// up by a 64 KiB memcpy.
 	readMu  sync.Mutex
 	scratch []*stack.PacketBuffer // guarded by readMu
-	cutter  tcpCutter             // guarded by readMu
+	cutter  segmenter             // guarded by readMu
 	fragIDs fragRenumberer        // guarded by readMu
+
+	// writeMu serialises writers so rxFrame can be reused.
+	writeMu sync.Mutex
+	// rxFrame holds a frame whose checksum the link completes, or one
+	// segment of a super frame the stack does not take whole; it is
+	// allocated on first use.
+	rxFrame []byte // guarded by writeMu
+	// accept is what the reader of ReadFramesMeta takes (SetOffloads).
+	accept atomic.Pointer[offload.Caps]
 }
 
 var (
@@ -134,19 +145,25 @@ func (e *endpoint) Close() { e.shutdown() }
 // destroy.
 func (*endpoint) SetOnCloseAction(func()) {}
 
-// gsoMaxSize bounds the TCP superpackets gVisor builds before cutting them to
-// MSS. gVisor's own 64 KiB (stack.GVisorGSOMaxSize) is "not a hard limit"
-// and would hold less than one full segment at a 65520-byte MTU, shrinking
-// every segment; 256 KiB holds several.
-const gsoMaxSize = 256 << 10
+// gsoMaxSize bounds the TCP super frames gVisor's host GSO builds. gVisor
+// keeps each segment's payload at most gsoMaxSize less 161
+// (header.TCPTotalHeaderMaximumSize + 1, sender.sendData); this is the
+// largest bound that still keeps a super frame with a 20-byte IPv4 header
+// and a 60-byte TCP header within IPv4's 16-bit total length, as a super
+// frame on a Linux TAP must be. 64 KiB - 1 would also do that, but hold
+// less than one full segment at MTU 65520 and shrink every one.
+const gsoMaxSize = 1<<16 - 1 + header.TCPTotalHeaderMaximumSize + 1 - header.IPv4MinimumSize - header.TCPHeaderMaximumSize
 
 // GSOMaxSize implements stack.GSOEndpoint.
 func (*endpoint) GSOMaxSize() uint32 { return gsoMaxSize }
 
-// SupportedGSO implements stack.GSOEndpoint.
+// SupportedGSO implements stack.GSOEndpoint. With Config.GSO the stack
+// uses host GSO: its TCP hands the link segments of up to 64 KiB with a
+// partial checksum, for the reader (ReadFramesMeta) or the link itself
+// (segmenter) to cut, as Linux's TCP hands a TSO device super frames.
 func (e *endpoint) SupportedGSO() stack.SupportedGSO {
 	if e.gso {
-		return stack.GVisorGSOSupported
+		return stack.HostGSOSupported
 	}
 	return stack.GSONotSupported
 }
@@ -221,10 +238,15 @@ func (e *endpoint) dropped(state linkState, n int) tcpip.Error {
 	}
 }
 
-// readFrames implements ReadFrames; a nil ctx waits until a frame arrives or
-// the endpoint closes.
-func (e *endpoint) readFrames(ctx context.Context, bufs [][]byte, sizes []int) (int, error) {
+// readFrames implements ReadFrames and ReadFramesMeta; a nil ctx waits
+// until a frame arrives or the endpoint closes. meta, when not nil,
+// receives each frame's offload metadata, and accept is what the reader
+// takes (the zero Caps for a plain ReadFrames: complete MTU-sized frames).
+func (e *endpoint) readFrames(ctx context.Context, bufs [][]byte, sizes []int, meta []offload.Meta, accept offload.Caps) (int, error) {
 	limit := min(len(bufs), len(sizes))
+	if meta != nil {
+		limit = min(limit, len(meta))
+	}
 	if limit == 0 {
 		return 0, nil
 	}
@@ -237,10 +259,11 @@ func (e *endpoint) readFrames(ctx context.Context, bufs [][]byte, sizes []int) (
 	if len(e.scratch) < limit {
 		e.scratch = make([]*stack.PacketBuffer, limit)
 	}
+	out := txBatch{bufs: bufs[:limit], sizes: sizes[:limit], meta: meta}
 	for {
 		// Cuts left over from a segment the last call could not finish go
 		// first, so the byte stream stays in order.
-		out := e.emitCuts(bufs[:limit], sizes[:limit])
+		e.emitCuts(&out)
 		e.mu.Lock()
 		if e.state == linkClosed {
 			e.mu.Unlock()
@@ -249,14 +272,14 @@ func (e *endpoint) readFrames(ctx context.Context, bufs [][]byte, sizes []int) (
 		mtu := int(e.mtu.Load())
 		n := 0
 		if !e.cutter.pending() {
-			n = e.popFitting(e.scratch[:limit-out], mtu)
+			n = e.popFitting(e.scratch[:limit-out.n], mtu)
 		}
 		e.mu.Unlock()
 		if n > 0 {
-			out += e.copyOut(e.scratch[:n], bufs[out:limit], sizes[out:limit], mtu)
+			e.copyOut(e.scratch[:n], &out, mtu, accept)
 		}
-		if out > 0 {
-			return out, nil
+		if out.n > 0 {
+			return out.n, nil
 		}
 		select {
 		case <-e.ready:
@@ -267,9 +290,29 @@ func (e *endpoint) readFrames(ctx context.Context, bufs [][]byte, sizes []int) (
 	}
 }
 
+// txBatch is the reader's buffers being filled by one readFrames call.
+type txBatch struct {
+	bufs  [][]byte
+	sizes []int
+	meta  []offload.Meta // nil for a plain ReadFrames
+	n     int            // frames filled
+}
+
+func (b *txBatch) full() bool { return b.n == len(b.bufs) }
+
+// put records frame n of size bytes with m.
+func (b *txBatch) put(size int, m offload.Meta) {
+	b.sizes[b.n] = size
+	if b.meta != nil {
+		b.meta[b.n] = m
+	}
+	b.n++
+}
+
 // popFitting pops up to len(dst) packets, stopping after the first one
-// larger than the link MTU: that one may be cut into several frames and
-// takes the rest of the batch. The caller holds mu.
+// larger than the link MTU or than its GSO segment size: that one may be
+// cut into several frames and takes the rest of the batch. The caller
+// holds mu.
 func (e *endpoint) popFitting(dst []*stack.PacketBuffer, ipMTU int) int {
 	n := 0
 	for n < len(dst) {
@@ -277,85 +320,95 @@ func (e *endpoint) popFitting(dst []*stack.PacketBuffer, ipMTU int) int {
 			break
 		}
 		n++
-		if dst[n-1].Size()-ethernetHeaderLen > ipMTU {
+		pkt := dst[n-1]
+		if pkt.Size()-ethernetHeaderLen > ipMTU || pkt.GSOOptions.Type != stack.GSONone && pkt.Data().Size() > int(pkt.GSOOptions.MSS) {
 			break
 		}
 	}
 	return n
 }
 
-// copyOut serialises pkts into bufs and drops the queue's references. A
-// TCP segment queued before the MTU shrank (it can only be the last, see
-// popFitting) is cut to the MTU; whatever of it does not fit this batch is
-// left in the cutter for the next call. It returns the frames written.
-func (e *endpoint) copyOut(pkts []*stack.PacketBuffer, bufs [][]byte, sizes []int, ipMTU int) int {
+// copyOut serialises pkts into the batch and drops the queue's references.
+// Each packet leaves as planTX says: whole with its metadata (a partial
+// checksum the reader does not accept completed on the way), or cut by the
+// segmenter (it can only be the last, see popFitting); whatever of a cut
+// does not fit this batch is left for the next call.
+func (e *endpoint) copyOut(pkts []*stack.PacketBuffer, out *txBatch, ipMTU int, accept offload.Caps) {
 	var bytes uint64
-	out, whole := 0, 0
+	whole, super := 0, 0
 	for i, pkt := range pkts {
-		if pkt.Size()-ethernetHeaderLen > ipMTU && e.loadCut(pkt, ipMTU) {
+		plan := planTX(pkt, ipMTU, accept)
+		if plan.cut && e.loadCut(pkt, plan.mss, accept.Csum) {
 			pkt.DecRef()
 			pkts[i] = nil
-			out += e.emitCuts(bufs[out:], sizes[out:])
+			e.emitCuts(out)
 			continue
 		}
-		copied, full := copyPacket(bufs[out], pkt)
-		if copied < full {
+		buf := out.bufs[out.n]
+		copied, full := copyPacket(buf, pkt)
+		m := plan.meta
+		switch {
+		case copied < full:
 			e.counters.txTruncated.Add(1)
+			m = offload.Meta{}
+		case m.NeedsCsum && !accept.Csum:
+			offload.CompletePartial(buf[:copied], int(m.CsumStart), int(m.CsumOffset))
+			m = offload.Meta{}
 		}
-		e.fragIDs.renumber(bufs[out][:copied])
-		sizes[out] = copied
+		if m.GSO != offload.GSONone {
+			super++
+		}
+		e.fragIDs.renumber(buf[:copied])
+		out.put(copied, m)
 		bytes += uint64(copied)
-		out++
 		whole++
 		pkt.DecRef()
 		pkts[i] = nil
 	}
 	e.counters.txPackets.Add(uint64(whole))
 	e.counters.txBytes.Add(bytes)
-	return out
+	e.counters.txSuperFrames.Add(uint64(super))
 }
 
-// loadCut serialises an oversized packet into the cutter and reports
-// whether it is a TCP segment the cutter will cut. The caller holds readMu.
-func (e *endpoint) loadCut(pkt *stack.PacketBuffer, ipMTU int) bool {
+// loadCut serialises a packet into the segmenter and reports whether it
+// is a TCP segment the segmenter will cut. The caller holds readMu.
+func (e *endpoint) loadCut(pkt *stack.PacketBuffer, mss int, partial bool) bool {
 	if e.cutter.frame == nil {
-		e.cutter = newTCPCutter(e.caps&stack.CapabilityTXChecksumOffload == 0)
+		e.cutter = newSegmenter()
 	}
 	copied, full := copyPacket(e.cutter.frame, pkt)
-	if copied < full || !e.cutter.load(copied, ipMTU) {
+	if copied < full || !e.cutter.load(copied, mss, partial) {
 		return false
 	}
 	e.counters.txResegmented.Add(1)
 	return true
 }
 
-// emitCuts writes the cutter's pending segments into bufs and returns how
-// many. The caller holds readMu.
-func (e *endpoint) emitCuts(bufs [][]byte, sizes []int) int {
-	out := 0
+// emitCuts writes the segmenter's pending segments into the batch. The
+// caller holds readMu.
+func (e *endpoint) emitCuts(out *txBatch) {
+	start := out.n
 	var bytes uint64
-	for out < len(bufs) && e.cutter.pending() {
-		n := e.cutter.cut(bufs[out])
+	for !out.full() && e.cutter.pending() {
+		n, m := e.cutter.cut(out.bufs[out.n])
 		if n == 0 {
 			// The reader's buffers are smaller than the MTU it set:
 			// drop the rest of the segment, as a truncating read would.
-			e.cutter.size = 0
+			e.cutter.drop()
 			e.counters.txTruncated.Add(1)
 			break
 		}
-		sizes[out] = n
+		out.put(n, m)
 		bytes += uint64(n)
-		out++
 	}
-	e.counters.txPackets.Add(uint64(out))
+	e.counters.txPackets.Add(uint64(out.n - start))
 	e.counters.txBytes.Add(bytes)
-	return out
 }
 
-// writeFrames delivers frames to the stack. Each frame is copied into
-// pooled gVisor chunks (rxBuffer), so the caller's slices are free on
-// return.
-func (e *endpoint) writeFrames(frames [][]byte) (int, error) {
+// writeFrames delivers frames to the stack, each with meta[i] (all zero
+// when meta is nil). Each frame is copied into pooled gVisor chunks
+// (rxBuffer), so the caller's slices are free on return.
+func (e *endpoint) writeFrames(frames [][]byte, meta []offload.Meta) (int, error) {
 	e.mu.Lock()
 	state := e.state
 	e.mu.Unlock()
@@ -368,7 +421,9 @@ func (e *endpoint) writeFrames(frames [][]byte) (int, error) {
 		return len(frames), nil
 	}
 	dp := e.dispatcher.Load()
-	for _, frame := range frames {
+	e.writeMu.Lock()
+	defer e.writeMu.Unlock()
+	for k, frame := range frames {
 		proto, kind, err := e.classify(frame)
 		if err != nil {
 			continue
@@ -381,20 +436,33 @@ func (e *endpoint) writeFrames(frames [][]byte) (int, error) {
 			e.counters.rxDroppedStalePMTU.Add(1)
 			continue
 		}
-		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: rxBuffer(frame, uint16(proto))})
-		if !e.ParseHeader(pkt) {
-			// classify checked the length; this cannot fail.
-			pkt.DecRef()
-			e.counters.rxDroppedRunt.Add(1)
+		var m offload.Meta
+		if meta != nil {
+			m = meta[k]
+		}
+		if m == (offload.Meta{}) {
+			e.deliver(*dp, proto, kind, frame)
 			continue
 		}
-		pkt.PktType = kind
-		e.counters.rxPackets.Add(1)
-		e.counters.rxBytes.Add(uint64(len(frame)))
-		(*dp).DeliverNetworkPacket(proto, pkt)
-		pkt.DecRef()
+		e.deliverOffloaded(*dp, proto, kind, frame, m)
 	}
 	return len(frames), nil
+}
+
+// deliver hands one checked frame to the stack.
+func (e *endpoint) deliver(dp stack.NetworkDispatcher, proto tcpip.NetworkProtocolNumber, kind tcpip.PacketType, frame []byte) {
+	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: rxBuffer(frame, uint16(proto))})
+	if !e.ParseHeader(pkt) {
+		// classify checked the length; this cannot fail.
+		pkt.DecRef()
+		e.counters.rxDroppedRunt.Add(1)
+		return
+	}
+	pkt.PktType = kind
+	e.counters.rxPackets.Add(1)
+	e.counters.rxBytes.Add(uint64(len(frame)))
+	dp.DeliverNetworkPacket(proto, pkt)
+	pkt.DecRef()
 }
 
 // classify parses a frame's Ethernet header and decides whether the stack

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/ipoibcm/ipoib/offload"
 )
 
 func FuzzParseEthernet(f *testing.F) {
@@ -72,25 +74,25 @@ func FuzzIsStalePMTU(f *testing.F) {
 	})
 }
 
-// FuzzTCPCutter cuts arbitrary frames: it must never panic, and every cut
+// FuzzSegmenter cuts arbitrary frames: it must never panic, and every cut
 // must fit the MTU and carry part of the payload.
-func FuzzTCPCutter(f *testing.F) {
-	f.Add(tcpFrame(false, 1, header.TCPFlagAck|header.TCPFlagFin, make([]byte, 5000)), 1500)
-	f.Add(tcpFrame(true, 1, header.TCPFlagAck, make([]byte, 3000)), 1280)
-	f.Fuzz(func(t *testing.T, frame []byte, mtu int) {
-		if len(frame) > maxFrameSize {
+func FuzzSegmenter(f *testing.F) {
+	f.Add(tcpFrame(false, 1, header.TCPFlagAck|header.TCPFlagFin, make([]byte, 5000)), 1448, false)
+	f.Add(tcpFrame(true, 1, header.TCPFlagAck, make([]byte, 3000)), 1208, true)
+	f.Fuzz(func(t *testing.T, frame []byte, mss int, partial bool) {
+		if len(frame) > maxFrameSize || mss > maxFrameSize {
 			return
 		}
-		c := newTCPCutter(true)
+		c := newSegmenter()
 		copy(c.frame, frame)
-		if !c.load(len(frame), mtu) {
+		if !c.load(len(frame), mss, partial) {
 			return
 		}
 		dst := make([]byte, maxFrameSize)
 		for cuts := 0; c.pending(); cuts++ {
-			n := c.cut(dst)
-			if n == 0 || n-ethernetHeaderLen > mtu || cuts > len(frame) {
-				t.Fatalf("cut %d: %d bytes at MTU %d", cuts, n, mtu)
+			n, _ := c.cut(dst)
+			if n == 0 || n > len(frame) || cuts > len(frame) {
+				t.Fatalf("cut %d: %d bytes of a %d-byte frame at MSS %d", cuts, n, len(frame), mss)
 			}
 		}
 	})
@@ -104,5 +106,38 @@ func FuzzFragRenumberer(f *testing.F) {
 		var r fragRenumberer
 		r.renumber(frame)
 		r.renumber(frame)
+	})
+}
+
+// FuzzWriteFramesMeta feeds arbitrary frames with arbitrary offload
+// metadata into the host: nothing may panic, and a frame is delivered
+// (once, or as the datagrams of a cut UDP super frame) or counted under a
+// drop reason.
+func FuzzWriteFramesMeta(f *testing.F) {
+	mac := net.HardwareAddr{0x02, 0, 0, 0, 0, 1}
+	tcp := tcpFrame(false, 1, header.TCPFlagAck, make([]byte, 3000))
+	copy(tcp, mac)
+	f.Add(tcp, uint8(offload.GSOTCPv4), uint16(1448), true, uint16(34), uint16(16), false)
+	f.Add(tcp, uint8(0), uint16(0), true, uint16(34), uint16(4000), true)
+	f.Add(tcp, uint8(offload.GSOUDPL4), uint16(1), true, uint16(34), uint16(6), false)
+	h, err := New(Config{MAC: mac, Addrs: []netip.Prefix{addrA4, addrA6}, QueueLen: 8})
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer h.Close()
+	f.Fuzz(func(t *testing.T, b []byte, gso uint8, size uint16, needs bool, start, off uint16, valid bool) {
+		m := offload.Meta{GSO: offload.GSO(gso), GSOSize: size, NeedsCsum: needs, CsumStart: start, CsumOffset: off, DataValid: valid}
+		before := h.Counters()
+		if _, err := h.WriteFramesMeta([][]byte{b}, []offload.Meta{m}); err != nil {
+			t.Fatal(err)
+		}
+		after := h.Counters()
+		delivered := after.RxPackets - before.RxPackets
+		dropped := after.RxDropped() - before.RxDropped()
+		cut := after.RxResegmented - before.RxResegmented
+		if dropped+min(delivered, 1) != 1 || delivered > 1 && cut != 1 {
+			t.Fatalf("frame %x meta %+v: delivered %d dropped %d cut %d", b, m, delivered, dropped, cut)
+		}
+		drain(t, h)
 	})
 }

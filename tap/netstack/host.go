@@ -15,13 +15,16 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/icmp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+
+	"github.com/ipoibcm/ipoib/offload"
 )
 
 // nicID is the only NIC of a Host's stack.
 const nicID tcpip.NICID = 1
 
 // Host is an in-process host: a gVisor stack whose one NIC is reached
-// through ReadFrames and WriteFrames. It implements ipoibcm.HostPort.
+// through ReadFrames and WriteFrames. It implements ipoibcm.HostPort and
+// ipoibcm.OffloadPort.
 type Host struct {
 	cfg      Config
 	stack    *stack.Stack
@@ -139,20 +142,20 @@ func (h *Host) MTU() int { return int(h.ep.MTU()) }
 // than its buffer is truncated to it (sizes[i] == len(bufs[i])) and counted.
 // After Close it returns an error wrapping net.ErrClosed.
 func (h *Host) ReadFrames(bufs [][]byte, sizes []int) (int, error) {
-	return h.ep.readFrames(nil, bufs, sizes)
+	return h.ep.readFrames(nil, bufs, sizes, nil, offload.Caps{})
 }
 
 // ReadFramesContext is ReadFrames that also gives up when ctx is done,
 // returning an error wrapping ctx.Err().
 func (h *Host) ReadFramesContext(ctx context.Context, bufs [][]byte, sizes []int) (int, error) {
-	return h.ep.readFrames(ctx, bufs, sizes)
+	return h.ep.readFrames(ctx, bufs, sizes, nil, offload.Caps{})
 }
 
 // WriteFrames implements ipoibcm.HostPort: it delivers Ethernet frames to
 // the stack. Frames that are runts, for another unicast MAC, or of an
 // unknown ethertype are dropped and counted; they still count as written.
 func (h *Host) WriteFrames(frames [][]byte) (int, error) {
-	return h.ep.writeFrames(frames)
+	return h.ep.writeFrames(frames, nil)
 }
 
 // BatchSize implements ipoibcm.HostPort.
@@ -165,10 +168,11 @@ func (h *Host) HostMAC() net.HardwareAddr { return append(net.HardwareAddr(nil),
 // MSS derived from the new MTU. When the MTU goes down, nothing already
 // sent or queued is lost to the change:
 //   - TCP segments the stack queued at the old MTU but the reader has not
-//     taken yet are cut to the new MTU on their way out (tcpCutter);
+//     taken yet are cut to the new MTU on their way out (segmenter);
 //   - established TCP connections keep their MSS: gVisor fragments their
 //     segments to the new MTU (the link gives the fragments unique IP
-//     IDs, see fragRenumberer; with GSO the link cuts the segments);
+//     IDs, see fragRenumberer; with GSO, whose super frames gVisor does
+//     not fragment, the link cuts them to the new MTU);
 //   - a packet-too-big answer reporting an MTU no smaller than the new
 //     link MTU (the engine's answer to a frame it read before the change)
 //     is dropped, not given to TCP (see isStalePMTU for why).

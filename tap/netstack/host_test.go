@@ -16,7 +16,10 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
-var _ ipoibcm.HostPort = (*Host)(nil)
+var (
+	_ ipoibcm.HostPort    = (*Host)(nil)
+	_ ipoibcm.OffloadPort = (*Host)(nil)
+)
 
 func TestPing(t *testing.T) {
 	p := newPair(t, Config{})

@@ -1,160 +1,140 @@
 package netstack
 
 import (
-	"encoding/binary"
-
-	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+
+	"github.com/ipoibcm/ipoib/offload"
 )
 
-// tcpCutter cuts one TCP segment that the stack queued while the link MTU
-// was larger into segments that fit the current MTU, as a NIC's TSO would.
+// segmenter cuts one TCP segment larger than the reader takes into
+// segments of at most mss payload bytes, as Linux's software GSO does for
+// a device without TSO (offload.Headers.SegmentInto does the cutting).
+// Two kinds of segment need it:
 //
-// Why the link does this rather than leave it to the engine's ICMP
-// frag-needed: when the MTU shrinks under a running transfer (an IPoIB
-// mode switch, 65520 -> 4092) the frames already queued make up the tail
-// of the sender's flight. Dropping them loses that whole tail, and
-// gVisor's TCP, unlike Linux's tcp_simple_retransmit, recovers from a
-// lost tail after a PMTU decrease at two segments per retransmission
-// timeout: after the RTO, RACK marks the old flight lost and enters SACK
-// recovery, but the RFC 6675 pipe (counted in the new, 16 times smaller
-// MSS, and blind to RACK's marks) stays above the congestion window, so
-// nothing is sent until the next RTO. Cutting the queued frames loses
-// nothing, so there is nothing to recover.
+//   - super frames from gVisor's host GSO (Config.GSO) when the reader
+//     does not accept TSO: a plain ReadFrames, or ReadFramesMeta before
+//     SetOffloads turned TSO on;
+//   - a segment the stack queued while the link MTU was larger.
 //
-// Only plain TCP is cut: IPv4 without fragmentation, IPv6 with TCP as the
-// first next header. Anything else too big goes out whole, for the engine
-// to answer with ICMP.
-type tcpCutter struct {
+// Why the second is cut rather than left to the engine's ICMP frag-needed:
+// when the MTU shrinks under a running transfer (an IPoIB mode switch,
+// 65520 -> 4092) the frames already queued make up the tail of the
+// sender's flight. Dropping them loses that whole tail, and gVisor's TCP,
+// unlike Linux's tcp_simple_retransmit, recovers from a lost tail after a
+// PMTU decrease at two segments per retransmission timeout: after the RTO,
+// RACK marks the old flight lost and enters SACK recovery, but the RFC 6675
+// pipe (counted in the new, 16 times smaller MSS, and blind to RACK's
+// marks) stays above the congestion window, so nothing is sent until the
+// next RTO. Cutting the queued frames loses nothing, so there is nothing to
+// recover.
+//
+// Only what offload.Parse takes is cut: IPv4 without fragmentation, IPv6
+// with TCP as the first next header. Anything else too big goes out whole,
+// for the engine to answer with ICMP.
+type segmenter struct {
 	frame []byte // the whole segment being cut, link header included
-	size  int    // bytes of frame in use
-
-	v6      bool
-	tcpOff  int // offset of the TCP header in frame
-	dataOff int // offset of the payload in frame
-	maxData int // payload bytes per cut
-	next    int // offset in frame of the next payload byte to send
-	cuts    int // cuts made so far, for the IPv4 identification
-
-	// checksums is false when the stack leaves TCP checksums to the link
-	// (Config.SkipTXChecksums): the cuts then carry none either.
-	checksums bool
+	h     offload.Headers
+	mss   int
+	next  int // index of the next cut
+	n     int // cuts in all; next == n when nothing is pending
+	// partial leaves each cut's TCP checksum as the pseudo-header sum, for
+	// a reader that accepts partial checksums (offload.Caps.Csum).
+	partial bool
 }
 
-func newTCPCutter(checksums bool) tcpCutter {
-	return tcpCutter{frame: make([]byte, maxFrameSize), checksums: checksums}
+func newSegmenter() segmenter {
+	return segmenter{frame: make([]byte, maxFrameSize)}
 }
 
 // pending reports whether a segment is partly cut.
-func (c *tcpCutter) pending() bool { return c.next < c.size }
+func (s *segmenter) pending() bool { return s.next < s.n }
 
-// load takes the serialised frame in c.frame[:size] and prepares to cut it
-// to ipMTU. It reports false, leaving nothing pending, when the frame is not
-// a TCP segment it can cut or already fits.
-func (c *tcpCutter) load(size, ipMTU int) bool {
-	c.size, c.next, c.cuts = 0, 0, 0
-	f := c.frame[:size]
-	tcpOff, v6, ok := tcpOffset(f)
-	if !ok || len(f)-tcpOff < header.TCPMinimumSize {
+// load takes the serialised frame in s.frame[:size] and prepares to cut it
+// at mss payload bytes. It reports false, leaving nothing pending, when the
+// frame is not a TCP segment it can cut or already fits.
+func (s *segmenter) load(size, mss int, partial bool) bool {
+	s.next, s.n = 0, 0
+	if mss <= 0 {
 		return false
 	}
-	tcpLen := int(f[tcpOff+12]>>4) * 4
-	if tcpLen < header.TCPMinimumSize || tcpOff+tcpLen > len(f) {
+	h, err := offload.Parse(s.frame[:size], ethernetHeaderLen)
+	if err != nil || h.Proto != offload.ProtoTCP || h.Len != size || h.Len-h.End <= mss {
 		return false
 	}
-	dataOff := tcpOff + tcpLen
-	maxData := ipMTU - (dataOff - ethernetHeaderLen)
-	if maxData <= 0 || len(f)-ethernetHeaderLen <= ipMTU || len(f) == dataOff {
-		return false
-	}
-	if !ipLengthMatches(f, v6) {
-		return false
-	}
-	c.size, c.v6, c.tcpOff, c.dataOff, c.maxData, c.next = size, v6, tcpOff, dataOff, maxData, dataOff
+	s.h, s.mss, s.n, s.partial = h, mss, h.Segments(mss), partial
 	return true
 }
 
-// tcpOffset finds the TCP header of an Ethernet frame carrying IPv4 or IPv6.
-func tcpOffset(f []byte) (off int, v6, ok bool) {
-	if len(f) < ethernetHeaderLen {
-		return 0, false, false
+// cut writes the next segment into dst and returns its length and
+// metadata, or 0 if dst is too small for it (the caller gives a buffer of
+// at least the MTU plus the link header).
+func (s *segmenter) cut(dst []byte) (int, offload.Meta) {
+	n, err := s.h.SegmentInto(dst, s.frame, s.mss, s.next, !s.partial)
+	if err != nil {
+		return 0, offload.Meta{}
 	}
-	ip := f[ethernetHeaderLen:]
-	switch binary.BigEndian.Uint16(f[12:14]) {
-	case uint16(header.IPv4ProtocolNumber):
-		if len(ip) < header.IPv4MinimumSize || ip[0]>>4 != 4 {
-			return 0, false, false
-		}
-		ihl := int(ip[0]&0x0f) * 4
-		fragment := binary.BigEndian.Uint16(ip[6:8])&0x3fff != 0
-		if ihl < header.IPv4MinimumSize || len(ip) < ihl || fragment || ip[9] != uint8(header.TCPProtocolNumber) {
-			return 0, false, false
-		}
-		return ethernetHeaderLen + ihl, false, true
-	case uint16(header.IPv6ProtocolNumber):
-		if len(ip) < header.IPv6MinimumSize || ip[0]>>4 != 6 || ip[6] != uint8(header.TCPProtocolNumber) {
-			return 0, false, false
-		}
-		return ethernetHeaderLen + header.IPv6MinimumSize, true, true
+	s.next++
+	if !s.partial {
+		return n, offload.Meta{}
 	}
-	return 0, false, false
+	return n, offload.Meta{NeedsCsum: true, CsumStart: uint16(s.h.L4), CsumOffset: uint16(s.h.CsumOffset())}
 }
 
-// ipLengthMatches checks the IP length field covers exactly the frame, so
-// the cut lengths written back are right.
-func ipLengthMatches(f []byte, v6 bool) bool {
-	ip := f[ethernetHeaderLen:]
-	if v6 {
-		return int(binary.BigEndian.Uint16(ip[4:6])) == len(ip)-header.IPv6MinimumSize
-	}
-	return int(binary.BigEndian.Uint16(ip[2:4])) == len(ip)
+// drop abandons the segment being cut.
+func (s *segmenter) drop() { s.next, s.n = 0, 0 }
+
+// txPlan is what the link does with one packet the stack sent, given the
+// link MTU and what the reader accepts: hand it out whole with meta, or
+// cut it at mss (cut).
+type txPlan struct {
+	meta offload.Meta
+	cut  bool
+	mss  int
 }
 
-// cut writes the next segment into dst and returns its length, or 0 if dst
-// is too small for it (the caller gives a buffer of at least the MTU plus
-// the link header).
-func (c *tcpCutter) cut(dst []byte) int {
-	n := min(c.maxData, c.size-c.next)
-	total := c.dataOff + n
-	if len(dst) < total {
-		return 0
+// planTX decides how pkt leaves. A TCP segment built by host GSO carries a
+// partial checksum (gVisor's CHECKSUM_PARTIAL); one whose payload exceeds
+// what fits the MTU (or gVisor's MSS, the smaller) is a super frame. The
+// reader takes it as it is when accept covers it; otherwise the partial
+// checksum is completed (whole) or the super frame cut (cut), as Linux's
+// validate_xmit_skb does for a device without the feature.
+func planTX(pkt *stack.PacketBuffer, ipMTU int, accept offload.Caps) txPlan {
+	var p txPlan
+	gso := pkt.GSOOptions
+	hostGSO := gso.Type == stack.GSOTCPv4 || gso.Type == stack.GSOTCPv6
+	if hostGSO && gso.NeedsCsum {
+		p.meta.NeedsCsum = true
+		p.meta.CsumStart = uint16(ethernetHeaderLen + len(pkt.NetworkHeader().Slice()))
+		p.meta.CsumOffset = gso.CsumOffset
 	}
-	copy(dst, c.frame[:c.dataOff])
-	copy(dst[c.dataOff:], c.frame[c.next:c.next+n])
-	first, last := c.next == c.dataOff, c.next+n == c.size
-
-	tcp := header.TCP(dst[c.tcpOff:total])
-	tcp.SetSequenceNumber(header.TCP(c.frame[c.tcpOff:]).SequenceNumber() + uint32(c.next-c.dataOff))
-	flags := tcp.Flags()
-	if !last {
-		flags &^= header.TCPFlagFin | header.TCPFlagPsh
+	if pkt.TransportProtocolNumber != header.TCPProtocolNumber || pkt.Size()-ethernetHeaderLen <= ipMTU && !hostGSO {
+		return p
 	}
-	if !first {
-		flags &^= header.TCPFlagCwr
+	payload := pkt.Data().Size()
+	p.mss = ipMTU - (pkt.Size() - payload - ethernetHeaderLen)
+	if hostGSO && int(gso.MSS) < p.mss {
+		p.mss = int(gso.MSS)
 	}
-	tcp.SetFlags(uint8(flags))
-
-	ip := dst[ethernetHeaderLen:total]
-	var src, dstAddr tcpip.Address
-	if c.v6 {
-		h := header.IPv6(ip)
-		h.SetPayloadLength(uint16(len(ip) - header.IPv6MinimumSize))
-		src, dstAddr = h.SourceAddress(), h.DestinationAddress()
-	} else {
-		h := header.IPv4(ip)
-		h.SetTotalLength(uint16(len(ip)))
-		h.SetID(h.ID() + uint16(c.cuts))
-		h.SetChecksum(0)
-		h.SetChecksum(^h.CalculateChecksum())
-		src, dstAddr = h.SourceAddress(), h.DestinationAddress()
+	if payload <= p.mss {
+		return p
 	}
-	if c.checksums {
-		tcp.SetChecksum(0)
-		xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, src, dstAddr, uint16(len(tcp)))
-		tcp.SetChecksum(^checksum.Checksum(tcp, xsum))
+	if hostGSO {
+		p.meta.GSO, p.meta.GSOSize = offload.GSOTCPv4, uint16(p.mss)
+		if gso.Type == stack.GSOTCPv6 {
+			p.meta.GSO = offload.GSOTCPv6
+		}
+		if tcp := pkt.TransportHeader().Slice(); len(tcp) >= header.TCPMinimumSize {
+			p.meta.ECN = header.TCP(tcp).Flags()&header.TCPFlagCwr != 0
+		}
+		if accept.Accepts(p.meta) {
+			return p
+		}
 	}
-	c.next += n
-	c.cuts++
-	return total
+	// A segment queued before the MTU shrank has a complete checksum over
+	// the whole of it, not a partial one, so it is never passed on as a
+	// super frame: the reader's segmenter would take the checksum field
+	// for a pseudo-header sum.
+	p.cut, p.meta = true, offload.Meta{}
+	return p
 }

@@ -13,6 +13,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/ipoibcm/ipoib/offload"
 )
 
 // tcpFrame builds an Ethernet frame carrying one TCP segment with a 12-byte
@@ -97,7 +99,16 @@ func checkCut(t *testing.T, f []byte, v6 bool, ipMTU int) (header.TCP, []byte) {
 	return tcp, payload
 }
 
-func TestTCPCutterCutsToMTU(t *testing.T) {
+// mssFor is the payload per cut that fits ipMTU behind frame's headers.
+func mssFor(t testing.TB, frame []byte, ipMTU int) int {
+	h, err := offload.Parse(frame, ethernetHeaderLen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ipMTU - (h.End - ethernetHeaderLen)
+}
+
+func TestSegmenterCutsToMTU(t *testing.T) {
 	for _, v6 := range []bool{false, true} {
 		payload := make([]byte, 10000)
 		for i := range payload {
@@ -107,18 +118,18 @@ func TestTCPCutterCutsToMTU(t *testing.T) {
 		flags := header.TCPFlagAck | header.TCPFlagPsh | header.TCPFlagFin | header.TCPFlagCwr
 		frame := tcpFrame(v6, seq, flags, payload)
 		const ipMTU = 1500
-		c := newTCPCutter(true)
+		c := newSegmenter()
 		copy(c.frame, frame)
-		if !c.load(len(frame), ipMTU) {
+		if !c.load(len(frame), mssFor(t, frame, ipMTU), false) {
 			t.Fatalf("v6=%v: segment not taken", v6)
 		}
 		var got []byte
 		var cuts int
 		dst := make([]byte, ipMTU+ethernetHeaderLen)
 		for c.pending() {
-			n := c.cut(dst)
-			if n == 0 {
-				t.Fatal("cut wrote nothing")
+			n, m := c.cut(dst)
+			if n == 0 || m != (offload.Meta{}) {
+				t.Fatalf("cut wrote %d bytes, meta %+v", n, m)
 			}
 			tcp, data := checkCut(t, dst[:n], v6, ipMTU)
 			if want := uint32(seq + len(got)); tcp.SequenceNumber() != want {
@@ -147,22 +158,29 @@ func TestTCPCutterCutsToMTU(t *testing.T) {
 	}
 }
 
-func TestTCPCutterWithoutChecksums(t *testing.T) {
+// TestSegmenterPartial leaves each cut's checksum partial for a reader
+// that accepts that: the metadata locates it, and completing it gives the
+// checksum a full cut carries.
+func TestSegmenterPartial(t *testing.T) {
 	frame := tcpFrame(false, 1, header.TCPFlagAck, make([]byte, 3000))
-	header.TCP(frame[ethernetHeaderLen+header.IPv4MinimumSize:]).SetChecksum(0xbeef)
-	c := newTCPCutter(false)
+	c := newSegmenter()
 	copy(c.frame, frame)
-	if !c.load(len(frame), 1500) {
+	if !c.load(len(frame), 1448, true) {
 		t.Fatal("segment not taken")
 	}
 	dst := make([]byte, 1514)
-	n := c.cut(dst)
-	if got := header.TCP(dst[ethernetHeaderLen+header.IPv4MinimumSize : n]).Checksum(); got != 0xbeef {
-		t.Fatalf("checksum rewritten to %#x with checksums offloaded", got)
+	n, m := c.cut(dst)
+	if want := (offload.Meta{NeedsCsum: true, CsumStart: 34, CsumOffset: 16}); m != want {
+		t.Fatalf("meta %+v, want %+v", m, want)
 	}
+	if offload.VerifyChecksums(dst[:n], ethernetHeaderLen) {
+		t.Fatal("partial checksum already complete")
+	}
+	offload.CompletePartial(dst[:n], int(m.CsumStart), int(m.CsumOffset))
+	checkCut(t, dst[:n], false, 1500)
 }
 
-func TestTCPCutterLeavesOthersWhole(t *testing.T) {
+func TestSegmenterLeavesOthersWhole(t *testing.T) {
 	tcp := tcpFrame(false, 1, header.TCPFlagAck, make([]byte, 3000))
 	fragment := append([]byte(nil), tcp...)
 	binary.BigEndian.PutUint16(fragment[ethernetHeaderLen+6:], 0x2000) // more fragments
@@ -172,18 +190,18 @@ func TestTCPCutterLeavesOthersWhole(t *testing.T) {
 	binary.BigEndian.PutUint16(badLen[ethernetHeaderLen+2:], 100)
 	for name, tc := range map[string]struct {
 		frame []byte
-		mtu   int
+		mss   int
 	}{
-		"fits":              {tcp, 9000},
-		"fragment":          {fragment, 1500},
-		"udp":               {udp, 1500},
-		"length mismatch":   {badLen, 1500},
-		"mtu below headers": {tcp, 40},
-		"runt":              {tcp[:20], 1500},
+		"fits":            {tcp, 9000},
+		"fragment":        {fragment, 1448},
+		"udp":             {udp, 1448},
+		"length mismatch": {badLen, 1448},
+		"mss zero":        {tcp, 0},
+		"runt":            {tcp[:20], 1448},
 	} {
-		c := newTCPCutter(true)
+		c := newSegmenter()
 		copy(c.frame, tc.frame)
-		if c.load(len(tc.frame), tc.mtu) || c.pending() {
+		if c.load(len(tc.frame), tc.mss, false) || c.pending() {
 			t.Errorf("%s: taken for cutting", name)
 		}
 	}

@@ -20,7 +20,7 @@ import (
 // timeout and the connection crawls at two segments per RTO (measured: 20 s
 // and more to recover 4 MiB after a 65520 -> 4092 switch). Without it, TCP
 // retransmits the lost segments at their old size, which the stack
-// fragments or the link cuts to fit (tcpCutter), and recovers at once.
+// fragments or the link cuts to fit (segmenter), and recovers at once.
 func isStalePMTU(frame []byte, linkMTU int) bool {
 	if len(frame) < ethernetHeaderLen {
 		return false

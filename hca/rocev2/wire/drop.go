@@ -44,6 +44,12 @@ const (
 	// DropNotAllowed: the source address is outside the receiver's allow
 	// list; found before the datagram is parsed.
 	DropNotAllowed // not_allowed
+	// DropBadMcast: a datagram to a multicast group that is not a UD
+	// send to QP 0xFFFFFF.
+	DropBadMcast // bad_mcast
+	// DropNotAttached: a multicast UD packet no local QP attached to
+	// its group took (none attached with its Q_Key and P_Key).
+	DropNotAttached // not_attached
 
 	// NumDropReasons sizes per-reason counter arrays.
 	NumDropReasons

@@ -23,12 +23,14 @@ func _() {
 	_ = x[DropBadLength-12]
 	_ = x[DropFault-13]
 	_ = x[DropNotAllowed-14]
-	_ = x[NumDropReasons-15]
+	_ = x[DropBadMcast-15]
+	_ = x[DropNotAttached-16]
+	_ = x[NumDropReasons-17]
 }
 
-const _DropReason_name = "nonegarbagetruncatedbad_tverbad_opcodebad_padcntbad_icrcbad_pkeybad_qkeyunknown_qpwrong_stateno_bufferbad_lengthfaultnot_allowedNumDropReasons"
+const _DropReason_name = "nonegarbagetruncatedbad_tverbad_opcodebad_padcntbad_icrcbad_pkeybad_qkeyunknown_qpwrong_stateno_bufferbad_lengthfaultnot_allowedbad_mcastnot_attachedNumDropReasons"
 
-var _DropReason_index = [...]uint8{0, 4, 11, 20, 28, 38, 48, 56, 64, 72, 82, 93, 102, 112, 117, 128, 142}
+var _DropReason_index = [...]uint8{0, 4, 11, 20, 28, 38, 48, 56, 64, 72, 82, 93, 102, 112, 117, 128, 137, 149, 163}
 
 func (i DropReason) String() string {
 	idx := int(i) - 0

@@ -38,7 +38,7 @@ type upNode struct {
 // upDefaults are the 'ipoib up' flag defaults.
 func upDefaults(bind netip.AddrPort, peers []netip.Addr) UpOptions {
 	return UpOptions{
-		Dev: "ib0", HCA: "rocev2", Bind: bind, Peers: peers, Mode: "connected", IBMTU: 4096,
+		Dev: "ib0", HCA: "rocev2", Bind: bind, Peers: peers, Multicast: true, Mode: "connected", IBMTU: 4096,
 		RCRetry: 6, AckTimeout: 50 * time.Millisecond, UDPOffload: true,
 		MaxRXConns: 2048, MaxRXConnsPerPeer: 4, MaxHalfOpen: 256,
 	}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -166,7 +167,33 @@ func (h *softHost) Info() control.InterfaceInfo {
 	return interfaceInfo(h.host, h.ifc, h.addrs)
 }
 
-func (h *softHost) Stats() any { return h.ifc.Stats() }
+// Stats is the engine's snapshot with the soft fabric's view of the
+// host's device added as "soft": the multicast groups its QPs are
+// attached to and the messages of each group the fabric delivered to it,
+// so 'ipoib show' tells a group left at the fabric from one the host
+// merely stopped reading.
+func (h *softHost) Stats() any {
+	return statsWithDevice(h.ifc.Stats(), "soft", map[string]any{"mcast": h.dev.McastStats()})
+}
+
+// statsWithDevice is the engine's snapshot s with a backend's device
+// counters dev added under key.
+func statsWithDevice(s ipoibcm.Stats, key string, dev any) any {
+	eng, err := json.Marshal(s)
+	if err != nil {
+		return map[string]any{"error": err.Error()}
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(eng, &m); err != nil {
+		return map[string]any{"error": err.Error()}
+	}
+	d, err := json.Marshal(dev)
+	if err != nil {
+		return map[string]any{"error": err.Error()}
+	}
+	m[key] = d
+	return m
+}
 
 func (h *softHost) SetMode(mode string) error { return setInterfaceMode(h.ifc, mode) }
 

@@ -1,10 +1,12 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 
+	"github.com/ipoibcm/ipoib/hca/rocev2"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
 	"github.com/vishvananda/netlink"
 )
@@ -46,16 +48,39 @@ func routeMTU(dst netip.Addr) (mtu int, dev string, err error) {
 }
 
 // checkUnderlay refuses an IB MTU the route toward a configured peer
-// cannot carry. The socket sends with DF, so such datagrams would fail
-// with EMSGSIZE (or vanish at a smaller hop) and every large IP packet
-// with them: a black hole that ping of small packets does not show.
-func checkUnderlay(bind netip.Addr, peers []netip.Addr, ibMTU int) error {
+// cannot carry, or with multicast the link of the bind address, where
+// multicast leaves. The socket sends with DF, so such datagrams would
+// fail with EMSGSIZE (or vanish at a smaller hop) and every large IP
+// packet with them: a black hole that ping of small packets does not
+// show.
+func checkUnderlay(bind netip.Addr, peers []netip.Addr, multicast bool, ibMTU int) error {
 	need := underlayLen(bind, ibMTU)
+	type hop struct {
+		p   netip.Addr
+		mtu int
+		dev string
+	}
+	var hops []hop
 	for _, p := range peers {
 		mtu, dev, err := routeMTU(p)
 		if err != nil {
 			return err
 		}
+		hops = append(hops, hop{p, mtu, dev})
+	}
+	if multicast {
+		mtu, dev, err := linkMTU(bind)
+		switch {
+		case errors.Is(err, errNotLocal):
+			// Opening the device says so, as the kernel words it.
+		case err != nil:
+			return err
+		default:
+			hops = append(hops, hop{netip.Addr{}, mtu, dev})
+		}
+	}
+	for _, h := range hops {
+		p, mtu, dev := h.p, h.mtu, h.dev
 		if mtu >= need {
 			continue
 		}
@@ -66,8 +91,31 @@ func checkUnderlay(bind netip.Addr, peers []netip.Addr, ibMTU int) error {
 				break
 			}
 		}
-		return fmt.Errorf("peer %v: the route via %s carries %d-byte packets, --ib-mtu %d needs %d (%s, or raise the MTU of %s to %d)",
-			p, dev, mtu, ibMTU, need, fit, dev, need)
+		what := fmt.Sprintf("peer %v: the route", p)
+		if !p.IsValid() {
+			what = "multicast: the link"
+		}
+		return fmt.Errorf("%s via %s carries %d-byte packets, --ib-mtu %d needs %d (%s, or raise the MTU of %s to %d)",
+			what, dev, mtu, ibMTU, need, fit, dev, need)
 	}
 	return nil
+}
+
+// errNotLocal: no interface holds the bind address.
+var errNotLocal = errors.New("not an address of this host")
+
+// linkMTU is the MTU of the interface holding addr: multicast leaves
+// there (IP_MULTICAST_IF).
+// A link without multicast (a tun device, WireGuard) cannot carry it:
+// that is --multicast=off's case, said at start-up rather than found as
+// silence.
+func linkMTU(addr netip.Addr) (mtu int, dev string, err error) {
+	ifc, err := rocev2.BindInterface(addr)
+	if err != nil {
+		return 0, "", fmt.Errorf("--bind %v: %w: %w", addr, errNotLocal, err)
+	}
+	if ifc.Flags&(net.FlagMulticast|net.FlagLoopback) == 0 {
+		return 0, "", fmt.Errorf("--bind %v is on %s, which has no multicast: use --multicast=off (and --peers)", addr, ifc.Name)
+	}
+	return ifc.MTU, ifc.Name, nil
 }

@@ -27,6 +27,10 @@ type UpOptions struct {
 	// Bind is the local UDP address; its IP is the port GID.
 	Bind  netip.AddrPort
 	Peers []netip.Addr
+	// Multicast sends the broadcast group and IP multicast as RoCEv2
+	// multicast the network replicates (--multicast=on); false is
+	// head-end replication to the members known.
+	Multicast bool
 	// Allow is the underlay source prefixes accepted; nil means the
 	// default, --peers plus the bind address's connected subnet.
 	Allow []netip.Prefix
@@ -35,10 +39,13 @@ type UpOptions struct {
 	MaxRXConns, MaxRXConnsPerPeer, MaxHalfOpen int
 	// PKey is the partition of the device (0: the default, 0xffff), as
 	// given: its bit 15 is the port's membership (--pkey).
-	PKey  hca.PKey
-	Mode  string // "connected" or "datagram"
-	MTU   int    // IP MTU; 0: the mode's default
-	IBMTU int    // IB path MTU, 1024..4096
+	PKey hca.PKey
+	// PKeyTable are more entries of the port's P_Key table
+	// (--pkey-table): the partitions children may be added in.
+	PKeyTable []hca.PKey
+	Mode      string // "connected" or "datagram"
+	MTU       int    // IP MTU; 0: the mode's default
+	IBMTU     int    // IB path MTU, 1024..4096
 	// Fault injection on the UDP transmit path, for tests.
 	Loss, Dup, Reorder, Delay float64
 	DelayTime                 time.Duration
@@ -66,13 +73,15 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	hcaName := fs.String("hca", "rocev2", "HCA backend: rocev2")
 	bind := fs.String("bind", "", "local IP address for RoCEv2/UDP, e.g. 192.0.2.1 (required; its GID is ::ffff:<addr>)")
 	port := fs.Uint("port", 4791, "UDP port of the fabric (every host uses the same)")
-	peers := fs.String("peers", "", "comma-separated IP addresses of the other hosts (the broadcast group); hosts heard from inside --allow join too, up to 1024")
+	peers := fs.String("peers", "", "comma-separated IP addresses of other hosts: with --multicast=off the seeds of head-end replication (members they know, and hosts heard from inside --allow, join too, up to 1024); optional with --multicast=on")
+	multicast := fs.String("multicast", "on", "on: multicast UD goes to the IP group of its MGID and the network replicates (needs IGMP/MLD multicast on the link); off: head-end replication, one unicast copy per member")
 	allow := fs.String("allow", "", "comma-separated underlay source prefixes to accept, or 'any'; others are dropped before parsing (default: --peers and the subnet --bind is on)")
 	maxRX := fs.Int("max-rx-conns", 2048, "passive connections at most (REQs over it get REJ NO_QP); a peer holding an established one may replace it")
 	maxRXPeer := fs.Int("max-rx-conns-per-peer", 4, "passive connections from one peer GID at most")
 	maxHalfOpen := fs.Int("max-half-open", 256, "passive handshakes awaiting the peer's RTU at most; a REQ beyond evicts one of the source holding the most")
 	mode := fs.String("mode", "connected", "initial mode: connected or datagram")
 	pkey := fs.String("pkey", "0xffff", "partition of the device: its P_Key (0x8001); no subnet manager runs, so the port's P_Key table is {0xffff, this}, bit 15 clear making the port a limited member (0x0001)")
+	pkeyTable := fs.String("pkey-table", "", "more comma-separated P_Keys for the port's table, the partitions 'ipoib child add' may use here (bit 15 the membership, as --pkey)")
 	mtu := fs.Int("mtu", 0, "IP MTU of the device; 0 = the mode's default (65520 connected, IB MTU - 4 datagram)")
 	ibMTU := fs.Int("ib-mtu", 4096, "IB path MTU: 1024, 2048 or 4096 (the UDP path must carry it plus 60 bytes)")
 	loss := fs.Float64("loss", 0, "fault injection: probability of dropping an outgoing UDP datagram")
@@ -91,7 +100,7 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	dir := controlDirFlag(fs, env)
 	prof := addProfileFlags(fs)
 	return func(ctx context.Context, args []string) int {
-		o, msg := parseUp(args, upRaw{*dev, *addr, *hcaName, *bind, *port, *peers, *mode, *mtu, *ibMTU})
+		o, msg := parseUp(args, upRaw{*dev, *addr, *hcaName, *bind, *port, *peers, *mode, *mtu, *ibMTU, *multicast})
 		if msg != "" {
 			return usageError(env, "up", msg)
 		}
@@ -100,6 +109,16 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 			return usageError(env, "up", msg)
 		}
 		o.PKey = hca.PKey(k)
+		for _, f := range strings.Split(*pkeyTable, ",") {
+			if f = strings.TrimSpace(f); f == "" {
+				continue
+			}
+			k, msg := flagcheck.PKey("--pkey-table", f)
+			if msg != "" {
+				return usageError(env, "up", msg)
+			}
+			o.PKeyTable = append(o.PKeyTable, hca.PKey(k))
+		}
 		if msg := flagcheck.First(
 			flagcheck.Probability("loss", *loss), flagcheck.Probability("dup", *dup),
 			flagcheck.Probability("reorder", *reorder), flagcheck.Probability("delay", *delay),
@@ -156,6 +175,7 @@ type upRaw struct {
 	port                 uint
 	peers, mode          string
 	mtu, ibMTU           int
+	multicast            string
 }
 
 // parseUp validates the flags; a non-empty message is a usage error.
@@ -193,6 +213,14 @@ func parseUp(args []string, r upRaw) (UpOptions, string) {
 		}
 		peers = append(peers, p.Unmap())
 	}
+	var mcast bool
+	switch r.multicast {
+	case "on":
+		mcast = true
+	case "off":
+	default:
+		return o, fmt.Sprintf("--multicast %q: want on or off", r.multicast)
+	}
 	if !validMode(r.mode) {
 		return o, fmt.Sprintf("--mode %q: want connected or datagram", r.mode)
 	}
@@ -205,7 +233,7 @@ func parseUp(args []string, r upRaw) (UpOptions, string) {
 		return o, msg
 	}
 	return UpOptions{Dev: r.dev, Addr: pfx, HCA: r.hca, Bind: netip.AddrPortFrom(bind, uint16(r.port)), Peers: peers,
-		Mode: r.mode, MTU: r.mtu, IBMTU: r.ibMTU}, ""
+		Multicast: mcast, Mode: r.mode, MTU: r.mtu, IBMTU: r.ibMTU}, ""
 }
 
 // oneLine keeps an error message on one line (joined errors print one

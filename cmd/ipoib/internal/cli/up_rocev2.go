@@ -2,12 +2,13 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
+	"slices"
+	"strings"
 
 	"github.com/ipoibcm/ipoib/capture"
 	"github.com/ipoibcm/ipoib/control"
@@ -70,22 +71,7 @@ func (h *upHost) Info() control.InterfaceInfo {
 // Stats is the engine's snapshot with the RoCEv2 device's counters (per
 // drop reason, retransmits, injected faults) added as "rocev2", so 'ipoib
 // show' prints them with the interface.
-func (h *upHost) Stats() any {
-	eng, err := json.Marshal(h.ifc.Stats())
-	if err != nil {
-		return map[string]any{"error": err.Error()}
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(eng, &m); err != nil {
-		return map[string]any{"error": err.Error()}
-	}
-	dev, err := json.Marshal(h.dev.Stats())
-	if err != nil {
-		return map[string]any{"error": err.Error()}
-	}
-	m["rocev2"] = dev
-	return m
-}
+func (h *upHost) Stats() any { return statsWithDevice(h.ifc.Stats(), "rocev2", h.dev.Stats()) }
 
 func (h *upHost) SetMode(mode string) error { return setInterfaceMode(h.ifc, mode) }
 
@@ -100,11 +86,13 @@ func upDeviceConfig(o UpOptions, log *slog.Logger) (rocev2.Config, error) {
 		}
 	}
 	return rocev2.Config{
-		Bind:  o.Bind,
-		Peers: o.Peers,
-		Allow: allow,
-		PKeys: upPKeyTable(o.PKey),
-		MTU:   hca.MTU(o.IBMTU),
+		Bind:      o.Bind,
+		Peers:     o.Peers,
+		Multicast: o.Multicast,
+		Gossip:    !o.Multicast,
+		Allow:     allow,
+		PKeys:     upPKeyTable(o.PKey, o.PKeyTable),
+		MTU:       hca.MTU(o.IBMTU),
 		Faults: rocev2.Faults{Seed: o.Seed, Drop: o.Loss, Duplicate: o.Dup, Reorder: o.Reorder,
 			Delay: o.Delay, DelayTime: o.DelayTime},
 		MinAckTimeout: o.AckTimeout,
@@ -140,7 +128,7 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 	if err != nil {
 		return setup(err)
 	}
-	if err := checkUnderlay(o.Bind.Addr(), o.Peers, o.IBMTU); err != nil {
+	if err := checkUnderlay(o.Bind.Addr(), o.Peers, o.Multicast, o.IBMTU); err != nil {
 		return setup(err)
 	}
 	mux := &capture.Mux{}
@@ -184,7 +172,7 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 	}
 	cleanup = append(cleanup, func() error { view.Close(); return nil })
 	h := &upHost{name: o.Host, ifc: ifc, dev: dev, mux: mux, addrs: []netip.Prefix{o.Addr}, view: view}
-	h.kids = childSet{host: o.Host, parent: ifc, log: log,
+	h.kids = childSet{host: o.Host, parent: ifc, log: log, admit: fixedPKeyTable(dev),
 		config: func(name string, port ipoibcm.HostPort) ipoibcm.Config {
 			c := upInterfaceConfig(o, mode, dev, port, log)
 			c.Name, c.Events = name, icfg.Events
@@ -209,7 +197,7 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 		log.Info("metrics", "url", "http://"+ms.Addr().String()+"/metrics")
 	}
 	log.Info("up; stop with Ctrl-C", "dev", o.Dev, "addr", o.Addr, "bind", dev.LocalAddr(), "hwaddr", ifc.HWAddr(),
-		"mode", ifc.Mode(), "mtu", ifc.MTU(), "peers", o.Peers, "allow", dcfg.Allow, "control", srv.Path())
+		"mode", ifc.Mode(), "mtu", ifc.MTU(), "peers", o.Peers, "multicast", o.Multicast, "allow", dcfg.Allow, "control", srv.Path())
 	if o.Ready != nil {
 		o.Ready(srv.Path())
 	}
@@ -219,16 +207,20 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 }
 
 // upPKeyTable is the RoCEv2 port's P_Key table for 'ipoib up --pkey
-// pkey' (0: none given): the default partition first, then pkey as given,
-// its bit 15 the membership, there being no subnet manager to write it.
-func upPKeyTable(pkey hca.PKey) []hca.PKey {
-	switch {
-	case pkey == 0:
-		return []hca.PKey{hca.PKeyDefault}
-	case pkey&0x7FFF == 0x7FFF:
-		return []hca.PKey{pkey}
+// pkey --pkey-table more' (pkey 0: none given): the default partition
+// first, then pkey and more as given, bit 15 the membership, there being
+// no subnet manager to write it; a partition given twice keeps its first.
+func upPKeyTable(pkey hca.PKey, more []hca.PKey) []hca.PKey {
+	table := []hca.PKey{hca.PKeyDefault}
+	if pkey&0x7FFF == 0x7FFF {
+		table[0] = pkey
 	}
-	return []hca.PKey{hca.PKeyDefault, pkey}
+	for _, k := range append([]hca.PKey{pkey}, more...) {
+		if k != 0 && !slices.ContainsFunc(table, func(t hca.PKey) bool { return t&0x7FFF == k&0x7FFF }) {
+			table = append(table, k)
+		}
+	}
+	return table
 }
 
 // upPartition is the engine's partition for --pkey: the P_Key with the
@@ -239,4 +231,21 @@ func upPartition(pkey hca.PKey) hca.PKey {
 		return hca.PKeyDefault
 	}
 	return pkey | 0x8000
+}
+
+// fixedPKeyTable admits a child only in a partition the port's table
+// (--pkey, --pkey-table) has: no subnet manager runs over RoCEv2 to add
+// one later, so a child outside it would stay down for good.
+func fixedPKeyTable(dev hca.Device) func(hca.PKey) (func(), error) {
+	return func(pkey hca.PKey) (func(), error) {
+		port := dev.Port()
+		if _, ok := port.PKeyIndex(pkey); !ok {
+			var tbl []string
+			for _, k := range port.PKeys {
+				tbl = append(tbl, fmt.Sprintf("0x%04x", uint16(k)))
+			}
+			return nil, fmt.Errorf("partition 0x%04x is not in this port's P_Key table (%s); start 'ipoib up' with it in --pkey-table", uint16(pkey|0x8000), strings.Join(tbl, ", "))
+		}
+		return func() {}, nil
+	}
 }

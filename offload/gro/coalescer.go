@@ -1,0 +1,216 @@
+package gro
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/ipoibcm/ipoib/offload"
+)
+
+// Defaults for the zero fields of Config.
+const (
+	// DefaultFlows is Linux's MAX_GRO_SKBS: chains open at once in one
+	// GRO bucket.
+	DefaultFlows = 8
+	// DefaultBuffers is the super frames one batch may build: a 64-frame
+	// poll batch of 4 KiB UD frames fills four.
+	DefaultBuffers = 8
+	// DefaultBatch is the frames the table holds between flushes without
+	// growing: a NAPI budget.
+	DefaultBatch = 64
+)
+
+// Config sizes a Coalescer.
+type Config struct {
+	// L3Off is the length of the link header in front of the IP header of
+	// every frame (14 for Ethernet); it is copied from the head segment
+	// and must be equal for segments to merge.
+	L3Off int
+	// Flows is how many chains may be open at once (DefaultFlows if 0).
+	Flows int
+	// Buffers is how many super frames one batch may build, each
+	// L3Off+65535 bytes, allocated on first use (DefaultBuffers if 0).
+	Buffers int
+	// Batch is how many frames Add takes between flushes before its
+	// table grows (DefaultBatch if 0).
+	Batch int
+}
+
+// Coalescer merges the TCP segments of a batch of frames. See the package
+// comment for the rules. It is not safe for concurrent use, except Stats.
+type Coalescer struct {
+	l3off   int
+	nbufs   int
+	entries []entry
+	flows   []flow
+	bufs    [][]byte
+	used    int // bufs handed out in this batch
+	seg     segment
+	stats   stats
+}
+
+// entry is one output frame, in input order of its first segment.
+type entry struct {
+	frame []byte
+	meta  offload.Meta
+}
+
+// New makes a Coalescer.
+func New(cfg Config) (*Coalescer, error) {
+	if cfg.L3Off < 0 || cfg.Flows < 0 || cfg.Buffers < 0 || cfg.Batch < 0 {
+		return nil, fmt.Errorf("gro: negative size in %+v", cfg)
+	}
+	cfg.Flows = cmpOr(cfg.Flows, DefaultFlows)
+	cfg.Buffers = cmpOr(cfg.Buffers, DefaultBuffers)
+	cfg.Batch = cmpOr(cfg.Batch, DefaultBatch)
+	return &Coalescer{
+		l3off:   cfg.L3Off,
+		nbufs:   cfg.Buffers,
+		entries: make([]entry, 0, cfg.Batch),
+		flows:   make([]flow, cfg.Flows),
+		bufs:    make([][]byte, 0, cfg.Buffers),
+	}, nil
+}
+
+func cmpOr(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// Add takes one frame and its offload state. The coalescer keeps frame
+// (and may copy it) until Flush has emitted it.
+func (c *Coalescer) Add(frame []byte, meta offload.Meta) {
+	s := &c.seg
+	s.classify(frame, meta, c.l3off)
+	if s.class == segOther {
+		c.entries = append(c.entries, entry{frame: frame, meta: meta})
+		return
+	}
+	f := c.lookup(&s.key)
+	if f != nil && c.offer(f, s) {
+		return
+	}
+	if s.class != segCandidate || s.final || s.csum == csumBad {
+		c.entries = append(c.entries, entry{frame: frame, meta: meta})
+		return
+	}
+	if f == nil {
+		f = c.slot()
+	}
+	c.transition(f, evStart, s)
+}
+
+// offer joins s to its flow's chain f, or ends the chain and reports
+// false.
+func (c *Coalescer) offer(f *flow, s *segment) bool {
+	head := c.entries[f.entry].frame
+	ok := s.class == segCandidate && f.matches(head, s) && f.h.Len-f.h.L3+s.payload <= maxIPLen
+	if ok && f.state == flowHeld && c.used == c.nbufs {
+		c.stats.noBuffer.Add(1)
+		ok = false
+	}
+	if ok && f.csum == csumUnknown {
+		f.csum = verdict(offload.VerifyChecksums(head, c.l3off), &c.stats)
+	}
+	ok = ok && f.csum == csumGood && s.verify(c.l3off, &c.stats) == csumGood
+	if !ok {
+		c.transition(f, evEnd, nil)
+		return false
+	}
+	c.transition(f, evJoin, s)
+	if s.payload < f.mss || s.final {
+		c.transition(f, evEnd, nil)
+	}
+	return true
+}
+
+// lookup finds the open chain of key.
+func (c *Coalescer) lookup(key *flowKey) *flow {
+	for i := range c.flows {
+		if f := &c.flows[i]; f.state != flowIdle && f.key == *key {
+			return f
+		}
+	}
+	return nil
+}
+
+// slot finds an idle flow slot, ending the oldest chain if there is none
+// (gro_flush_oldest).
+func (c *Coalescer) slot() *flow {
+	var oldest *flow
+	for i := range c.flows {
+		f := &c.flows[i]
+		if f.state == flowIdle {
+			return f
+		}
+		if oldest == nil || f.entry < oldest.entry {
+			oldest = f
+		}
+	}
+	c.stats.evicted.Add(1)
+	c.transition(oldest, evEnd, nil)
+	return oldest
+}
+
+// takeBuffer hands out the next super-frame buffer of this batch; the
+// caller has checked that one is left.
+func (c *Coalescer) takeBuffer() []byte {
+	if c.used == len(c.bufs) {
+		c.bufs = append(c.bufs, make([]byte, c.l3off+maxIPLen))
+	}
+	c.used++
+	return c.bufs[c.used-1]
+}
+
+// Pending is the number of frames Flush would emit now.
+func (c *Coalescer) Pending() int { return len(c.entries) }
+
+// Flush completes every open chain and emits the batch in order: the
+// frames Add took that did not merge, as they were, and the super frames.
+// A super frame's bytes stay valid until the next Add. The coalescer then
+// holds nothing of the caller's.
+func (c *Coalescer) Flush(emit func(frame []byte, meta offload.Meta)) {
+	for i := range c.flows {
+		if c.flows[i].state != flowIdle {
+			c.transition(&c.flows[i], evEnd, nil)
+		}
+	}
+	for i := range c.entries {
+		emit(c.entries[i].frame, c.entries[i].meta)
+	}
+	clear(c.entries)
+	c.entries = c.entries[:0]
+	c.seg = segment{}
+	c.used = 0
+}
+
+// Stats are a Coalescer's cumulative counts.
+type Stats struct {
+	// Frames is the super frames built; Segments the segments merged into
+	// them (at least two each).
+	Frames, Segments uint64
+	// Verified is the checksums verified in software (segments without a
+	// known-good checksum, each just before it would have merged);
+	// BadCsum those that failed: they passed on unmerged.
+	Verified, BadCsum uint64
+	// NoBuffer is merges not done because the batch had used every
+	// super-frame buffer; Evicted chains ended early because Flows chains
+	// were open.
+	NoBuffer, Evicted uint64
+}
+
+type stats struct {
+	frames, segments, verified, badCsum, noBuffer, evicted atomic.Uint64
+}
+
+// Stats reads the counts; it may be called from any goroutine.
+func (c *Coalescer) Stats() Stats {
+	s := &c.stats
+	return Stats{
+		Frames: s.frames.Load(), Segments: s.segments.Load(),
+		Verified: s.verified.Load(), BadCsum: s.badCsum.Load(),
+		NoBuffer: s.noBuffer.Load(), Evicted: s.evicted.Load(),
+	}
+}

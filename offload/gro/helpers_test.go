@@ -1,0 +1,236 @@
+package gro
+
+import (
+	"bytes"
+	"encoding/binary"
+	"testing"
+
+	"github.com/ipoibcm/ipoib/offload"
+)
+
+const l3 = 14 // Ethernet
+
+// csumKind is how a test segment's checksum arrives.
+type csumKind uint8
+
+const (
+	csumValid   csumKind = iota // complete, Meta.DataValid (the HCA verified it)
+	csumPartial                 // pseudo-header seed, Meta.NeedsCsum
+	csumNone                    // complete, zero Meta (verify in software)
+	csumWrong                   // complete but wrong, zero Meta
+)
+
+// pkt describes one TCP segment (or, with udp, a UDP datagram) behind an
+// Ethernet header.
+type pkt struct {
+	v6       bool
+	udp      bool
+	link     [14]byte
+	src, dst [16]byte // IPv4 in the first 4 bytes
+	sport    uint16
+	dport    uint16
+	tos, ttl uint8 // IPv6: traffic class, hop limit
+	label    uint32
+	id       uint16
+	df       bool
+	ipOpts   int // IPv4 option bytes (multiple of 4)
+	seq, ack uint32
+	flags    byte
+	win      uint16
+	opts     []byte // TCP options, multiple of 4
+	payload  []byte
+	csum     csumKind
+	gso      bool // claim the frame is a GSO frame
+	padding  int  // link padding after the IP packet
+}
+
+func basePkt(v6 bool) pkt {
+	p := pkt{v6: v6, sport: 40000, dport: 5201, ttl: 64, flags: 0x10, win: 512, df: true, seq: 1000, ack: 77}
+	copy(p.link[:], []byte{2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2})
+	if v6 {
+		p.link[12], p.link[13] = 0x86, 0xdd
+		p.src = [16]byte{0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}
+		p.dst = [16]byte{0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2}
+	} else {
+		p.link[12], p.link[13] = 0x08, 0x00
+		p.src = [16]byte{10, 77, 0, 1}
+		p.dst = [16]byte{10, 77, 0, 2}
+	}
+	return p
+}
+
+// frame builds the frame and its Meta.
+func (p pkt) frame() ([]byte, offload.Meta) {
+	f := append([]byte(nil), p.link[:]...)
+	l4len := 20 + len(p.opts)
+	proto := byte(offload.ProtoTCP)
+	if p.udp {
+		l4len, proto = 8, offload.ProtoUDP
+	}
+	if p.v6 {
+		ip := make([]byte, 40)
+		binary.BigEndian.PutUint32(ip, 6<<28|uint32(p.tos)<<20|p.label&0xFFFFF)
+		binary.BigEndian.PutUint16(ip[4:], uint16(l4len+len(p.payload)))
+		ip[6], ip[7] = proto, p.ttl
+		copy(ip[8:], p.src[:])
+		copy(ip[24:], p.dst[:])
+		f = append(f, ip...)
+	} else {
+		ihl := 20 + p.ipOpts
+		ip := make([]byte, ihl)
+		ip[0] = 0x40 | byte(ihl/4)
+		ip[1] = p.tos
+		binary.BigEndian.PutUint16(ip[2:], uint16(ihl+l4len+len(p.payload)))
+		binary.BigEndian.PutUint16(ip[4:], p.id)
+		if p.df {
+			ip[6] = 0x40
+		}
+		ip[8], ip[9] = p.ttl, proto
+		copy(ip[12:], p.src[:4])
+		copy(ip[16:], p.dst[:4])
+		for i := 20; i < ihl; i++ {
+			ip[i] = 1 // NOP
+		}
+		f = append(f, ip...)
+	}
+	l4 := make([]byte, l4len)
+	binary.BigEndian.PutUint16(l4, p.sport)
+	binary.BigEndian.PutUint16(l4[2:], p.dport)
+	if p.udp {
+		binary.BigEndian.PutUint16(l4[4:], uint16(8+len(p.payload)))
+	} else {
+		binary.BigEndian.PutUint32(l4[4:], p.seq)
+		binary.BigEndian.PutUint32(l4[8:], p.ack)
+		l4[12] = byte(l4len/4) << 4
+		l4[13] = p.flags
+		binary.BigEndian.PutUint16(l4[14:], p.win)
+		copy(l4[20:], p.opts)
+	}
+	f = append(f, l4...)
+	f = append(f, p.payload...)
+	h, err := offload.FillChecksums(f, l3)
+	if err != nil {
+		panic(err)
+	}
+	var m offload.Meta
+	switch p.csum {
+	case csumValid:
+		m.DataValid = true
+	case csumPartial:
+		h.FillPartial(f)
+		m = offload.Meta{NeedsCsum: true, CsumStart: uint16(h.L4), CsumOffset: uint16(h.CsumOffset())}
+	case csumWrong:
+		f[h.L4+h.CsumOffset()] ^= 0x5a
+	}
+	if p.gso {
+		m.GSO, m.GSOSize = offload.GSOTCPv4, 100
+		if p.v6 {
+			m.GSO = offload.GSOTCPv6
+		}
+	}
+	f = append(f, make([]byte, p.padding)...)
+	return f, m
+}
+
+// tsOpt is NOP, NOP, timestamps.
+func tsOpt(val, ecr uint32) []byte {
+	o := []byte{1, 1, 8, 10, 0, 0, 0, 0, 0, 0, 0, 0}
+	binary.BigEndian.PutUint32(o[4:], val)
+	binary.BigEndian.PutUint32(o[8:], ecr)
+	return o
+}
+
+func payload(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i*7)
+	}
+	return b
+}
+
+// outFrame is one frame Flush emitted, copied.
+type outFrame struct {
+	frame []byte
+	meta  offload.Meta
+}
+
+// run coalesces frames in one batch and returns copies of what Flush
+// emits.
+func run(t testing.TB, c *Coalescer, frames [][]byte, metas []offload.Meta) []outFrame {
+	t.Helper()
+	for i := range frames {
+		c.Add(frames[i], metas[i])
+	}
+	var out []outFrame
+	c.Flush(func(f []byte, m offload.Meta) {
+		out = append(out, outFrame{bytes.Clone(f), m})
+	})
+	if c.Pending() != 0 {
+		t.Fatalf("Pending %d after Flush", c.Pending())
+	}
+	return out
+}
+
+func newC(t testing.TB, cfg Config) *Coalescer {
+	t.Helper()
+	if cfg.L3Off == 0 {
+		cfg.L3Off = l3
+	}
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// naiveSum is RFC 1071 the slow obvious way, independent of the checksum
+// code the package uses.
+func naiveSum(b []byte) uint32 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(b[i])<<8 | uint32(b[i+1])
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
+	}
+	return s
+}
+
+func fold(s uint32) uint16 {
+	for s > 0xFFFF {
+		s = s>>16 + s&0xFFFF
+	}
+	return uint16(s)
+}
+
+// naiveValid reports whether a complete frame's IPv4 header and TCP/UDP
+// checksums are right.
+func naiveValid(f []byte) bool {
+	ip := f[l3:]
+	var l4, pseudo []byte
+	var proto byte
+	if ip[0]>>4 == 4 {
+		ihl := int(ip[0]&0xF) * 4
+		if fold(naiveSum(ip[:ihl])) != 0xFFFF {
+			return false
+		}
+		proto = ip[9]
+		l4 = ip[ihl:binary.BigEndian.Uint16(ip[2:])]
+		pseudo = append(pseudo, ip[12:20]...)
+	} else {
+		proto = ip[6]
+		l4 = ip[40 : 40+binary.BigEndian.Uint16(ip[4:])]
+		pseudo = append(pseudo, ip[8:40]...)
+	}
+	pseudo = append(pseudo, 0, proto, byte(len(l4)>>8), byte(len(l4)))
+	return fold(naiveSum(pseudo)+naiveSum(l4)) == 0xFFFF
+}
+
+// complete returns a copy of a NeedsCsum frame with its checksum finished.
+func complete(f []byte, m offload.Meta) []byte {
+	f = bytes.Clone(f)
+	if m.NeedsCsum {
+		offload.CompletePartial(f, int(m.CsumStart), int(m.CsumOffset))
+	}
+	return f
+}

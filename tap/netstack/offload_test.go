@@ -1,0 +1,394 @@
+package netstack
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/ipoibcm/ipoib/offload"
+)
+
+// metaPort is one side of LinkOffloads that records the metadata its host
+// hands out and may claim to accept less than the host does (accepts), as
+// a peer without TSO would.
+type metaPort struct {
+	*Host
+	accepts *offload.Caps
+
+	mu        sync.Mutex
+	frames    int
+	largest   int
+	super     int // frames with GSO metadata
+	superB    int // bytes in them
+	partial   int // frames with NeedsCsum
+	overMTU   int // frames larger than the MTU without GSO metadata
+	badSuper  string
+	gsoSizeHi int
+}
+
+func (p *metaPort) HostOffloads() offload.Caps {
+	if p.accepts != nil {
+		return *p.accepts
+	}
+	return p.Host.HostOffloads()
+}
+
+func (p *metaPort) ReadFramesMetaContext(ctx context.Context, bufs [][]byte, sizes []int, meta []offload.Meta) (int, error) {
+	n, err := p.Host.ReadFramesMetaContext(ctx, bufs, sizes, meta)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	mtu := p.Host.MTU()
+	for i := range n {
+		f, m := bufs[i][:sizes[i]], meta[i]
+		p.frames++
+		p.largest = max(p.largest, len(f))
+		if m.NeedsCsum {
+			p.partial++
+		}
+		if m.GSO == offload.GSONone {
+			if len(f)-ethernetHeaderLen > mtu {
+				p.overMTU++
+			}
+			continue
+		}
+		p.super++
+		p.superB += len(f)
+		p.gsoSizeHi = max(p.gsoSizeHi, int(m.GSOSize))
+		h, err := offload.Parse(f, ethernetHeaderLen)
+		switch {
+		case err != nil:
+			p.badSuper = err.Error()
+		case !m.NeedsCsum || int(m.CsumStart) != h.L4 || m.CsumOffset != 16:
+			p.badSuper = "super frame without its partial checksum"
+		case h.End-ethernetHeaderLen+int(m.GSOSize) > mtu:
+			p.badSuper = "GSO size past the MTU"
+		case len(f)-ethernetHeaderLen > 65535:
+			p.badSuper = "super frame past 64 KiB"
+		}
+	}
+	return n, err
+}
+
+// transferSHA sends n random bytes from src to dst over TCP and fails
+// unless the receiver's SHA-256 equals the sender's.
+func transferSHA(t *testing.T, src, dst *Host, to netip.AddrPort, n int) {
+	t.Helper()
+	ctx := testContext(t)
+	l, err := dst.ListenTCP(to.Port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	type result struct {
+		sum [32]byte
+		n   int64
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer c.Close()
+		h := sha256.New()
+		got, err := io.Copy(h, c)
+		var r result
+		copy(r.sum[:], h.Sum(nil))
+		r.n, r.err = got, err
+		done <- r
+	}()
+	c, err := src.DialTCP(ctx, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sha256.New()
+	rng := rand.NewChaCha8([32]byte{1})
+	if _, err := io.CopyN(c, io.TeeReader(rng, h), int64(n)); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.n != int64(n) || !bytes.Equal(r.sum[:], h.Sum(nil)) {
+		t.Fatalf("received %d bytes with SHA-256 %x, sent %d with %x", r.n, r.sum, n, h.Sum(nil))
+	}
+}
+
+// offloadPair builds A and B from base and joins them with LinkOffloads,
+// B claiming to accept bAccepts (nil: what its host accepts).
+func offloadPair(t *testing.T, base Config, bAccepts *offload.Caps) (a, b *Host, pa, pb *metaPort) {
+	t.Helper()
+	ca, cb := base, base
+	ca.Addrs = []netip.Prefix{addrA4, addrA6}
+	cb.Addrs = []netip.Prefix{addrB4, addrB6}
+	a, err := New(ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err = New(cb)
+	if err != nil {
+		a.Close()
+		t.Fatal(err)
+	}
+	pa, pb = &metaPort{Host: a}, &metaPort{Host: b, accepts: bAccepts}
+	stop, err := LinkOffloads(pa, pb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stop()
+		a.Close()
+		b.Close()
+	})
+	return a, b, pa, pb
+}
+
+// checkStackClean fails if h's stack refused a segment: a bad checksum or
+// header on the offload path would be recovered by TCP unseen by the
+// byte check.
+func checkStackClean(t *testing.T, name string, h *Host) {
+	t.Helper()
+	s := h.Stack().Stats()
+	if s.TCP.ChecksumErrors.Value()+s.TCP.InvalidSegmentsReceived.Value()+s.IP.MalformedPacketsReceived.Value() != 0 {
+		t.Fatalf("%s refused segments: %d TCP checksum errors, %d invalid TCP segments, %d malformed IP packets", name,
+			s.TCP.ChecksumErrors.Value(), s.TCP.InvalidSegmentsReceived.Value(), s.IP.MalformedPacketsReceived.Value())
+	}
+}
+
+// TestLinkOffloadsGSO moves TCP between two hosts with host GSO through a
+// link that carries the metadata: A's TCP hands out super frames far above
+// the MTU, they cross whole, B's stack takes them whole (completing their
+// partial checksums, since B verifies what it receives) and every byte
+// arrives.
+func TestLinkOffloadsGSO(t *testing.T) {
+	const n = 16 << 20
+	for _, tc := range []struct {
+		name  string
+		mtu   int
+		to    netip.Addr
+		trust bool
+	}{
+		{"ipv4-mtu1500", 1500, addrB4.Addr(), false},
+		{"ipv6-mtu4092", 4092, addrB6.Addr(), false},
+		{"ipv4-mtu4092-trusted", 4092, addrB4.Addr(), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b, pa, _ := offloadPair(t, Config{MTU: tc.mtu, GSO: true, TrustRXChecksums: tc.trust}, nil)
+			transferSHA(t, a, b, netip.AddrPortFrom(tc.to, 5001), n)
+			pa.mu.Lock()
+			defer pa.mu.Unlock()
+			ca, cb := a.Counters(), b.Counters()
+			t.Logf("A handed out %d frames, %d super (%d bytes, largest %d, GSO size up to %d), %d partial; B took %d super frames",
+				pa.frames, pa.super, pa.superB, pa.largest, pa.gsoSizeHi, pa.partial, cb.RxSuperFrames)
+			if pa.badSuper != "" {
+				t.Fatal(pa.badSuper)
+			}
+			// Most of the stream crosses in super frames, each worth
+			// several MTU-sized segments.
+			if pa.superB < n/2 || pa.largest < 8*tc.mtu || pa.super == 0 {
+				t.Fatalf("%d super frames carried %d of %d bytes, largest frame %d: GSO not in use", pa.super, pa.superB, n, pa.largest)
+			}
+			if pa.overMTU != 0 || ca.TxResegmented != 0 {
+				t.Fatalf("%d frames past the MTU without GSO metadata, %d cut by the link", pa.overMTU, ca.TxResegmented)
+			}
+			if uint64(pa.super) != ca.TxSuperFrames || ca.TxSuperFrames != cb.RxSuperFrames {
+				t.Fatalf("super frames: seen %d, A counted %d, B counted %d", pa.super, ca.TxSuperFrames, cb.RxSuperFrames)
+			}
+			if cb.RxDropped() != 0 {
+				t.Fatalf("B dropped %d frames: %+v", cb.RxDropped(), cb)
+			}
+			checkStackClean(t, "B", b)
+		})
+	}
+}
+
+// TestLinkOffloadsPeerWithoutTSO: a peer that does not accept super frames
+// (or partial checksums) never gets them; A's link cuts its host's super
+// frames to the MTU (and completes the checksums) instead.
+func TestLinkOffloadsPeerWithoutTSO(t *testing.T) {
+	const mtu, n = 1500, 8 << 20
+	for _, tc := range []struct {
+		name    string
+		accepts offload.Caps
+	}{
+		{"csum-only", offload.Caps{Csum: true}},
+		{"none", offload.Caps{}},
+		{"tso-without-csum", offload.Caps{TSO4: true, TSO6: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b, pa, _ := offloadPair(t, Config{MTU: mtu, GSO: true}, &tc.accepts)
+			transferSHA(t, a, b, netip.AddrPortFrom(addrB4.Addr(), 5001), n)
+			pa.mu.Lock()
+			defer pa.mu.Unlock()
+			ca := a.Counters()
+			if pa.super != 0 || ca.TxSuperFrames != 0 || pa.largest > mtu+ethernetHeaderLen || pa.overMTU != 0 {
+				t.Fatalf("%d super frames, largest %d for a peer without TSO", pa.super, pa.largest)
+			}
+			// Host GSO still ran: its super frames were cut here.
+			if ca.TxResegmented == 0 {
+				t.Fatal("no super frame was cut by the link; GSO was not on and the test proves nothing")
+			}
+			if wantPartial := tc.accepts.Csum; (pa.partial > 0) != wantPartial {
+				t.Fatalf("%d frames with partial checksums, peer accepts csum=%v", pa.partial, tc.accepts.Csum)
+			}
+			checkStackClean(t, "B", b)
+		})
+	}
+}
+
+// TestPlainReadFramesWithGSO: host GSO behind a plain ReadFrames reader
+// (an engine without OffloadPort, Link) gives only complete MTU-sized
+// frames.
+func TestPlainReadFramesWithGSO(t *testing.T) {
+	p := newPair(t, Config{MTU: 4092, GSO: true})
+	transferSHA(t, p.a, p.b, netip.AddrPortFrom(addrB6.Addr(), 5001), 8<<20)
+	if got := p.pa.maxFrame.Load(); got > 4092+ethernetHeaderLen {
+		t.Fatalf("largest frame %d past MTU 4092", got)
+	}
+	if c := p.a.Counters(); c.TxResegmented == 0 || c.TxSuperFrames != 0 {
+		t.Fatalf("A cut %d super frames, handed out %d whole", c.TxResegmented, c.TxSuperFrames)
+	}
+	checkStackClean(t, "B", p.b)
+}
+
+func TestSetOffloads(t *testing.T) {
+	h, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	for _, tc := range []struct{ want, got offload.Caps }{
+		{offload.Caps{Csum: true, TSO4: true, TSO6: true, USO: true}, offload.Caps{Csum: true, TSO4: true, TSO6: true}},
+		{offload.Caps{TSO4: true, TSO6: true}, offload.Caps{}},
+		{offload.Caps{Csum: true, TSO6: true}, offload.Caps{Csum: true, TSO6: true}},
+		{offload.Caps{}, offload.Caps{}},
+	} {
+		got, err := h.SetOffloads(tc.want)
+		if err != nil || got != tc.got || h.ep.acceptCaps() != tc.got {
+			t.Errorf("SetOffloads(%+v) = %+v, %v; want %+v", tc.want, got, err, tc.got)
+		}
+	}
+	if got := h.HostOffloads(); got != (offload.Caps{Csum: true, TSO4: true, TSO6: true}) {
+		t.Errorf("HostOffloads = %+v", got)
+	}
+}
+
+// udpFrame builds an IPv4 UDP frame from src to dst with a complete
+// checksum.
+func udpFrame(dstMAC, srcMAC net.HardwareAddr, src, dst netip.AddrPort, payload []byte) []byte {
+	f := make([]byte, ethernetHeaderLen+header.IPv4MinimumSize+header.UDPMinimumSize+len(payload))
+	header.Ethernet(f).Encode(&header.EthernetFields{SrcAddr: tcpip.LinkAddress(srcMAC), DstAddr: tcpip.LinkAddress(dstMAC), Type: header.IPv4ProtocolNumber})
+	ip := header.IPv4(f[ethernetHeaderLen:])
+	ip.Encode(&header.IPv4Fields{
+		TotalLength: uint16(len(ip)), TTL: 64, Protocol: uint8(header.UDPProtocolNumber),
+		SrcAddr: tcpip.AddrFrom4(src.Addr().As4()), DstAddr: tcpip.AddrFrom4(dst.Addr().As4()),
+	})
+	ip.SetChecksum(^ip.CalculateChecksum())
+	u := header.UDP(ip[header.IPv4MinimumSize:])
+	u.Encode(&header.UDPFields{SrcPort: src.Port(), DstPort: dst.Port(), Length: uint16(len(u))})
+	copy(u[header.UDPMinimumSize:], payload)
+	xsum := header.PseudoHeaderChecksum(header.UDPProtocolNumber, ip.SourceAddress(), ip.DestinationAddress(), uint16(len(u)))
+	u.SetChecksum(^checksum.Checksum(u, xsum))
+	return f
+}
+
+// TestWriteFramesMetaUSO: a UDP super frame (USO) is not what the host
+// accepts; the link cuts it and the socket reads one datagram per segment.
+func TestWriteFramesMetaUSO(t *testing.T) {
+	peerMAC := net.HardwareAddr{2, 0, 0, 0, 0, 9}
+	h, err := New(Config{Addrs: []netip.Prefix{addrB4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	to := netip.AddrPortFrom(addrB4.Addr(), 6000)
+	c, err := h.ListenUDP(to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	payload := make([]byte, 6000)
+	for i := range payload {
+		payload[i] = byte(i)
+	}
+	f := udpFrame(h.HostMAC(), peerMAC, netip.AddrPortFrom(addrA4.Addr(), 7000), to, payload)
+	h4 := ethernetHeaderLen + header.IPv4MinimumSize
+	// USO frames carry a partial checksum.
+	binary.BigEndian.PutUint16(f[h4+6:], 0)
+	m := offload.Meta{GSO: offload.GSOUDPL4, GSOSize: 1472, NeedsCsum: true, CsumStart: uint16(h4), CsumOffset: 6}
+	if _, err := h.WriteFramesMeta([][]byte{f}, []offload.Meta{m}); err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	buf := make([]byte, 65536)
+	for len(got) < len(payload) {
+		n, err := c.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := min(1472, len(payload)-len(got)); n != want {
+			t.Fatalf("datagram of %d bytes, want %d", n, want)
+		}
+		got = append(got, buf[:n]...)
+	}
+	if !bytes.Equal(got, payload) {
+		t.Fatal("datagrams differ from the payload")
+	}
+	if cs := h.Counters(); cs.RxResegmented != 1 || cs.RxPackets != 5 {
+		t.Fatalf("counters %+v: want 1 super frame cut into 5 datagrams", cs)
+	}
+}
+
+// TestWriteFramesMetaRejectsLies: metadata that contradicts its frame is a
+// counted drop, never a crash or a packet for the stack.
+func TestWriteFramesMetaRejectsLies(t *testing.T) {
+	h, err := New(Config{Addrs: []netip.Prefix{addrB4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	tcp := tcpFrame(false, 1, header.TCPFlagAck, make([]byte, 3000))
+	copy(tcp, h.HostMAC())
+	udp := udpFrame(h.HostMAC(), net.HardwareAddr{2, 0, 0, 0, 0, 9}, netip.MustParseAddrPort("10.0.0.1:1"), netip.MustParseAddrPort("10.0.0.2:2"), make([]byte, 3000))
+	partial := offload.Meta{NeedsCsum: true, CsumStart: 34, CsumOffset: 16}
+	withGSO := func(m offload.Meta, g offload.GSO, size uint16) offload.Meta { m.GSO, m.GSOSize = g, size; return m }
+	for name, tc := range map[string]struct {
+		frame []byte
+		meta  offload.Meta
+	}{
+		"csum offset past the frame": {tcp, offload.Meta{NeedsCsum: true, CsumStart: 34, CsumOffset: 4000}},
+		"csum start in the link hdr": {tcp, offload.Meta{NeedsCsum: true, CsumStart: 4, CsumOffset: 16}},
+		"gso size zero":              {tcp, withGSO(partial, offload.GSOTCPv4, 0)},
+		"gso without partial csum":   {tcp, offload.Meta{GSO: offload.GSOTCPv4, GSOSize: 1448}},
+		"tcp gso on udp":             {udp, withGSO(offload.Meta{NeedsCsum: true, CsumStart: 34, CsumOffset: 6}, offload.GSOTCPv4, 1448)},
+		"tcpv6 gso on ipv4":          {tcp, withGSO(partial, offload.GSOTCPv6, 1448)},
+		"udp gso on tcp":             {tcp, withGSO(partial, offload.GSOUDPL4, 1448)},
+		"unknown gso type":           {tcp, withGSO(partial, 3, 1448)},
+		"udp gso past 128 segments":  {udp, withGSO(offload.Meta{NeedsCsum: true, CsumStart: 34, CsumOffset: 6}, offload.GSOUDPL4, 8)},
+	} {
+		before := h.Counters()
+		if _, err := h.WriteFramesMeta([][]byte{tc.frame}, []offload.Meta{tc.meta}); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		after := h.Counters()
+		if after.RxDroppedOffload != before.RxDroppedOffload+1 || after.RxPackets != before.RxPackets {
+			t.Errorf("%s: dropped %d, delivered %d; want one offload drop", name,
+				after.RxDroppedOffload-before.RxDroppedOffload, after.RxPackets-before.RxPackets)
+		}
+	}
+}
