@@ -47,6 +47,20 @@ func txBytes(t *testing.T, s control.InterfaceStats) uint64 {
 	return st.Counters.TxBytes
 }
 
+// rxWrongPKey is an interface's rx_wrong_pkey in a show --json snapshot.
+func rxWrongPKey(t *testing.T, s control.InterfaceStats) uint64 {
+	t.Helper()
+	var st struct {
+		Counters struct {
+			RxWrongPKey uint64 `json:"rx_wrong_pkey"`
+		} `json:"counters"`
+	}
+	if err := json.Unmarshal(s.Stats, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Counters.RxWrongPKey
+}
+
 // tcpAcross sends n random bytes over TCP from namespace from to dst
 // (listening in namespace to) through the kernel and the TAPs, and checks
 // they arrive intact. Sockets made inside a namespace stay in it.
@@ -102,9 +116,11 @@ func tcpAcross(from, to, dst string, n int) error {
 }
 
 // TestBinaryPartitions: 'ipoib fabric --partition' puts hosts 1 and 2
-// into 0x8001 (a child ib0.8001 each, on 10.77.x.0/24 after --prefix),
-// 'ipoib child add' puts host 3 into 0x8002 on the same IP subnet. 1 and
-// 2 ping and move TCP over the child; 3 reaches neither; child and parent
+// into 0x8001 as full members and 4 and 5 as limited ones (a child
+// ib0.8001 each, on 10.77.x.0/24 after --prefix), 'ipoib child add' puts
+// host 3 into 0x8002 on the same IP subnet. 1 and 2 ping and move TCP
+// over the child; 3 reaches neither; limited 4 reaches full 1 but not
+// limited 5, whose port counts the wrong P_Key; child and parent
 // carry traffic at the same time, each counted on its own interface;
 // bad child requests cost one line and create nothing; child del removes
 // the TAP.
@@ -114,11 +130,11 @@ func TestBinaryPartitions(t *testing.T) {
 		t.Skip("ping not in PATH: apt-get install iputils-ping")
 	}
 	const nsPrefix = "ipoib-t13c"
-	h1, h2, h3 := nsPrefix+"1", nsPrefix+"2", nsPrefix+"3"
+	h1, h2, h3, h4, h5 := nsPrefix+"1", nsPrefix+"2", nsPrefix+"3", nsPrefix+"4", nsPrefix+"5"
 	ctl := t.TempDir()
 	checkGone(t, nsPrefix, ctl)
-	fab := startDaemon(t, "stop with Ctrl-C", "fabric", "--hosts", "3", "--netns-prefix", nsPrefix, "--prefix", "10.77.80.0/24",
-		"--partition", "0x8001=1,2", "--control-dir", ctl)
+	fab := startDaemon(t, "stop with Ctrl-C", "fabric", "--hosts", "5", "--netns-prefix", nsPrefix, "--prefix", "10.77.80.0/24",
+		"--partition", "0x8001=1,2,4:limited,5:limited", "--control-dir", ctl)
 	ping := func(from, to string) error {
 		return exec.Command("ip", "netns", "exec", from, "ping", "-c", "1", "-W", "2", to).Run()
 	}
@@ -142,7 +158,7 @@ func TestBinaryPartitions(t *testing.T) {
 		{[]string{"--host", h3, "--name", "ib0.8003-too-long", "0x8003"}, 2, "--name \"ib0.8003-too-long\""},
 		{[]string{"--host", h3, "--addr", "10.77.81.3", "0x8003"}, 2, "--addr \"10.77.81.3\""},
 		{[]string{"--host", nsPrefix + "9", "0x8003"}, 1, "no such host"},
-		{[]string{"0x8003"}, 1, "3 hosts run"},
+		{[]string{"0x8003"}, 1, "5 hosts run"},
 	} {
 		args := append([]string{"child", "add", "--control-dir", ctl}, tc.args...)
 		r := runIpoib(t, args...)
@@ -151,8 +167,8 @@ func TestBinaryPartitions(t *testing.T) {
 		}
 	}
 	after := showByName(t, ctl)
-	if len(after) != len(before) || len(after) != 6 {
-		t.Fatalf("interfaces %d before the bad requests, %d after; want 6", len(before), len(after))
+	if len(after) != len(before) || len(after) != 10 {
+		t.Fatalf("interfaces %d before the bad requests, %d after; want 10", len(before), len(after))
 	}
 	for _, ns := range []string{h1, h2, h3} {
 		out, _ := exec.Command("ip", "-n", ns, "-br", "link").Output()
@@ -165,6 +181,7 @@ func TestBinaryPartitions(t *testing.T) {
 	for key, want := range map[string][3]string{
 		h1 + "/ib0": {"0xffff", "full", ""}, h1 + "/ib0.8001": {"0x8001", "full", "ib0"},
 		h2 + "/ib0.8001": {"0x8001", "full", "ib0"}, h3 + "/ib0.8002": {"0x8002", "full", "ib0"},
+		h4 + "/ib0.8001": {"0x8001", "limited", "ib0"},
 	} {
 		i := after[key].Interface
 		if i.PKey != want[0] || i.Membership != want[1] || i.Parent != want[2] || !i.LinkUp {
@@ -191,6 +208,18 @@ func TestBinaryPartitions(t *testing.T) {
 	}
 	if err := ping(h1, "10.77.81.3"); err == nil {
 		t.Error("h1 in 0x8001 reached h3 in 0x8002")
+	}
+	// A limited member talks to a full one, not to another limited one.
+	if err := ping(h4, "10.77.81.1"); err != nil {
+		t.Errorf("limited h4 -> full h1: %v", err)
+	}
+	if err := ping(h4, "10.77.81.5"); err == nil {
+		t.Error("limited h4 reached limited h5")
+	}
+	// h4's ARP reached h5's port (the broadcast group is the
+	// partition's), which dropped it: two limited members.
+	if n := rxWrongPKey(t, showByName(t, ctl)[h5+"/ib0.8001"]); n == 0 {
+		t.Error("limited h5 counted no wrong-P_Key packets from limited h4")
 	}
 
 	// The child alone carries a transfer: its counters move, not the
