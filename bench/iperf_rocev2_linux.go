@@ -50,6 +50,8 @@ type RoCEv2SuiteConfig struct {
 	Progress             io.Writer
 	// ReadyTimeout bounds the wait for an 'ipoib up' process; default 15s.
 	ReadyTimeout time.Duration
+	// UpArgs are passed to every 'ipoib up' after the suite's own.
+	UpArgs []string
 }
 
 func (c *RoCEv2SuiteConfig) defaults() {
@@ -280,9 +282,9 @@ func (c *RoCEv2SuiteConfig) buildIB(ctx context.Context, mode string, mtu int, a
 		addr       netip.Prefix
 		local, far netip.Addr
 	}{{a, addrA, c.UnderlayA.Addr(), c.UnderlayB.Addr()}, {b, addrB, c.UnderlayB.Addr(), c.UnderlayA.Addr()}} {
-		p, err := StartUp(ctx, c.Exe, side.ns.Name(), c.ReadyTimeout,
-			"--dev", "ib0", "--addr", side.addr.String(), "--bind", side.local.String(), "--peers", side.far.String(),
-			"--mode", mode, "--mtu", strconv.Itoa(mtu), "--ib-mtu", strconv.Itoa(c.IBMTU), "--control-dir", dir)
+		args := []string{"--dev", "ib0", "--addr", side.addr.String(), "--bind", side.local.String(), "--peers", side.far.String(),
+			"--mode", mode, "--mtu", strconv.Itoa(mtu), "--ib-mtu", strconv.Itoa(c.IBMTU), "--control-dir", dir}
+		p, err := StartUp(ctx, c.Exe, side.ns.Name(), c.ReadyTimeout, append(args, c.UpArgs...)...)
 		if err != nil {
 			return nil, errors.Join(err, stop())
 		}

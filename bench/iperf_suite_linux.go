@@ -28,6 +28,9 @@ type IperfSuiteConfig struct {
 	Streams  int
 	// IB builds the ib0 link; nil skips the ib0 runs (recorded as errors).
 	IB IBLinkFactory
+	// IBOffloads says the TAPs IB opens carry offloads (a virtio header:
+	// TSO, checksum offload, GRO); the ib0 rows' offloads column shows it.
+	IBOffloads bool
 	// Owner creates and cleans up the bench namespaces.
 	Owner *tap.Owner
 	// Progress receives one line per step; nil discards.
@@ -106,7 +109,7 @@ func RunIperfSuite(ctx context.Context, cfg IperfSuiteConfig) (*IperfReport, err
 				return report, fmt.Errorf("iperf suite: %w", err)
 			}
 			fmt.Fprintf(cfg.Progress, "[%d/%d] %-8s mode %-9s mtu %5d: running %v ...\n", n, total, s.scenario, mode, mtu, cfg.Duration)
-			run := IperfRun{Scenario: s.scenario, Mode: mode, MTU: mtu, Offloads: scenarioOffloads(s.scenario)}
+			run := IperfRun{Scenario: s.scenario, Mode: mode, MTU: mtu, Offloads: scenarioOffloads(s.scenario) || s.scenario == ScenarioIB && cfg.IBOffloads}
 			if s.build == nil {
 				run.Err = "no ib0 link factory configured"
 			} else if res, err := runScenario(ctx, cfg, s.build, mode, mtu); err != nil {

@@ -22,8 +22,8 @@ const (
 
 // scenarioOffloads reports whether a scenario's link moves super frames
 // and partial checksums between the hosts (veth does, as the kernel's own
-// path; the naive tap-pipe and the udp-pipe do not). The ib0 rows record
-// it from what the engine put in effect, not from here.
+// path; the naive tap-pipe and the udp-pipe do not). An ib0 row's comes
+// from how its link was built (IperfSuiteConfig.IBOffloads).
 func scenarioOffloads(s string) bool {
 	return s == ScenarioVeth || s == ScenarioTapPipeOffload
 }

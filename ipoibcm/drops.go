@@ -25,6 +25,9 @@ const (
 	dropTxNotIP                              // tx_not_ip
 	dropTxBadMcastReport                     // tx_bad_mcast_report
 	dropTxMcastTableFull                     // tx_mcast_table_full
+	dropTxBadOffload                         // tx_bad_offload
+	dropTxGSONoRoom                          // tx_gso_no_room
+	dropTxLSOTooLarge                        // tx_lso_too_large
 	dropRxTruncatedHeader                    // rx_truncated_header
 	dropRxUnknownEthertype                   // rx_unknown_ethertype
 	dropRxOwnEcho                            // rx_own_echo

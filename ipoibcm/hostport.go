@@ -71,6 +71,26 @@ type hostWriter struct {
 	mu sync.Mutex
 }
 
+// writeMeta hands frames with their offload metadata to an OffloadPort
+// (to a plain HostPort, rxMeta left every Meta zero).
+func (w *hostWriter) writeMeta(frames [][]byte, meta []offload.Meta) {
+	i := w.i
+	p := i.off.port
+	if p == nil {
+		w.write(frames)
+		return
+	}
+	w.mu.Lock()
+	n, err := p.WriteFramesMeta(frames, meta)
+	w.mu.Unlock()
+	for range len(frames) - n {
+		i.ctr.drop(dropRxHostWrite)
+	}
+	if err != nil && ifState(i.state.Load()) == ifRunning {
+		i.log.Debug("host write", "err", err)
+	}
+}
+
 // write hands frames to the host; the ones it does not take are counted
 // rx_host_write.
 func (w *hostWriter) write(frames [][]byte) {

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"net"
 	"time"
+
+	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/offload"
 )
 
 // txScratch is the host reader's reusable state.
@@ -11,9 +14,17 @@ type txScratch struct {
 	idx   []int
 	bufs  [][]byte
 	sizes []int
+	meta  []offload.Meta // per frame; all zero from a plain HostPort
 	free  []int
-	post  poster // reaps: the reader busy-polls the TX CQ
-	nd    []byte // ND rewrite scratch
+	// pending is how many frames of the batch follow the one being
+	// sent: software segmentation leaves each of them a credit.
+	pending int
+	// segIdx and segOut are software segmentation's pool buffers.
+	segIdx []int
+	segOut [][]byte
+	plain  txMeta // a segment's (zero) metadata
+	post   poster // reaps: the reader busy-polls the TX CQ
+	nd     []byte // ND rewrite scratch
 
 	// replies are frames for the host made while reading (ICMP too-big).
 	replyBufs [][]byte
@@ -26,6 +37,9 @@ func (t *txScratch) init(tx *txPath, batch int) {
 	t.idx = make([]int, batch)
 	t.bufs = make([][]byte, batch)
 	t.sizes = make([]int, batch)
+	t.meta = make([]offload.Meta, batch)
+	t.segIdx = make([]int, hca.MaxLSOSegments)
+	t.segOut = make([][]byte, hca.MaxLSOSegments)
 	t.free = make([]int, 0, batch)
 	t.post = poster{tx: tx, reaps: true}
 	t.nd = make([]byte, txBufSize)
@@ -63,10 +77,14 @@ func (i *Interface) hostReader() {
 	t := &txScratch{}
 	t.init(tx, max(1, i.host.BatchSize()))
 	for {
-		if !tx.waitCredits() {
+		if !tx.waitCredits(i.off.segReserve) {
 			return
 		}
 		want := min(len(t.idx), max(1, tx.creditsFree()))
+		if r := i.off.segReserve; r > 0 {
+			// Each frame may be a super frame to cut in software.
+			want = min(want, max(1, tx.creditsFree()/r))
+		}
 		n := tx.pool.take(t.idx[:want])
 		if n == 0 {
 			if tx.napi.BusyPoll() > 0 {
@@ -87,7 +105,13 @@ func (i *Interface) hostReader() {
 			// completion event.
 			tx.napi.EndBusyPoll()
 		}
-		got, err := i.host.ReadFrames(t.bufs[:n], t.sizes[:n])
+		var got int
+		var err error
+		if op := i.off.port; op != nil {
+			got, err = op.ReadFramesMeta(t.bufs[:n], t.sizes[:n], t.meta[:n])
+		} else {
+			got, err = i.host.ReadFrames(t.bufs[:n], t.sizes[:n])
+		}
 		if err != nil {
 			tx.pool.put(t.idx[:n]...)
 			select {
@@ -107,7 +131,8 @@ func (i *Interface) hostReader() {
 		t.replies = t.replies[:0]
 		i.mu.Lock()
 		for k := range got {
-			if !i.txFrameLocked(t, t.idx[k], t.sizes[k], now) {
+			t.pending = got - 1 - k
+			if !i.txFrameLocked(t, t.idx[k], t.sizes[k], t.meta[k], now) {
 				t.free = append(t.free, t.idx[k])
 			}
 		}

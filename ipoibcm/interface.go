@@ -35,8 +35,9 @@ const (
 const headroom = frame.EthHdrLen - frame.EncapLen
 
 // txBufSize fits the largest host frame plus one byte, so a frame the host
-// port truncated to the buffer is recognisably oversize.
-const txBufSize = frame.CMMTU + frame.EthHdrLen + 1
+// port truncated to the buffer is recognisably oversize: a 64 KiB IP
+// packet, the largest a TSO/USO super frame from an OffloadPort can be.
+const txBufSize = 65535 + frame.EthHdrLen + 1
 
 // Interface is one IPoIB interface (ib0): a UD QP on the broadcast group,
 // RC connections through the CM, and the host port in front.
@@ -81,6 +82,7 @@ type Interface struct {
 	tx      txPath
 	rx      rxPath // owned by the RX poller
 	hostOut hostWriter
+	off     offloadPath // offloads.go
 
 	// mu guards the neighbour table, multicast groups, connection sets
 	// and connection states. Never held across napi Sync or CM calls that
@@ -176,6 +178,7 @@ func New(cfg Config) (_ *Interface, err error) {
 	i.tx = txPath{i: i, wake: make(chan struct{}, 1)}
 	i.rx.i = i
 	i.hostOut.i = i
+	i.off.init(cfg.Host, cfg.Device, cfg.SendQueueSize)
 	i.ctl.init()
 	if c, ok := cfg.Device.(mutation.Carrier); ok {
 		i.mut = c.SoakMutations()
@@ -265,7 +268,9 @@ func (i *Interface) createQueues() error {
 	if err != nil {
 		return fmt.Errorf("tx napi: %w", err)
 	}
-	i.rx.init(napi.DefaultBatch)
+	if err := i.rx.init(napi.DefaultBatch); err != nil {
+		return err
+	}
 	if i.ud, err = newUDPath(i); err != nil {
 		return err
 	}
@@ -341,6 +346,7 @@ func (i *Interface) linkUp() error {
 	if err := i.host.SetMTU(i.MTU()); err != nil {
 		i.log.Warn("host SetMTU", "err", err)
 	}
+	i.advertiseOffloads(i.Mode())
 	if h, ok := i.host.(linkLocalSetter); ok {
 		if err := h.SetLinkLocal(LinkLocal(i.port.GID)); err != nil {
 			i.log.Warn("host SetLinkLocal", "err", err)

@@ -50,7 +50,7 @@ func TestMalformedInputCountedAndDropped(t *testing.T) {
 		"tx_unknown_ethertype": eth(0x88B5, make([]byte, 40)),
 		"tx_bad_arp":           eth(frame.EtherTypeARP, make([]byte, 10)),
 		"tx_not_ip":            eth(frame.EtherTypeIPv4, make([]byte, 40)), // version 0
-		"tx_oversize":          eth(frame.EtherTypeIPv4, make([]byte, 65521)),
+		"tx_oversize":          eth(frame.EtherTypeIPv4, make([]byte, 65536)),
 		"tx_unknown_neighbour": unicastIPv4(port.mac),
 	}
 	for _, f := range host {

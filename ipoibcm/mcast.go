@@ -74,8 +74,9 @@ type mcastGroup struct {
 type mcastTable struct {
 	groups map[hca.GID]*mcastGroup
 	// host counts the groups that are not mcastDefault, which
-	// Config.MaxMcastGroups bounds.
-	host int
+	// Config.MaxMcastGroups bounds; sendOnly those that are send-only,
+	// so a full table without any is refused without a scan.
+	host, sendOnly int
 	// scratch collects the changes of one IGMP/MLD report (host reader).
 	scratch [16]mcastChange
 }
@@ -100,6 +101,9 @@ func (i *Interface) joinDefaultGroups() error {
 			i.mcast.groups[mgid] = mg
 		case mg.state != mcastDefault:
 			i.mcast.host--
+			if mg.state == mcastSendOnly {
+				i.mcast.sendOnly--
+			}
 		}
 		mg.state = mcastDefault
 		if g.IsValid() && mg.member(g) < 0 {
@@ -132,6 +136,7 @@ func (i *Interface) mcastStepLocked(mgid hca.GID, ev mcastEvent, ip netip.Addr, 
 		g = &mcastGroup{state: mcastSendOnly, since: now}
 		i.mcast.groups[mgid] = g
 		i.mcast.host++
+		i.mcast.sendOnly++
 		if ev == mcastEvSend {
 			g.dst, g.lastSend = ip, now
 			i.rs.mcastSendOnly.Add(1)
@@ -147,8 +152,12 @@ func (i *Interface) mcastStepLocked(mgid hca.GID, ev mcastEvent, ip netip.Addr, 
 		}
 		if g.state == mcastSendOnly {
 			g.state = mcastFull
+			i.mcast.sendOnly--
 		}
 		if err := i.attachLocked(mgid, g); err != nil {
+			// The group stays full and unattached; the host's next
+			// report or the next list sync tries again.
+			i.rs.mcastJoinErrors.Add(1)
 			i.log.Warn("multicast join", "group", ip, "mgid", mgid, "err", err)
 		}
 	case mcastEvLeave:
@@ -212,12 +221,18 @@ func (i *Interface) removeGroupLocked(mgid hca.GID, g *mcastGroup) {
 	}
 	delete(i.mcast.groups, mgid)
 	i.mcast.host--
+	if g.state == mcastSendOnly {
+		i.mcast.sendOnly--
+	}
 }
 
 // evictSendOnlyLocked makes room for a full join by dropping the send-only
 // group sent to least recently: the host's memberships come before its
 // sends. It reports false when there is none.
 func (i *Interface) evictSendOnlyLocked() bool {
+	if i.mcast.sendOnly == 0 {
+		return false
+	}
 	var victim hca.GID
 	var vg *mcastGroup
 	for mgid, g := range i.mcast.groups {
@@ -236,6 +251,9 @@ func (i *Interface) evictSendOnlyLocked() bool {
 // ageMcastLocked collects the send-only groups the host stopped sending to
 // (Linux collects them with the neighbours, __ipoib_reap_neigh).
 func (i *Interface) ageMcastLocked(now time.Time) {
+	if i.mcast.sendOnly == 0 {
+		return
+	}
 	for mgid, g := range i.mcast.groups {
 		if g.state == mcastSendOnly {
 			i.mcastStepLocked(mgid, mcastEvIdle, netip.Addr{}, now)

@@ -1,11 +1,14 @@
 package ipoibcm
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/soft"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 	"github.com/ipoibcm/ipoib/tap/netstack"
@@ -204,6 +207,29 @@ func TestHostMcastSendOnlyAgesOut(t *testing.T) {
 	if st := nd.ifc.Stats().Reaper; st.McastSendOnly == 0 || st.McastSendOnlyExpired == 0 {
 		t.Fatalf("reaper %+v: send-only created/expired not counted", st)
 	}
+	checkMcastCounts(t, nd.ifc)
+}
+
+// checkMcastCounts: the table's counts agree with its entries.
+func checkMcastCounts(t *testing.T, ifc *Interface) {
+	t.Helper()
+	ifc.mu.Lock()
+	defer ifc.mu.Unlock()
+	host, sendOnly := 0, 0
+	for _, g := range ifc.mcast.groups {
+		if g.state != mcastDefault {
+			host++
+		}
+		if g.state == mcastSendOnly {
+			sendOnly++
+		}
+		if g.attached != (g.state != mcastSendOnly) {
+			t.Errorf("group %+v: attached %v in state %v", g, g.attached, g.state)
+		}
+	}
+	if host != ifc.mcast.host || sendOnly != ifc.mcast.sendOnly {
+		t.Fatalf("counts host %d send-only %d, entries say %d and %d", ifc.mcast.host, ifc.mcast.sendOnly, host, sendOnly)
+	}
 }
 
 // mcastPortNode is an interface whose host is a memPort the test writes
@@ -294,6 +320,7 @@ func TestHostMcastTableBounded(t *testing.T) {
 	if _, ok := mcastGroupOf(ifc, netip.MustParseAddr("239.9.9.9")); ok {
 		t.Fatal("a record of a malformed report was acted on")
 	}
+	checkMcastCounts(t, ifc)
 }
 
 // TestSyncHostGroups: the host's own list is authoritative (joins what it
@@ -360,7 +387,70 @@ func TestSyncHostGroups(t *testing.T) {
 			t.Fatalf("group %+v", g)
 		}
 	}
+	checkMcastCounts(t, ifc)
 	if r := st.Reaper; r.McastLeaves != 3 {
 		t.Fatalf("mcast_leaves %d, want 3 (ff15::77, 239.1.2.3, 239.5.5.5)", r.McastLeaves)
 	}
+}
+
+// attachFailDevice is a soft device whose UD QPs refuse to attach to one
+// group while fail is set, as an HCA out of multicast resources does.
+type attachFailDevice struct {
+	hca.Device
+	group hca.GID
+	fail  *atomic.Bool
+}
+
+func (d attachFailDevice) CreateQP(cfg hca.QPConfig) (hca.QP, error) {
+	q, err := d.Device.CreateQP(cfg)
+	if err != nil || cfg.Type != hca.QPTypeUD {
+		return q, err
+	}
+	return attachFailQP{QP: q, d: d}, nil
+}
+
+type attachFailQP struct {
+	hca.QP
+	d attachFailDevice
+}
+
+func (q attachFailQP) AttachMcast(mgid hca.GID) error {
+	if mgid == q.d.group && q.d.fail.Load() {
+		return fmt.Errorf("attach %s: %w", mgid, hca.ErrQueueFull)
+	}
+	return q.QP.AttachMcast(mgid)
+}
+
+// TestHostMcastJoinErrorRetried: a join the HCA refuses is counted and
+// left full but unattached; the host's next report attaches it.
+func TestHostMcastJoinErrorRetried(t *testing.T) {
+	fab := rvFabric(t, 34)
+	sd, err := fab.NewDevice("h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	group := netip.MustParseAddr("239.3.3.3")
+	var fail atomic.Bool
+	fail.Store(true)
+	port := newMemPort(1, nil)
+	dev := attachFailDevice{Device: sd, group: frame.MulticastMGID(group, 0xFFFF), fail: &fail}
+	ifc, err := New(Config{Device: dev, Host: port, Name: "h1", Mode: ModeConnected, CM: fastCM(), DrainTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ifc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ifc.Close() })
+	port.in <- hostFrame(port, frame.EtherTypeIPv4, buildIGMPv2(group.As4()))
+	awaitCond(t, "refused join", func() bool { return ifc.Stats().Reaper.McastJoinErrors == 1 })
+	if g, ok := mcastGroupOf(ifc, group); !ok || g.State != "full" || g.Attached || fabricAttached(sd, group) {
+		t.Fatalf("after a refused attach: %+v (present %v)", g, ok)
+	}
+	fail.Store(false)
+	port.in <- hostFrame(port, frame.EtherTypeIPv4, buildIGMPv2(group.As4()))
+	awaitCond(t, "retried join", func() bool {
+		g, ok := mcastGroupOf(ifc, group)
+		return ok && g.Attached && fabricAttached(sd, group)
+	})
 }

@@ -66,6 +66,9 @@ func (i *Interface) switchMode(m Mode) error {
 	for _, tc := range conns {
 		tc.teardown()
 	}
+	// What the host may hand us follows the mode (offloads.go, modeCaps);
+	// super frames it built before it heard are cut in software.
+	i.advertiseOffloads(m)
 	if !lowerFirst {
 		hostErr = i.tellHostMTU(m, newMTU)
 	}

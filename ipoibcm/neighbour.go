@@ -245,7 +245,7 @@ func (i *Interface) reresolve(n *neighbour) {
 		req := frame.IPoIBARP{ARP: frame.ARP{Op: arpOpRequest, SenderIP: src, TargetIP: ip}, SenderHW: i.hw}
 		size := frame.EthHdrLen + req.Marshal(b[frame.EthHdrLen:])
 		ah, _, err := i.mcastAHLocked(i.bcast, netip.Addr{}, time.Now())
-		if err != nil || !p.post(sendDest{ah: ah, qpn: hca.QPNMulticast}, idx[0], size, frame.EtherTypeARP) {
+		if err != nil || !p.post(sendDest{ah: ah, qpn: hca.QPNMulticast}, idx[0], size, frame.EtherTypeARP, sendOffload{}) {
 			i.tx.pool.put1(idx[0])
 			return
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
+	"github.com/ipoibcm/ipoib/offload"
 )
 
 // rvOnControlLoop runs fn on ifc's control loop and waits for it.
@@ -36,7 +37,7 @@ func rvHostFrame(t *testing.T, ifc *Interface, f []byte, now time.Time) bool {
 	ts := &txScratch{}
 	ts.init(&ifc.tx, 1)
 	ifc.mu.Lock()
-	ok := ifc.txFrameLocked(ts, idx[0], len(f), now)
+	ok := ifc.txFrameLocked(ts, idx[0], len(f), offload.Meta{}, now)
 	ifc.mu.Unlock()
 	if !ok {
 		ifc.tx.pool.put1(idx[0])

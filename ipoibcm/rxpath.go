@@ -1,11 +1,14 @@
 package ipoibcm
 
 import (
+	"fmt"
 	"net/netip"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
+	"github.com/ipoibcm/ipoib/offload"
+	"github.com/ipoibcm/ipoib/offload/gro"
 )
 
 // rxPath is the flow HCA → host: the RX poller's Handle takes receive
@@ -18,7 +21,15 @@ import (
 type rxPath struct {
 	i *Interface
 
-	frames     [][]byte
+	frames [][]byte
+	meta   []offload.Meta // frames' offload metadata, for an OffloadPort
+	// gro coalesces each batch's in-order TCP segments of a flow into
+	// super frames for a host that takes them (nil otherwise); what it
+	// emits collects in groOut/groMeta.
+	gro        *gro.Coalescer
+	groOut     [][]byte
+	groMeta    []offload.Meta
+	groEmit    func(frame []byte, m offload.Meta)
 	udRepost   []hca.RecvWR
 	srqRepost  []hca.RecvWR
 	connRepost []connRepost
@@ -41,8 +52,22 @@ type connRepost struct {
 
 const transBufSize = 2048
 
-func (r *rxPath) init(batch int) {
+func (r *rxPath) init(batch int) error {
 	r.frames = make([][]byte, 0, batch)
+	r.meta = make([]offload.Meta, 0, batch)
+	if o := &r.i.off; o.port != nil && o.host.Csum && o.host.TSO4 && o.host.TSO6 {
+		c, err := gro.New(gro.Config{L3Off: frame.EthHdrLen, Batch: batch})
+		if err != nil {
+			return fmt.Errorf("gro: %w", err)
+		}
+		r.gro = c
+		r.groOut = make([][]byte, 0, batch)
+		r.groMeta = make([]offload.Meta, 0, batch)
+		r.groEmit = func(f []byte, m offload.Meta) {
+			r.groOut = append(r.groOut, f)
+			r.groMeta = append(r.groMeta, m)
+		}
+	}
 	r.udRepost = make([]hca.RecvWR, 0, batch)
 	r.srqRepost = make([]hca.RecvWR, 0, batch)
 	r.connRepost = make([]connRepost, 0, batch)
@@ -50,6 +75,7 @@ func (r *rxPath) init(batch int) {
 	for k := range r.trans {
 		r.trans[k] = make([]byte, transBufSize)
 	}
+	return nil
 }
 
 func (r *rxPath) clock() time.Time {
@@ -107,9 +133,24 @@ func (r *rxPath) flushRX() {
 		r.locked = false
 	}
 	if len(r.frames) > 0 {
-		i.hostOut.write(r.frames)
+		frames, meta := r.frames, r.meta
+		if r.gro != nil && len(frames) > 1 {
+			// GRO (Linux's napi_gro_receive after ipoib_ib_handle_rx_wc):
+			// rx_packets counted the packets already; the host gets the
+			// batch's TCP flows coalesced, in one write.
+			for k := range frames {
+				r.gro.Add(frames[k], meta[k])
+			}
+			r.gro.Flush(r.groEmit)
+			frames, meta = r.groOut, r.groMeta
+		}
+		i.hostOut.writeMeta(frames, meta)
 		clear(r.frames)
 		r.frames = r.frames[:0]
+		r.meta = r.meta[:0]
+		clear(r.groOut)
+		r.groOut = r.groOut[:0]
+		r.groMeta = r.groMeta[:0]
 	}
 	if len(r.udRepost) > 0 {
 		if _, err := i.ud.qp.PostRecv(r.udRepost); err != nil {
@@ -185,7 +226,7 @@ func (r *rxPath) rxUD(wc *hca.WC) {
 		i.ctr.drop(dropRxBadIP)
 		return
 	}
-	r.deliverIP(b, wc.ByteLen, et, n.mac, src, true)
+	r.deliverIP(b, wc.ByteLen, et, n.mac, src, true, wc.Flags)
 }
 
 func (r *rxPath) rxSRQ(wc *hca.WC) {
@@ -210,7 +251,7 @@ func (r *rxPath) rxSRQ(wc *hca.WC) {
 		}
 		return
 	}
-	r.rxConnPacket(rc, i.srq.bufs[idx], idx, wc.ByteLen)
+	r.rxConnPacket(rc, i.srq.bufs[idx], idx, wc.ByteLen, wc.Flags)
 }
 
 func (r *rxPath) rxConnRing(wc *hca.WC) {
@@ -237,7 +278,7 @@ func (r *rxPath) rxConnRing(wc *hca.WC) {
 		i.ctr.drop(dropRxError)
 		return
 	}
-	r.rxConnPacket(rc, rc.ring[idx], idx, wc.ByteLen)
+	r.rxConnPacket(rc, rc.ring[idx], idx, wc.ByteLen, wc.Flags)
 }
 
 // ringReceiveGone counts down a non-SRQ connection's posted receives; at
@@ -257,7 +298,7 @@ func (r *rxPath) deadCompletion(wc *hca.WC) {
 }
 
 // rxConnPacket delivers one message received on a passive connection.
-func (r *rxPath) rxConnPacket(rc *rxConn, b []byte, idx, byteLen int) {
+func (r *rxPath) rxConnPacket(rc *rxConn, b []byte, idx, byteLen int, flags hca.WCFlags) {
 	i := r.i
 	if !rc.established.Load() && rc.established.CompareAndSwap(false, true) {
 		// First receive before the RTU: tell the CM (IBTA COMM_EST), from
@@ -288,14 +329,15 @@ func (r *rxPath) rxConnPacket(rc *rxConn, b []byte, idx, byteLen int) {
 	}
 	rc.packets.Add(1)
 	rc.byts.Add(uint64(byteLen))
-	r.deliverIP(b, byteLen, et, rc.mac, rc.peer, false)
+	r.deliverIP(b, byteLen, et, rc.mac, rc.peer, false, flags)
 }
 
 // deliverIP turns the IPoIB message at b[headroom:headroom+byteLen] into
 // an Ethernet frame for the host: in place (the Ethernet header is written
 // over the headroom and the IPoIB header), or, for neighbour discovery,
-// translated into a scratch buffer.
-func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, peer frame.HWAddr, ud bool) {
+// translated into a scratch buffer. flags is the HCA's checksum verdict
+// (rxMeta).
+func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, peer frame.HWAddr, ud bool, flags hca.WCFlags) {
 	i := r.i
 	pkt := b[frame.EthHdrLen : headroom+byteLen]
 	dst := i.hostMACNow()
@@ -329,7 +371,13 @@ func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, p
 		h(peer, pkt)
 	}
 	frame.PutEthernet(b, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: et})
-	r.frames = append(r.frames, b[:headroom+byteLen])
+	f := b[:headroom+byteLen]
+	var m offload.Meta
+	if flags != 0 {
+		m = i.rxMeta(f, flags)
+	}
+	r.frames = append(r.frames, f)
+	r.meta = append(r.meta, m)
 	i.ctr.rxPackets.Add(1)
 	i.ctr.rxBytes.Add(uint64(byteLen))
 }
@@ -380,6 +428,7 @@ func (r *rxPath) deliverND(pkt []byte, byteLen int, srcMAC frame.MAC, peer frame
 	}
 	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: frame.EtherTypeIPv6})
 	r.frames = append(r.frames, out[:frame.EthHdrLen+n])
+	r.meta = append(r.meta, offload.Meta{})
 	i.ctr.rxPackets.Add(1)
 	i.ctr.rxBytes.Add(uint64(byteLen))
 }
@@ -421,6 +470,7 @@ func (r *rxPath) rxARPLocked(body []byte) {
 	}
 	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: n.mac, EtherType: frame.EtherTypeARP})
 	r.frames = append(r.frames, out[:frame.EthHdrLen+m])
+	r.meta = append(r.meta, offload.Meta{})
 	i.ctr.rxPackets.Add(1)
 	i.ctr.rxBytes.Add(uint64(frame.EncapLen + len(body)))
 }

@@ -98,6 +98,7 @@ type ReaperStats struct {
 	McastSendOnly        uint64 `json:"mcast_sendonly"`
 	McastSendOnlyExpired uint64 `json:"mcast_sendonly_expired"`
 	McastTableFull       uint64 `json:"mcast_table_full"`
+	McastJoinErrors      uint64 `json:"mcast_join_errors"`
 	TooBigSent           uint64 `json:"too_big_sent"`
 }
 
@@ -126,6 +127,7 @@ type Stats struct {
 	RXLimits    RXLimits          `json:"rx_limits"`
 	Outstanding int64             `json:"tx_outstanding"`
 	SRQPosted   int               `json:"srq_posted"`
+	Offloads    OffloadStats      `json:"offloads"`
 }
 
 // Stats returns a snapshot. Counters are read atomically one by one (not
@@ -150,6 +152,7 @@ func (i *Interface) Stats() Stats {
 		Reaper:      i.reaperStats(),
 		RXLimits:    i.rxLimitStats(),
 		Outstanding: i.tx.outstanding.Load(),
+		Offloads:    i.offloadStats(),
 	}
 	// Every reason, zero included: scripts find each key from the start.
 	for r := range numDropReasons {
@@ -232,7 +235,7 @@ func (i *Interface) reaperStats() ReaperStats {
 		TXQueueStops: r.txStops.Load(), TXQueueWakes: r.txWakes.Load(),
 		NeighRestarts: r.neighRestarts.Load(), NeighAged: r.neighAged.Load(), NeighEvicted: r.neighEvicted.Load(), Reresolves: r.reresolves.Load(), ModeSwitches: r.modeSwitches.Load(),
 		McastJoins: r.mcastJoins.Load(), McastLeaves: r.mcastLeaves.Load(), McastSendOnly: r.mcastSendOnly.Load(),
-		McastSendOnlyExpired: r.mcastSendOnlyExpired.Load(), McastTableFull: r.mcastTableFull.Load(),
+		McastSendOnlyExpired: r.mcastSendOnlyExpired.Load(), McastTableFull: r.mcastTableFull.Load(), McastJoinErrors: r.mcastJoinErrors.Load(),
 		TooBigSent: r.tooBigSent.Load(),
 	}
 }
@@ -264,4 +267,5 @@ type reaperCounters struct {
 	rxRejectedMTU, txMTUDowngrades atomic.Uint64
 	// The host's multicast groups (mcast.go).
 	mcastLeaves, mcastSendOnly, mcastSendOnlyExpired, mcastTableFull atomic.Uint64
+	mcastJoinErrors                                                  atomic.Uint64
 }

@@ -212,7 +212,7 @@ func (tc *txConn) applyREP(pd []byte) bool {
 			continue
 		}
 		tx.handOverParked()
-		if !p.post(sendDest{tc: tc}, pf.buf, pf.n, et) {
+		if !p.post(sendDest{tc: tc}, pf.buf, pf.n, et, sendOffload{}) {
 			// Counted by post; the parked credit is already given up.
 			tx.pool.put1(pf.buf)
 			tx.wakeIfResumed(tx.outstanding.Load())

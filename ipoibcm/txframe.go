@@ -7,6 +7,7 @@ import (
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
+	"github.com/ipoibcm/ipoib/offload"
 )
 
 // This file is the middle of the flow host → HCA: one host Ethernet frame,
@@ -17,7 +18,8 @@ import (
 // txFrameLocked translates one host frame in pool buffer bufIdx and posts
 // or parks it. It reports whether the buffer was consumed (posted or
 // parked); otherwise the frame was dropped, counted, or answered locally.
-func (i *Interface) txFrameLocked(t *txScratch, bufIdx, size int, now time.Time) bool {
+// m is the frame's offload metadata (zero from a plain HostPort).
+func (i *Interface) txFrameLocked(t *txScratch, bufIdx, size int, m offload.Meta, now time.Time) bool {
 	b := i.tx.pool.bufs[bufIdx]
 	// A frame that filled its whole buffer was truncated by the host port.
 	// A frame merely above our MTU (the host's MTU may be larger: a user
@@ -40,12 +42,30 @@ func (i *Interface) txFrameLocked(t *txScratch, bufIdx, size int, now time.Time)
 		return false
 	}
 	payload := f[frame.EthHdrLen:]
+	var tm txMeta
+	checkMeta := func() bool {
+		if m == (offload.Meta{}) {
+			return true
+		}
+		var ok bool
+		if tm, ok = checkTxMeta(f, m); !ok {
+			i.ctr.drop(dropTxBadOffload)
+			return false
+		}
+		if tm.gso() {
+			i.off.ctr.txGSOFrames.Add(1)
+		}
+		return true
+	}
 	switch h.EtherType {
 	case frame.EtherTypeARP:
 		return i.txARPLocked(t, bufIdx, h, payload, now)
 	case frame.EtherTypeIPv4:
 		if !validIPv4(payload) {
 			i.ctr.drop(dropTxNotIP)
+			return false
+		}
+		if !checkMeta() {
 			return false
 		}
 		if !i.hostMcastReportLocked(h.EtherType, payload, now) {
@@ -56,10 +76,15 @@ func (i *Interface) txFrameLocked(t *txScratch, bufIdx, size int, now time.Time)
 			i.ctr.drop(dropTxNotIP)
 			return false
 		}
+		if !checkMeta() {
+			return false
+		}
 		if !i.hostMcastReportLocked(h.EtherType, payload, now) {
 			return false
 		}
 		if frame.IsND(payload) {
+			// The rewrite computes the ICMPv6 checksum itself.
+			tm = txMeta{}
 			n, ok := i.txNDLocked(t, payload, now)
 			if !ok {
 				return false
@@ -73,14 +98,14 @@ func (i *Interface) txFrameLocked(t *txScratch, bufIdx, size int, now time.Time)
 	}
 	if h.Dst.IsMulticast() {
 		mgid, dst := i.mgidFor(h, payload)
-		return i.txMulticastLocked(t, bufIdx, size, h.EtherType, mgid, dst, now)
+		return i.txMulticastLocked(t, bufIdx, size, h.EtherType, mgid, dst, &tm, now)
 	}
 	n := i.neigh.lookupMAC(h.Dst)
 	if n == nil {
 		i.ctr.drop(dropTxUnknownNeighbour)
 		return false
 	}
-	return i.txNeighLocked(t, n, bufIdx, size, h.EtherType, now)
+	return i.txNeighLocked(t, n, bufIdx, size, h.EtherType, &tm, now)
 }
 
 // mgidFor maps a host multicast/broadcast frame to its group and IP
@@ -161,7 +186,7 @@ func (i *Interface) txARPLocked(t *txScratch, bufIdx int, h frame.EthHeader, pay
 			i.ctr.drop(dropTxNoAH)
 			return false
 		}
-		return t.post.post(sendDest{ah: ah, qpn: hca.QPNMulticast}, bufIdx, size, frame.EtherTypeARP)
+		return t.post.post(sendDest{ah: ah, qpn: hca.QPNMulticast}, bufIdx, size, frame.EtherTypeARP, sendOffload{})
 	}
 	n.lastUse = now
 	ah, err := i.neighAHLocked(n)
@@ -169,10 +194,20 @@ func (i *Interface) txARPLocked(t *txScratch, bufIdx int, h frame.EthHeader, pay
 		i.ctr.drop(dropTxNoAH)
 		return false
 	}
-	return t.post.post(sendDest{ah: ah, qpn: n.hw.QPN()}, bufIdx, size, frame.EtherTypeARP)
+	return t.post.post(sendDest{ah: ah, qpn: n.hw.QPN()}, bufIdx, size, frame.EtherTypeARP, sendOffload{})
 }
 
-func (i *Interface) txMulticastLocked(t *txScratch, bufIdx, size int, etherType uint16, mgid hca.GID, dst netip.Addr, now time.Time) bool {
+func (i *Interface) txMulticastLocked(t *txScratch, bufIdx, size int, etherType uint16, mgid hca.GID, dst netip.Addr, tm *txMeta, now time.Time) bool {
+	if tm.gso() {
+		// Groups get no LSO: a multicast super frame (USO to a group) is
+		// cut here, each datagram sent like one the host cut itself.
+		if tm.segIPLen() > i.udMTU {
+			i.ctr.txErrors.Add(1)
+			i.ctr.drop(dropTxTooBig)
+			return false
+		}
+		return i.txSegmentLocked(t, nil, mgid, dst, bufIdx, size, etherType, tm, now)
+	}
 	if size-frame.EthHdrLen > i.udMTU {
 		i.ctr.txErrors.Add(1)
 		i.ctr.drop(dropTxTooBig)
@@ -187,16 +222,22 @@ func (i *Interface) txMulticastLocked(t *txScratch, bufIdx, size int, etherType 
 		i.ctr.drop(dropTxNoAH)
 		return false
 	}
-	return t.post.post(sendDest{ah: ah, qpn: hca.QPNMulticast}, bufIdx, size, etherType)
+	o := i.csumOffload(i.tx.pool.bufs[bufIdx][:size], tm)
+	return t.post.post(sendDest{ah: ah, qpn: hca.QPNMulticast}, bufIdx, size, etherType, o)
 }
 
 // txNeighLocked sends a unicast frame to neighbour n: over its RC
 // connection in connected mode when it has the 'C' flag (starting the
-// connection and parking the frame if needed), else over UD.
-func (i *Interface) txNeighLocked(t *txScratch, n *neighbour, bufIdx, size int, etherType uint16, now time.Time) bool {
+// connection and parking the frame if needed), else over UD. A super
+// frame goes over UD as one LSO work request when the HCA can take it,
+// in connected mode too (RC has no LSO; the host only sends super frames
+// there before it heard the switch), and is cut in software otherwise; a
+// partial checksum is left to the HCA (SendIPCsum) where it can fill it.
+func (i *Interface) txNeighLocked(t *txScratch, n *neighbour, bufIdx, size int, etherType uint16, tm *txMeta, now time.Time) bool {
 	n.lastUse = now
+	f := i.tx.pool.bufs[bufIdx][:size]
 	ipLen := size - frame.EthHdrLen
-	if i.useCMLocked(n, now) {
+	if i.useCMLocked(n, now) && !i.udLSOFits(size, tm) {
 		tc := n.tx
 		if tc == nil {
 			tc = i.startTXLocked(n, now)
@@ -204,17 +245,49 @@ func (i *Interface) txNeighLocked(t *txScratch, n *neighbour, bufIdx, size int, 
 		if tc != nil {
 			switch tc.state {
 			case txUp:
-				if pathMTU := min(tc.mtu-frame.EncapLen, i.MTU()); ipLen > pathMTU {
+				pathMTU := min(tc.mtu-frame.EncapLen, i.MTU())
+				if tm.gso() {
+					if tm.segIPLen() > pathMTU {
+						i.tooBigLocked(t, n, bufIdx, size, pathMTU)
+						return false
+					}
+					return i.txSegmentLocked(t, n, hca.GID{}, netip.Addr{}, bufIdx, size, etherType, tm, now)
+				}
+				if ipLen > pathMTU {
 					i.tooBigLocked(t, n, bufIdx, size, pathMTU)
 					return false
 				}
-				return t.post.post(sendDest{tc: tc}, bufIdx, size, etherType)
+				return t.post.post(sendDest{tc: tc}, bufIdx, size, etherType, i.csumOffload(f, tm))
 			case txConnecting:
+				// Parked frames are posted later without their Meta:
+				// finish them now.
+				if tm.gso() {
+					return i.txSegmentLocked(t, n, hca.GID{}, netip.Addr{}, bufIdx, size, etherType, tm, now)
+				}
+				i.finishCsum(f, tm)
 				return n.park(&i.tx, bufIdx, size)
 			}
 		}
 	}
-	if pathMTU := min(i.udMTU, i.MTU()); ipLen > pathMTU {
+	pathMTU := min(i.udMTU, i.MTU())
+	if tm.gso() {
+		if tm.segIPLen() > pathMTU {
+			i.tooBigLocked(t, n, bufIdx, size, pathMTU)
+			return false
+		}
+		if !i.udLSOFits(size, tm) {
+			return i.txSegmentLocked(t, n, hca.GID{}, netip.Addr{}, bufIdx, size, etherType, tm, now)
+		}
+		mss := int(tm.m.GSOSize)
+		segs := tm.hd.Segments(mss)
+		ah, err := i.neighAHLocked(n)
+		if err != nil {
+			i.ctr.drop(dropTxNoAH)
+			return false
+		}
+		return t.post.post(sendDest{ah: ah, qpn: n.hw.QPN()}, bufIdx, size, etherType, sendOffload{mss: mss, segs: segs})
+	}
+	if ipLen > pathMTU {
 		i.tooBigLocked(t, n, bufIdx, size, pathMTU)
 		return false
 	}
@@ -223,7 +296,68 @@ func (i *Interface) txNeighLocked(t *txScratch, n *neighbour, bufIdx, size int, 
 		i.ctr.drop(dropTxNoAH)
 		return false
 	}
-	return t.post.post(sendDest{ah: ah, qpn: n.hw.QPN()}, bufIdx, size, etherType)
+	return t.post.post(sendDest{ah: ah, qpn: n.hw.QPN()}, bufIdx, size, etherType, i.csumOffload(f, tm))
+}
+
+// udLSOFits reports whether a super frame of size bytes goes as one UD
+// LSO work request: the HCA has LSO for it (hca.Offloads.PrepareLSO's
+// checks) and its segments fit a UD datagram.
+func (i *Interface) udLSOFits(size int, tm *txMeta) bool {
+	return tm.gso() && size-headroom <= i.off.dev.UDLSOMaxSize &&
+		tm.hd.Segments(int(tm.m.GSOSize)) <= hca.MaxLSOSegments && tm.segIPLen() <= i.udMTU
+}
+
+// txSegmentLocked cuts the super frame in pool buffer bufIdx into frames
+// of at most its GSO size (offload.Segment, complete checksums) in fresh
+// pool buffers, and sends each as the host's own frame would go: to n, or
+// to group mgid when n is nil. The super frame's buffer is free again
+// afterwards (it reports false). The segments need a credit and a buffer
+// each, with a credit left for every frame still to come in the batch;
+// when they are not there the super frame is dropped (tx_gso_no_room) and
+// TCP resends it, rather than overrunning the send queue.
+func (i *Interface) txSegmentLocked(t *txScratch, n *neighbour, mgid hca.GID, dst netip.Addr, bufIdx, size int, etherType uint16, tm *txMeta, now time.Time) bool {
+	tx := &i.tx
+	mss := int(tm.m.GSOSize)
+	segs := tm.hd.Segments(mss)
+	if segs > len(t.segIdx) || tx.creditsFree()-t.pending < segs {
+		i.ctr.drop(dropTxGSONoRoom)
+		return false
+	}
+	idx := t.segIdx[:segs]
+	if got := tx.pool.take(idx); got < segs {
+		tx.pool.put(idx[:got]...)
+		i.ctr.drop(dropTxGSONoRoom)
+		return false
+	}
+	out := t.segOut[:segs]
+	for k, j := range idx {
+		out[k] = tx.pool.bufs[j]
+	}
+	got, err := offload.Segment(tx.pool.bufs[bufIdx][:size], frame.EthHdrLen, mss, out)
+	if err != nil || got != segs {
+		tx.pool.put(idx...)
+		clear(out)
+		i.ctr.drop(dropTxBadOffload)
+		return false
+	}
+	i.off.ctr.txSWSegmented.Add(1)
+	i.off.ctr.txSWSegments.Add(uint64(segs))
+	for k, j := range idx {
+		// Segments are plain frames; t.plain, not a local, since the
+		// recursion would move a local to the heap.
+		t.plain = txMeta{}
+		var sent bool
+		if n == nil {
+			sent = i.txMulticastLocked(t, j, len(out[k]), etherType, mgid, dst, &t.plain, now)
+		} else {
+			sent = i.txNeighLocked(t, n, j, len(out[k]), etherType, &t.plain, now)
+		}
+		if !sent {
+			tx.pool.put1(j)
+		}
+	}
+	clear(out)
+	return false
 }
 
 // tooBigLocked drops an IP packet larger than the path and answers the

@@ -1,6 +1,7 @@
 package ipoibcm
 
 import (
+	"errors"
 	"sync/atomic"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -64,7 +65,12 @@ type sendDest struct {
 // header's tail becomes the IPoIB header in place. It reports whether the
 // buffer is now the send's; otherwise the failure was counted (and a
 // connection that refused the send is torn down).
-func (p *poster) post(d sendDest, bufIdx, size int, etherType uint16) bool {
+//
+// o asks for offloads: SendIPCsum, or a UD LSO (o.mss) that the HCA cuts
+// into o.segs packets. Such a WR takes one credit and one send slot like
+// any other; tx_packets and tx_bytes count it once, as Linux counts one
+// GSO skb (the offload counters count its packets).
+func (p *poster) post(d sendDest, bufIdx, size int, etherType uint16, o sendOffload) bool {
 	tx := p.tx
 	i := tx.i
 	b := tx.pool.bufs[bufIdx]
@@ -73,10 +79,10 @@ func (p *poster) post(d sendDest, bufIdx, size int, etherType uint16) bool {
 	qp := i.ud.qp
 	if d.tc != nil {
 		qp = d.tc.qp
-		p.wr[0] = hca.SendWR{ID: wrID(wrKindSend, bufIdx), Data: b[headroom:size]}
+		p.wr[0] = hca.SendWR{ID: wrID(wrKindSend, bufIdx), Data: b[headroom:size], Flags: o.flags}
 		d.tc.outstanding.Add(1)
 	} else {
-		p.wr[0] = hca.SendWR{ID: wrID(wrKindSend, bufIdx), Data: b[headroom:size], AH: d.ah, RemoteQPN: d.qpn, RemoteQKey: frame.QKeyIPoIB}
+		p.wr[0] = hca.SendWR{ID: wrID(wrKindSend, bufIdx), Data: b[headroom:size], Flags: o.flags, MSS: o.mss, AH: d.ah, RemoteQPN: d.qpn, RemoteQKey: frame.QKeyIPoIB}
 	}
 	tx.outstanding.Add(1)
 	n, err := qp.PostSend(p.wr[:])
@@ -86,7 +92,11 @@ func (p *poster) post(d sendDest, bufIdx, size int, etherType uint16) bool {
 	if err != nil || n != 1 {
 		tx.outstanding.Add(-1)
 		i.ctr.txErrors.Add(1)
-		i.ctr.drop(dropTxPostFailed)
+		if errors.Is(err, hca.ErrLSOTooLarge) {
+			i.ctr.drop(dropTxLSOTooLarge)
+		} else {
+			i.ctr.drop(dropTxPostFailed)
+		}
 		if d.tc != nil {
 			d.tc.outstanding.Add(-1)
 			d.tc.sendFailed()
@@ -96,6 +106,12 @@ func (p *poster) post(d sendDest, bufIdx, size int, etherType uint16) bool {
 	if d.tc != nil {
 		d.tc.packets.Add(1)
 		d.tc.byts.Add(uint64(size - headroom))
+	}
+	if o.mss > 0 {
+		i.off.ctr.txLSOWRs.Add(1)
+		i.off.ctr.txLSOPackets.Add(uint64(o.segs))
+	} else if o.flags&hca.SendIPCsum != 0 {
+		i.off.ctr.txCsumHW.Add(1)
 	}
 	return true
 }
@@ -187,10 +203,13 @@ func (tx *txPath) wakeIfResumed(left int64) {
 	}
 }
 
-// waitCredits blocks the reader while the queue is stopped. It returns
-// false when the interface is stopping.
-func (tx *txPath) waitCredits() bool {
-	limit := int64(tx.i.cfg.SendQueueSize - 1)
+// waitCredits blocks the reader while the queue is stopped, or while
+// fewer than reserve credits are free (a super frame the reader may have
+// to cut in software needs that many; reserve is at most half the queue,
+// where a stopped queue resumes). It returns false when the interface is
+// stopping.
+func (tx *txPath) waitCredits(reserve int) bool {
+	limit := int64(tx.i.cfg.SendQueueSize - max(1, reserve))
 	if tx.outstanding.Load() < limit {
 		return true
 	}

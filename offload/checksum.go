@@ -97,6 +97,23 @@ func fillPartial(frame []byte, h *Headers) {
 	binary.BigEndian.PutUint16(frame[h.L4+h.CsumOffset():], pseudoSum(frame, h, h.Len-h.L4))
 }
 
+// SetPartial turns the packet at l3off from "checksum known good" into
+// CHECKSUM_PARTIAL form: its L4 checksum field gets the pseudo-header
+// sum, so whoever completes it (CompletePartial, or a kernel forwarding
+// it) computes the same checksum again, and whoever delivers it locally
+// trusts it. It is how a verified checksum (CHECKSUM_UNNECESSARY) is
+// passed to a Linux TAP, whose write path ignores VIRTIO_NET_HDR_F_DATA_VALID.
+// The IPv4 header checksum is left as it is. It returns the parsed
+// headers; CsumStart is h.L4 and CsumOffset h.CsumOffset().
+func SetPartial(frame []byte, l3off int) (Headers, error) {
+	h, err := Parse(frame, l3off)
+	if err != nil {
+		return h, err
+	}
+	binary.BigEndian.PutUint16(frame[h.L4+h.CsumOffset():], pseudoSum(frame, &h, h.Len-h.L4))
+	return h, nil
+}
+
 // FillPartial writes the IPv4 header checksum of the packet h describes
 // and seeds its TCP/UDP checksum field with the pseudo-header sum over
 // h.Len, leaving the frame in the CHECKSUM_PARTIAL state (NeedsCsum with

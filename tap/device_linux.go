@@ -125,7 +125,12 @@ func openVnetDevice(cfg Config) (*Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tap %s: open: %w", cfg.Name, err)
 	}
-	d := &Device{name: name, ns: cfg.Netns, file: f, vnet: newVnet(o)}
+	v, err := newVnet(f, o)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("tap %s: open: %w", cfg.Name, err)
+	}
+	d := &Device{name: name, ns: cfg.Netns, file: f, vnet: v}
 	if err := d.setup(cfg.Link); err != nil {
 		d.Close()
 		return nil, fmt.Errorf("tap %s: %w", cfg.Name, err)

@@ -68,7 +68,15 @@ const vnetMaxFrame = 65535 + EthHdrLen
 // scratch buffers of the one reader and the serialised writers, and the
 // counted drops.
 type vnet struct {
-	offloads Offloads
+	// offloads is the Offloads in force (SetOffloads may change it).
+	offloads atomic.Uint32
+	// usoKnown: the kernel accepted USO at open (Linux 6.2), so it also
+	// takes USO super frames we write.
+	usoKnown bool
+	setMu    sync.Mutex // serialises SetOffloads
+
+	io     vnetIO // ReadFramesMeta / WriteFramesMeta
+	segBuf []byte // writers' software segmentation scratch (txMu)
 
 	rxBuf  []byte   // reader only
 	segOut [][]byte // reader only
@@ -121,14 +129,20 @@ func openVnet(name string) (*os.File, string, Offloads, error) {
 	return os.NewFile(uintptr(fd), "/dev/net/tun"), ifr.Name(), got, nil
 }
 
-func newVnet(o Offloads) *vnet {
+func newVnet(f *os.File, o Offloads) (*vnet, error) {
 	v := &vnet{
-		offloads: o,
+		usoKnown: o&(OffloadUSO4|OffloadUSO6) != 0,
 		rxBuf:    make([]byte, VnetHdrLen+vnetMaxFrame),
 		segOut:   make([][]byte, VnetMaxSegments),
 		txBuf:    make([]byte, VnetHdrLen+vnetMaxFrame),
 	}
-	return v
+	v.offloads.Store(uint32(o))
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("syscallconn: %w", err)
+	}
+	v.initIO(rc)
+	return v, nil
 }
 
 // limitSegments keeps the host's super frames within one ReadFrames batch.
@@ -144,7 +158,7 @@ func (d *Device) Offloads() Offloads {
 	if d.vnet == nil {
 		return 0
 	}
-	return d.vnet.offloads
+	return Offloads(d.vnet.offloads.Load())
 }
 
 // VnetDrops returns how many frames from the host were dropped because

@@ -61,8 +61,9 @@ type gossip struct {
 
 // pendingGet is a Get awaiting its GetResp.
 type pendingGet struct {
-	tid  uint64
-	sent time.Time
+	tid    uint64
+	offset uint32
+	sent   time.Time
 }
 
 func newGossip(now time.Time) *gossip {
@@ -110,7 +111,7 @@ func (d *Device) askHost(a netip.Addr, now time.Time) {
 func (d *Device) sendGet(a netip.Addr, offset uint32, now time.Time) {
 	g := d.gossip
 	tid := g.rng.Uint64()
-	g.pending[a] = pendingGet{tid: tid, sent: now}
+	g.pending[a] = pendingGet{tid: tid, offset: offset, sent: now}
 	d.ctr.gossipRequests.Add(1)
 	d.sendMemberMAD(a, &wire.MemberMAD{Method: wire.MemberGet, TID: tid, Offset: offset, V6: !d.local.Addr().Is4()})
 }
@@ -149,8 +150,10 @@ func (d *Device) receiveMemberMAD(p *wire.Packet, from netip.Addr) {
 			Total: uint16(min(len(d.members), 0xFFFF)), V6: m.V6, Addrs: g.page})
 		return
 	}
-	if pg, ok := g.pending[from]; !ok || pg.tid != m.TID {
-		d.ctr.gossipDropped.Add(1) // unsolicited, or a stale answer
+	if pg, ok := g.pending[from]; !ok || pg.tid != m.TID || pg.offset != m.Offset {
+		// Unsolicited, stale, or not the page asked for (which would
+		// keep us paging in place).
+		d.ctr.gossipDropped.Add(1)
 		return
 	}
 	delete(g.pending, from)

@@ -55,6 +55,14 @@ func Ifname(flagName, name string) string {
 	return ""
 }
 
+// OnOff validates a switch flag spelled on or off (--offloads).
+func OnOff(flagName, v string) string {
+	if v != "on" && v != "off" {
+		return fmt.Sprintf("--%s %q: want on or off", flagName, v)
+	}
+	return ""
+}
+
 // Probability validates a probability flag.
 func Probability(flagName string, v float64) string {
 	if !(v >= 0 && v <= 1) {

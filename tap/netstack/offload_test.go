@@ -35,6 +35,14 @@ type metaPort struct {
 	overMTU   int // frames larger than the MTU without GSO metadata
 	badSuper  string
 	gsoSizeHi int
+	// at, once frames reaches atFrames, is closed (once); the test then
+	// changes the MTU under the running transfer.
+	atFrames int
+	at       chan struct{}
+	// superAfter and gsoSizeAfter are of the super frames read by calls
+	// that began after mark was set.
+	mark                     bool
+	superAfter, gsoSizeAfter int
 }
 
 func (p *metaPort) HostOffloads() offload.Caps {
@@ -45,13 +53,20 @@ func (p *metaPort) HostOffloads() offload.Caps {
 }
 
 func (p *metaPort) ReadFramesMetaContext(ctx context.Context, bufs [][]byte, sizes []int, meta []offload.Meta) (int, error) {
+	// The MTU and the mark are taken before the read: the frames it
+	// returns were cut for that MTU or a smaller one set meanwhile.
+	p.mu.Lock()
+	mtu, after := p.Host.MTU(), p.mark
+	p.mu.Unlock()
 	n, err := p.Host.ReadFramesMetaContext(ctx, bufs, sizes, meta)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	mtu := p.Host.MTU()
 	for i := range n {
 		f, m := bufs[i][:sizes[i]], meta[i]
 		p.frames++
+		if p.at != nil && p.frames == p.atFrames {
+			close(p.at)
+		}
 		p.largest = max(p.largest, len(f))
 		if m.NeedsCsum {
 			p.partial++
@@ -65,6 +80,10 @@ func (p *metaPort) ReadFramesMetaContext(ctx context.Context, bufs [][]byte, siz
 		p.super++
 		p.superB += len(f)
 		p.gsoSizeHi = max(p.gsoSizeHi, int(m.GSOSize))
+		if after {
+			p.superAfter++
+			p.gsoSizeAfter = max(p.gsoSizeAfter, int(m.GSOSize))
+		}
 		h, err := offload.Parse(f, ethernetHeaderLen)
 		switch {
 		case err != nil:
@@ -391,4 +410,47 @@ func TestWriteFramesMetaRejectsLies(t *testing.T) {
 				after.RxDroppedOffload-before.RxDroppedOffload, after.RxPackets-before.RxPackets)
 		}
 	}
+}
+
+// TestLinkOffloadsMTUDecrease lowers both MTUs under a running transfer
+// whose super frames cross whole (an IPoIB mode switch behind an engine
+// that takes TSO): from then on every super frame's GSO size fits the new
+// MTU, though gVisor keeps the connection's old MSS, and every byte
+// arrives.
+func TestLinkOffloadsMTUDecrease(t *testing.T) {
+	a, b, pa, _ := offloadPair(t, Config{MTU: 9000, GSO: true}, nil)
+	// The link's shuttles already read these (under mu).
+	pa.mu.Lock()
+	pa.atFrames, pa.at = 100, make(chan struct{})
+	pa.mu.Unlock()
+	errc := make(chan error, 1)
+	go func() {
+		<-pa.at
+		err := b.SetMTU(1500)
+		if err == nil {
+			err = a.SetMTU(1500)
+		}
+		pa.mu.Lock()
+		pa.mark = true
+		pa.mu.Unlock()
+		errc <- err
+	}()
+	transferSHA(t, a, b, netip.AddrPortFrom(addrB4.Addr(), 5001), 32<<20)
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	pa.mu.Lock()
+	defer pa.mu.Unlock()
+	t.Logf("%d super frames after the change, GSO size up to %d (before: up to %d)", pa.superAfter, pa.gsoSizeAfter, pa.gsoSizeHi)
+	if pa.badSuper != "" {
+		t.Fatal(pa.badSuper)
+	}
+	if pa.superAfter == 0 || pa.gsoSizeAfter > 1500-40 || pa.gsoSizeHi <= 1500 {
+		t.Fatalf("GSO size up to %d before the MTU change, %d super frames after with GSO size up to %d: want segments past 1500 before, within it after",
+			pa.gsoSizeHi, pa.superAfter, pa.gsoSizeAfter)
+	}
+	if c := a.Counters(); c.TxDropped()+c.TxTruncated != 0 {
+		t.Fatalf("A lost frames: %+v", c)
+	}
+	checkStackClean(t, "B", b)
 }

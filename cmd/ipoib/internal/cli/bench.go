@@ -33,6 +33,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 	mtuCM := fs.Int("mtu-connected", defaultConnectedMTU, "--iperf: IP MTU for connected mode and its baselines")
 	mtuUD := fs.Int("mtu-datagram", defaultDatagramMTU, "IP MTU for datagram mode and its baselines (--iperf and in-process)")
 	seed := fs.Int64("seed", 1, "--iperf: soft fabric random seed")
+	offloads := fs.String("offloads", "on", "--iperf: ib0's TAPs with a virtio header (TSO/USO, checksum offload, GRO) or without (off), as 'ipoib fabric/up --offloads'")
 	size := fs.Int64("bytes", 256<<20, "in-process: bytes to transfer per run")
 	mtu := fs.Int("mtu", defaultConnectedMTU, "in-process: IP MTU of the direct and ib0 connected rows")
 	runs := fs.Int("runs", 1, "in-process: runs per row, the report shows the median")
@@ -42,6 +43,10 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 		if msg := checkBench(args, flagcheck.Set(fs), *iperf, *hcaName, *modes, *duration, *streams, *mtuCM, *mtuUD, *size, *mtu, *runs); msg != "" {
 			return usageError(env, "bench", msg)
 		}
+		if msg := flagcheck.OnOff("offloads", *offloads); msg != "" {
+			return usageError(env, "bench", msg)
+		}
+		vnet := *offloads == "on"
 		stopProfile, err := prof.start()
 		if err != nil {
 			return fail(env, "bench", err)
@@ -70,6 +75,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 				Modes: modeList, MTU: map[string]int{"connected": *mtuCM, "datagram": *mtuUD},
 				Duration: *duration, Streams: *streams,
 				Owner: &tap.Owner{MarkerDir: env.MarkerDir}, Progress: env.Stderr,
+				UpArgs: []string{"--offloads", *offloads},
 			}, *asJSON, *plotFile)
 		}
 		cfg := bench.IperfSuiteConfig{
@@ -80,7 +86,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 			Owner:    &tap.Owner{MarkerDir: env.MarkerDir},
 			Progress: env.Stderr,
 		}
-		cfg.IB = ibLinkFactory(*seed, newLogger(env.Stderr, slog.LevelWarn))
+		cfg.IB = ibLinkFactory(*seed, vnet, newLogger(env.Stderr, slog.LevelWarn))
 		rep, err := bench.RunIperfSuite(ctx, cfg)
 		if err != nil {
 			return fail(env, "bench", err)
@@ -93,7 +99,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 // they would be ignored and the user would believe they measured what
 // they asked for.
 var (
-	iperfOnlyFlags  = []string{"hca", "duration", "streams", "modes", "mtu-connected", "seed"}
+	iperfOnlyFlags  = []string{"hca", "duration", "streams", "modes", "mtu-connected", "seed", "offloads"}
 	inProcOnlyFlags = []string{"bytes", "mtu", "runs"}
 )
 
@@ -168,7 +174,7 @@ func writeReport(env *Env, rep benchReport, asJSON bool, plotFile string) int {
 
 // ibLinkFactory joins namespaces a and b with ib0: a TAP in each, two
 // interfaces on a fresh soft fabric.
-func ibLinkFactory(seed int64, log *slog.Logger) bench.IBLinkFactory {
+func ibLinkFactory(seed int64, vnet bool, log *slog.Logger) bench.IBLinkFactory {
 	return func(_ context.Context, mode string, mtu int, a, b *tap.Netns, addrA, addrB netip.Prefix) (func() error, error) {
 		fab := newSoftFabric(seed, nil, log)
 		var hosts []*softHost
@@ -183,7 +189,7 @@ func ibLinkFactory(seed int64, log *slog.Logger) bench.IBLinkFactory {
 			ns   *tap.Netns
 			addr netip.Prefix
 		}{{a, addrA}, {b, addrB}} {
-			dev, err := tap.Open(tap.Config{Name: "ib0", Netns: side.ns, Link: tap.LinkConfig{MTU: mtu, Addrs: []netip.Prefix{side.addr}}})
+			dev, err := tap.Open(tap.Config{Name: "ib0", Netns: side.ns, VnetHdr: vnet, Link: tap.LinkConfig{MTU: mtu, Addrs: []netip.Prefix{side.addr}}})
 			if err != nil {
 				return nil, errors.Join(err, stop())
 			}

@@ -30,6 +30,7 @@ func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 	dir := controlDirFlag(fs, env)
 	netnsPrefix := fs.String("netns-prefix", "ipoib-h", "namespace names are this prefix plus the host number")
 	prof := addProfileFlags(fs)
+	offloads := fs.String("offloads", "on", "on: open each TAP with a virtio header so TSO/USO super frames and partial checksums cross it (UD LSO and checksum offload underneath, GRO toward the host); off: one complete frame per read and write")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus/OpenMetrics metrics at http://ADDR/metrics (e.g. 127.0.0.1:9101; empty: off)")
 	parts := &partitionsFlag{}
 	fs.Var(parts, "partition", "put hosts into a partition, as the subnet manager would: PKEY=HOST[:limited],... (e.g. 0x8001=1,2,3:limited); each member's P_Key table gets it and an <ifname>.8001 child with address i of the N-th subnet after --prefix (10.77.N.i/24) for the N-th --partition; repeatable")
@@ -46,7 +47,7 @@ func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 		if !validMode(*mode) {
 			return usageError(env, "fabric", fmt.Sprintf("--mode %q: want connected or datagram", *mode))
 		}
-		if msg := flagcheck.First(flagcheck.MTU(*mode, *mtu, fabricIBMTU), flagcheck.Ifname("ifname", *ifname)); msg != "" {
+		if msg := flagcheck.First(flagcheck.MTU(*mode, *mtu, fabricIBMTU), flagcheck.Ifname("ifname", *ifname), flagcheck.OnOff("offloads", *offloads)); msg != "" {
 			return usageError(env, "fabric", msg)
 		}
 		pfx, err := netip.ParsePrefix(*prefix)
@@ -79,7 +80,7 @@ func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 			log.Info("metrics", "url", "http://"+srv.Addr().String()+"/metrics")
 		}
 		lab := fabricLab{env: env, log: log, owner: &tap.Owner{MarkerDir: env.MarkerDir, Logger: log}, netnsPrefix: *netnsPrefix, metrics: m,
-			partitions: parts.parts, prefix: pfx}
+			offloads: *offloads == "on", partitions: parts.parts, prefix: pfx}
 		err = lab.run(ctx, addrs, *mode, *mtu, *ifname, *seed, *dir)
 		if err = errors.Join(err, stopProfile()); err != nil {
 			return fail(env, "fabric", err)
@@ -112,6 +113,8 @@ type fabricLab struct {
 	netnsPrefix string
 	// metrics, if set, exports every host (--metrics).
 	metrics *metrics.Metrics
+	// offloads opens the TAPs with IFF_VNET_HDR (--offloads).
+	offloads bool
 	// partitions are the --partition flags; prefix is --prefix, after
 	// which their subnets come.
 	partitions []partition
@@ -147,7 +150,7 @@ func (l *fabricLab) run(ctx context.Context, addrs []netip.Prefix, mode string, 
 		l.namespaces = append(l.namespaces, ns)
 		// The engine raises the link once it has joined the broadcast
 		// group (HostPort.SetLinkUp).
-		dev, err := tap.Open(tap.Config{Name: ifname, Netns: ns, Link: tap.LinkConfig{Addrs: []netip.Prefix{addr}}})
+		dev, err := tap.Open(tap.Config{Name: ifname, Netns: ns, VnetHdr: l.offloads, Link: tap.LinkConfig{Addrs: []netip.Prefix{addr}}})
 		if err != nil {
 			return err
 		}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/ipoibcm/ipoib/control"
 	"github.com/ipoibcm/ipoib/ipoibcm"
@@ -21,6 +22,7 @@ type hostView struct {
 	ifc  *ipoibcm.Interface
 	log  *slog.Logger
 	done chan struct{}
+	wg   sync.WaitGroup
 
 	mu    sync.Mutex
 	state tap.HostState
@@ -34,7 +36,44 @@ func watchHost(dev *tap.Device, ifc *ipoibcm.Interface, log *slog.Logger) (*host
 	if err := dev.Watch(v.done, v.apply); err != nil {
 		return nil, err
 	}
+	v.wg.Add(1)
+	go v.followGroups(dev)
 	return v, nil
+}
+
+// hostGroupsPoll is how often the host's multicast list is read: the
+// bound on how long a join or leave whose IGMP/MLD message the engine
+// missed (lost, suppressed, sent before the engine ran, or never sent,
+// as for 224.0.0.x with igmp_link_local_mcast_reports=0) goes unnoticed.
+// The kernel has no multicast-list event before Linux 6.13's
+// RTNLGRP_IPV4_MCADDR, and reading two small /proc files is cheap.
+const hostGroupsPoll = 2 * time.Second
+
+// followGroups makes the engine's full joins the host's own multicast
+// list (tap.Device.MulticastGroups), now and every hostGroupsPoll, as
+// Linux IPoIB follows the netdev's list; the engine's IGMP/MLD snooping
+// reacts between reads.
+func (v *hostView) followGroups(dev *tap.Device) {
+	defer v.wg.Done()
+	tick := time.NewTicker(hostGroupsPoll)
+	defer tick.Stop()
+	failing := false
+	for {
+		at := time.Now()
+		groups, err := dev.MulticastGroups()
+		if err == nil {
+			err = v.ifc.SyncHostGroups(groups, at)
+		}
+		if err != nil && !failing {
+			v.log.Warn("host multicast list not followed", "err", err)
+		}
+		failing = err != nil
+		select {
+		case <-v.done:
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // apply takes a new host state: the engine follows MTU (within the mode's
@@ -78,4 +117,7 @@ func (v *hostView) info(host string, configured []netip.Prefix) control.Interfac
 }
 
 // Close stops following.
-func (v *hostView) Close() { close(v.done) }
+func (v *hostView) Close() {
+	close(v.done)
+	v.wg.Wait()
+}

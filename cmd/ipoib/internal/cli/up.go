@@ -58,6 +58,9 @@ type UpOptions struct {
 	// UDPOffload lets the RoCEv2 socket use UDP GSO and GRO where the
 	// kernel has them.
 	UDPOffload bool
+	// Offloads opens the TAP with IFF_VNET_HDR, so super frames and
+	// partial checksums cross it (--offloads).
+	Offloads bool
 	// Host names the interface on the control socket.
 	Host       string
 	ControlDir string
@@ -92,6 +95,7 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	seed := fs.Uint64("seed", 1, "fault injection random seed")
 	rcRetry := fs.Uint("rc-retry", 6, "RC transport retry count the CM REQ asks for and both QPs use (0..7, 7 = forever): Linux IPoIB-CM asks for 0, which one lost UDP datagram would turn into a dropped connection")
 	ackTimeout := fs.Duration("ack-timeout", 50*time.Millisecond, "RC transport (ACK) timeout at least: the go-back-N retransmit delay when a datagram is lost")
+	offloads := fs.String("offloads", "on", "on: open the TAP with a virtio header so TSO/USO super frames and partial checksums cross it (UD LSO and checksum offload underneath, GRO toward the host); off: one complete frame per read and write")
 	udpOffload := fs.Bool("udp-offload", true, "use UDP GSO/GRO on the RoCEv2 socket where the kernel has them (false: one datagram per send and receive)")
 	host := fs.String("host", "", "name on the control socket (ipoib show/mode --host); default <dev>@<bind>")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus/OpenMetrics metrics at http://ADDR/metrics (e.g. 127.0.0.1:9101; empty: off)")
@@ -125,9 +129,11 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 			flagcheck.Duration("delay-time", *delayTime, 0),
 			flagcheck.UintMax("rc-retry", *rcRetry, 7),
 			flagcheck.Duration("ack-timeout", *ackTimeout, time.Millisecond),
+			flagcheck.OnOff("offloads", *offloads),
 		); msg != "" {
 			return usageError(env, "up", msg)
 		}
+		o.Offloads = *offloads == "on"
 		allowed, err := ParseAllow(*allow, o.Bind.Addr().Is4())
 		if err != nil {
 			return usageError(env, "up", "--allow: "+err.Error())

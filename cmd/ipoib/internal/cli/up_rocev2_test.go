@@ -281,6 +281,7 @@ func TestUpSetupErrorsExitTwo(t *testing.T) {
 		{root, []string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--peers", "::1"}, "--peers"},
 		{root, []string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--hca", "soft"}, "--hca"},
 		{root, []string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--rc-retry", "8"}, "--rc-retry"},
+		{root, []string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--offloads", "yes"}, "--offloads"},
 	} {
 		code, stderr := runUpCLI(t, tc.env, tc.args...)
 		lines := strings.Split(strings.TrimRight(stderr, "\n"), "\n")
