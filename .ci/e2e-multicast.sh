@@ -10,7 +10,9 @@
 #     port of a host that stops (the leave reaches the fabric);
 #   run 2, --multicast=off (head-end replication): host 1 with no peers,
 #     hosts 2..8 knowing only host 1, then a ninth knowing only host 5: every
-#     pair of the eight, then the ninth with all eight, answers within 2 s.
+#     pair of the eight, then the ninth with all eight, answers within 2 s;
+#   run 3, an IPv6 underlay: three hosts, no --peers, every pair answers
+#     within 2 s and the multicast goes to the MGID as the IPv6 group.
 # Needs root, iproute2 (ip, bridge), tshark, jq, ping. Namespaces ipoib-mc1..9
 # and bridge ipoibmcbr0 are this script's own; a crashed run's leftovers go.
 set -euo pipefail
@@ -126,6 +128,9 @@ ping_pairs() {
 	echo "${#pids[@]}"
 }
 
+# captured_arp FILE: the capture being written holds an IPoIB ARP.
+captured_arp() { tshark -r "$1" -n -Y arp -T fields -e frame.number 2>/dev/null | grep -q .; }
+
 ci_step "preflight"
 [ "$(id -u)" = 0 ] || ci_fail "needs root"
 for t in ip bridge tshark jq ping; do ci_require_cmd "$t"; done
@@ -186,6 +191,7 @@ left() { ! bridge -j mdb show dev "$BR" | jq -e --arg g "$GROUP" '[.[].mdb[] | s
 ci_wait_until 5 "mcb8 to leave $GROUP" left || ci_fail "bridge MDB still forwards $GROUP to stopped host 8"
 ci_pass "bridge MDB: host 8 stopped, its port left $GROUP (the leave reached the fabric)"
 
+ci_wait_until 10 "the ARPs in the capture" captured_arp "$CAP" || ci_fail "no ARP to $GROUP captured"
 stop "$TSHARK_PID" INT 5 || true
 TSHARK_PID=
 fields() { tshark -r "$CAP" -n "$@" 2>/dev/null; }
@@ -220,5 +226,35 @@ n=$(ping_pairs "$(seq 1 9)" 9) || ci_fail "run 2: host 9 not reachable from all 
 m=$(ping_pairs 9 "$(seq 1 8)") || ci_fail "run 2: host 9 does not reach all within 2 s"
 ci_pass "run 2: a ninth host knowing only host 5 answered all $n and reached all $m within 2 s of its start ($(($(now_ms) - t0)) ms)"
 stop_hosts || ci_fail "run 2: a host did not exit cleanly"
+
+# The MGID is the IPv6 group itself, as rxe sends it: MLD joins it.
+ci_step "run 3: IPv6 underlay, three hosts, --multicast=on, no --peers"
+MGID=ff12:401b:ffff::ffff:ffff
+for i in 1 2 3; do ip -n "$NS$i" addr add "fd98::$i/64" dev "mcv$i" nodad; done
+CAP6=$WORK/mcast6.pcap
+ip netns exec "${NS}1" tshark -i mcv1 -f "ip6 and udp port 4791 and dst host $MGID" -s 0 -F pcap -w "$CAP6" -q \
+	>"$WORK/tshark6.log" 2>&1 &
+TSHARK_PID=$!
+ci_wait_until 20 "tshark capturing" grep -q "Capturing on" "$WORK/tshark6.log" || ci_fail "tshark did not start"
+for i in 1 2 3; do start_host "$i" --multicast=on --bind "fd98::$i"; done
+wait_up 1 2 3
+t0=$(now_ms)
+n=$(ping_pairs "1 2 3" "1 2 3") || ci_fail "run 3: some pairs did not answer within 2 s"
+ci_pass "run 3: all $n ordered pairs over an IPv6 underlay answered within 2 s of the last start ($(($(now_ms) - t0)) ms)"
+# dumpcap drops what it has not read yet when stopped: wait until the
+# pings' ARPs are in the file.
+ci_wait_until 10 "the ARPs in the capture" captured_arp "$CAP6" || ci_fail "no ARP to $MGID captured"
+stop "$TSHARK_PID" INT 5 || true
+TSHARK_PID=
+fields6() { tshark -r "$CAP6" -n "$@" 2>/dev/null; }
+total=$(fields6 -T fields -e frame.number | wc -l)
+notud=$(fields6 -Y 'not (infiniband.bth.opcode == 100 && infiniband.bth.destqp == 0xffffff)' -T fields -e frame.number | wc -l)
+arps=$(fields6 -Y 'arp' -T fields -e frame.number | wc -l)
+bad=$(fields6 -Y '_ws.malformed || _ws.expert.severity >= "warning"' -T fields -e frame.number -e _ws.expert.message | head -5)
+[ "$total" -gt 0 ] && [ "$notud" = 0 ] && [ "$arps" -gt 0 ] && [ -z "$bad" ] ||
+	ci_fail "IPv6 capture: $total frames to $MGID, $notud not UD to QP 0xFFFFFF, $arps ARPs" "$bad"
+"$ICRCCHECK" "$CAP6" >"$WORK/icrc6.log" 2>&1 || ci_fail "ICRC check (IPv6)" "$(tail -5 "$WORK/icrc6.log")"
+ci_pass "tshark: $total frames to the IPv6 group $MGID, all UD SEND_ONLY to QP 0xFFFFFF, $arps ARPs, nothing malformed, every ICRC verifies"
+stop_hosts || ci_fail "run 3: a host did not exit cleanly"
 DONE=1
 ci_finish

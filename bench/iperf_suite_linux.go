@@ -183,7 +183,7 @@ func buildTapPipe(_ context.Context, _ string, mtu int, a, b *tap.Netns, addrA, 
 }
 
 // buildTapPipeOffload is buildTapPipe with vnet-header TAPs whose frames
-// cross with their virtio headers (OffloadTapPipe): the kernel on each
+// cross with their offload metadata (OffloadTapPipe): the kernel on each
 // side hands over and takes 64 KiB super frames with partial checksums.
 func buildTapPipeOffload(_ context.Context, _ string, mtu int, a, b *tap.Netns, addrA, addrB netip.Prefix) (func() error, error) {
 	da, err := tap.Open(tap.Config{Name: "tp0", Netns: a, VnetHdr: true, Link: tap.LinkConfig{MTU: mtu, Addrs: []netip.Prefix{addrA}, Up: true}})
@@ -195,10 +195,17 @@ func buildTapPipeOffload(_ context.Context, _ string, mtu int, a, b *tap.Netns, 
 		da.Close()
 		return nil, err
 	}
-	if want := tap.OffloadCsum | tap.OffloadTSO4 | tap.OffloadTSO6; da.Offloads()&want != want || db.Offloads()&want != want {
-		err := fmt.Errorf("offload tap-pipe: kernel refused checksum/TSO offload on a vnet TAP (%v, %v)", da.Offloads(), db.Offloads())
-		return nil, errors.Join(err, da.Close(), db.Close())
+	p, err := NewOffloadTapPipe(da, db)
+	if err == nil {
+		for _, d := range []*tap.Device{da, db} {
+			if want := tap.OffloadCsum | tap.OffloadTSO4 | tap.OffloadTSO6; d.Offloads()&want != want {
+				err = fmt.Errorf("offload tap-pipe: kernel refused checksum/TSO offload on a vnet TAP (%v)", d.Offloads())
+			}
+		}
+		if err != nil {
+			return nil, errors.Join(err, p.Close())
+		}
+		return p.Close, nil
 	}
-	p := NewOffloadTapPipe(da, db)
-	return p.Close, nil
+	return nil, errors.Join(err, da.Close(), db.Close())
 }

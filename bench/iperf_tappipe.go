@@ -2,12 +2,13 @@ package bench
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
 	"sync/atomic"
 
-	"github.com/ipoibcm/ipoib/tap"
+	"github.com/ipoibcm/ipoib/offload"
 )
 
 // FramePort is the part of a host port the tap-pipe baseline needs: a
@@ -81,69 +82,85 @@ func (p *TapPipe) Close() error {
 	return p.closeErr
 }
 
-// PacketPort is the part of a vnet-header TAP (tap.Device opened with
-// Config.VnetHdr) the offload tap-pipe needs: one frame per call with its
-// virtio header, passed through as the kernel gave it.
-type PacketPort interface {
-	ReadPacket(buf []byte) (int, tap.VnetHdr, error)
-	WritePacket(frame []byte, h tap.VnetHdr) error
+// MetaPort is the part of an ipoibcm.OffloadPort the offload tap-pipe
+// needs: a kernel TAP opened with a virtio header (tap.Device with
+// Config.VnetHdr) satisfies it.
+type MetaPort interface {
+	ReadFramesMeta(bufs [][]byte, sizes []int, meta []offload.Meta) (int, error)
+	WriteFramesMeta(frames [][]byte, meta []offload.Meta) (int, error)
+	BatchSize() int
+	HostOffloads() offload.Caps
+	SetOffloads(want offload.Caps) (offload.Caps, error)
 	io.Closer
 }
 
-// maxPacketFrame is the largest frame a vnet TAP hands over: a 64 KiB
-// super frame behind its Ethernet header.
-const maxPacketFrame = 65535 + tap.EthHdrLen
+// maxMetaFrame is the largest frame a vnet TAP hands over: a 64 KiB super
+// frame behind its Ethernet header.
+const maxMetaFrame = 65535 + 14
 
-// OffloadTapPipe is TapPipe for vnet-header TAPs: each frame crosses with
-// its virtio header as it is (super frames whole, partial checksums
-// partial), as veth passes an skb. It is the upper bound of a userspace
-// TAP bridge: one read and one write per super frame, no checksum or
-// segmentation work. A header that fails tap.VnetHdr.Validate is dropped
-// and counted rather than handed to the peer kernel.
+// OffloadTapPipe is TapPipe for vnet-header TAPs: each side reads with
+// what the other's kernel accepts (SetOffloads(peer.HostOffloads())), so
+// frames cross with their offload metadata as the kernel gave them (the
+// virtio header decoded, checked and encoded again): super frames whole,
+// partial checksums partial, as veth passes an skb. It is the upper bound
+// of a userspace TAP bridge: a batch of reads and writes per wake-up, one
+// per super frame, and no checksum or segmentation work.
 type OffloadTapPipe struct {
-	a, b      PacketPort
+	a, b      MetaPort
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 	closeErr  error
 
-	// Per direction, [0] a->b and [1] b->a: frames passed on, super
-	// frames among them (GSO headers), frames dropped for a bad header,
-	// and frames the peer kernel refused.
-	Frames, SuperFrames, BadHeaders, WriteErrors [2]atomic.Uint64
+	// Per direction, [0] a->b and [1] b->a: frames passed on, GSO super
+	// frames among them, and frames the peer kernel refused.
+	Frames, SuperFrames, WriteErrors [2]atomic.Uint64
 }
 
-// NewOffloadTapPipe starts passing frames between a and b.
-func NewOffloadTapPipe(a, b PacketPort) *OffloadTapPipe {
+// NewOffloadTapPipe puts each side's offloads in effect and starts passing
+// frames between a and b.
+func NewOffloadTapPipe(a, b MetaPort) (*OffloadTapPipe, error) {
+	for _, p := range [][2]MetaPort{{a, b}, {b, a}} {
+		if _, err := p[0].SetOffloads(p[1].HostOffloads()); err != nil {
+			return nil, fmt.Errorf("offload tap-pipe: %w", err)
+		}
+	}
 	p := &OffloadTapPipe{a: a, b: b}
 	p.wg.Add(2)
 	go p.passLoop(a, b, 0)
 	go p.passLoop(b, a, 1)
-	return p
+	return p, nil
 }
 
-func (p *OffloadTapPipe) passLoop(src, dst PacketPort, dir int) {
+func (p *OffloadTapPipe) passLoop(src, dst MetaPort, dir int) {
 	defer p.wg.Done()
-	buf := make([]byte, maxPacketFrame)
+	n := max(src.BatchSize(), 1)
+	bufs := make([][]byte, n)
+	for i := range bufs {
+		bufs[i] = make([]byte, maxMetaFrame)
+	}
+	sizes := make([]int, n)
+	meta := make([]offload.Meta, n)
+	out := make([][]byte, n)
 	for {
-		n, h, err := src.ReadPacket(buf)
+		got, err := src.ReadFramesMeta(bufs, sizes, meta)
 		if err != nil {
 			return
 		}
-		frame := buf[:n]
-		if _, r := h.Validate(frame); r != tap.VnetOK {
-			p.BadHeaders[dir].Add(1)
-			continue
+		super := 0
+		for i := range got {
+			out[i] = bufs[i][:sizes[i]]
+			if meta[i].GSO != offload.GSONone {
+				super++
+			}
 		}
-		if err := dst.WritePacket(frame, h); err != nil {
+		w, err := dst.WriteFramesMeta(out[:got], meta[:got])
+		p.Frames[dir].Add(uint64(w))
+		p.SuperFrames[dir].Add(uint64(super))
+		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			p.WriteErrors[dir].Add(1)
-			continue
-		}
-		p.Frames[dir].Add(1)
-		if h.IsGSO() {
-			p.SuperFrames[dir].Add(1)
+			p.WriteErrors[dir].Add(uint64(got - w))
 		}
 	}
 }

@@ -2,14 +2,13 @@ package bench
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"sync"
 	"testing"
 
-	"github.com/ipoibcm/ipoib/tap"
+	"github.com/ipoibcm/ipoib/offload"
 )
 
 // chanPort is an in-memory FramePort: frames written to it appear on out;
@@ -97,74 +96,78 @@ func TestTapPipeCountsWriteErrors(t *testing.T) {
 	}
 }
 
-// packetChan is an in-memory PacketPort: packets sent on in are read from
-// it with their headers; packets written to it appear on out.
-type packetChan struct {
-	in, out   chan vnetPacket
+// metaChan is an in-memory MetaPort: frames sent on in are read from it
+// with their metadata; frames written to it appear on out. It accepts
+// hostCaps and records what SetOffloads asked of it.
+type metaChan struct {
+	in, out   chan metaFrame
 	closed    chan struct{}
 	closeOnce sync.Once
+	hostCaps  offload.Caps
+	set       offload.Caps
 }
 
-type vnetPacket struct {
+type metaFrame struct {
 	frame []byte
-	hdr   tap.VnetHdr
+	meta  offload.Meta
 }
 
-func newPacketChan() *packetChan {
-	return &packetChan{in: make(chan vnetPacket, 16), out: make(chan vnetPacket, 16), closed: make(chan struct{})}
+func newMetaChan(caps offload.Caps) *metaChan {
+	return &metaChan{in: make(chan metaFrame, 16), out: make(chan metaFrame, 16), closed: make(chan struct{}), hostCaps: caps}
 }
 
-func (p *packetChan) ReadPacket(buf []byte) (int, tap.VnetHdr, error) {
+func (p *metaChan) ReadFramesMeta(bufs [][]byte, sizes []int, meta []offload.Meta) (int, error) {
 	select {
-	case pk := <-p.in:
-		return copy(buf, pk.frame), pk.hdr, nil
+	case f := <-p.in:
+		sizes[0], meta[0] = copy(bufs[0], f.frame), f.meta
+		return 1, nil
 	case <-p.closed:
-		return 0, tap.VnetHdr{}, fmt.Errorf("packetchan: %w", net.ErrClosed)
+		return 0, fmt.Errorf("metachan: %w", net.ErrClosed)
 	}
 }
 
-func (p *packetChan) WritePacket(frame []byte, h tap.VnetHdr) error {
-	select {
-	case p.out <- vnetPacket{bytes.Clone(frame), h}:
-		return nil
-	case <-p.closed:
-		return fmt.Errorf("packetchan: %w", net.ErrClosed)
+func (p *metaChan) WriteFramesMeta(frames [][]byte, meta []offload.Meta) (int, error) {
+	for i, f := range frames {
+		select {
+		case p.out <- metaFrame{bytes.Clone(f), meta[i]}:
+		case <-p.closed:
+			return i, fmt.Errorf("metachan: %w", net.ErrClosed)
+		}
 	}
+	return len(frames), nil
 }
 
-func (p *packetChan) Close() error { p.closeOnce.Do(func() { close(p.closed) }); return nil }
-
-// tcp4SuperFrame is an IPv4 TCP frame with payload bytes of payload, its
-// checksum left partial, and the virtio header a kernel would give it.
-func tcp4SuperFrame(payload, mss int) ([]byte, tap.VnetHdr) {
-	f := make([]byte, 14+20+20+payload)
-	f[12], f[13] = 0x08, 0x00
-	ip := f[14:]
-	ip[0], ip[8], ip[9] = 0x45, 64, 6
-	binary.BigEndian.PutUint16(ip[2:], uint16(len(ip)))
-	ip[20+12] = 5 << 4
-	return f, tap.VnetHdr{Flags: tap.VnetNeedsCsum, GSOType: tap.GSOTCPv4, HdrLen: 54, GSOSize: uint16(mss), CsumStart: 34, CsumOffset: 16}
+func (p *metaChan) BatchSize() int             { return 4 }
+func (p *metaChan) HostOffloads() offload.Caps { return p.hostCaps }
+func (p *metaChan) SetOffloads(want offload.Caps) (offload.Caps, error) {
+	p.set = want
+	return want, nil
 }
+func (p *metaChan) Close() error { p.closeOnce.Do(func() { close(p.closed) }); return nil }
 
-// TestOffloadTapPipePassesHeaders: frames cross with their virtio headers
-// as they are, super frames whole; a header that lies is dropped and
-// counted, never handed to the peer.
-func TestOffloadTapPipePassesHeaders(t *testing.T) {
-	a, b := newPacketChan(), newPacketChan()
-	p := NewOffloadTapPipe(a, b)
-	super, h := tcp4SuperFrame(60000, 1448)
-	a.in <- vnetPacket{super, h}
-	liar := h
-	liar.GSOSize = 0
-	a.in <- vnetPacket{super, liar}
-	b.in <- vnetPacket{[]byte("plain frame from b"), tap.VnetHdr{}}
-	a.in <- vnetPacket{[]byte("plain frame from a"), tap.VnetHdr{}}
-	got := <-b.out
-	if !bytes.Equal(got.frame, super) || got.hdr != h {
-		t.Fatalf("super frame crossed as %d bytes with %+v, want %d with %+v", len(got.frame), got.hdr, len(super), h)
+// TestOffloadTapPipePassesMeta: each side reads with what the other
+// accepts, and frames cross with their metadata as they are, super frames
+// whole.
+func TestOffloadTapPipePassesMeta(t *testing.T) {
+	full := offload.Caps{Csum: true, TSO4: true, TSO6: true}
+	a, b := newMetaChan(full), newMetaChan(offload.Caps{Csum: true})
+	p, err := NewOffloadTapPipe(a, b)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := <-b.out; string(got.frame) != "plain frame from a" {
-		t.Fatalf("b got %q after the super frame; the lying header was not dropped", got.frame)
+	if a.set != b.hostCaps || b.set != a.hostCaps {
+		t.Fatalf("offloads set a %+v b %+v, want each the other's host offloads", a.set, b.set)
+	}
+	super := bytes.Repeat([]byte{7}, 60000)
+	m := offload.Meta{GSO: offload.GSOTCPv4, GSOSize: 1448, NeedsCsum: true, CsumStart: 34, CsumOffset: 16}
+	a.in <- metaFrame{super, m}
+	b.in <- metaFrame{[]byte("plain frame from b"), offload.Meta{}}
+	a.in <- metaFrame{[]byte("plain frame from a"), offload.Meta{DataValid: true}}
+	if got := <-b.out; !bytes.Equal(got.frame, super) || got.meta != m {
+		t.Fatalf("super frame crossed as %d bytes with %+v, want %d with %+v", len(got.frame), got.meta, len(super), m)
+	}
+	if got := <-b.out; string(got.frame) != "plain frame from a" || !got.meta.DataValid {
+		t.Fatalf("b got %q with %+v", got.frame, got.meta)
 	}
 	if got := <-a.out; string(got.frame) != "plain frame from b" {
 		t.Fatalf("a got %q", got.frame)
@@ -172,8 +175,8 @@ func TestOffloadTapPipePassesHeaders(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if p.Frames[0].Load() != 2 || p.SuperFrames[0].Load() != 1 || p.BadHeaders[0].Load() != 1 || p.Frames[1].Load() != 1 {
-		t.Fatalf("a->b frames %d super %d bad %d, b->a frames %d; want 2 1 1 1",
-			p.Frames[0].Load(), p.SuperFrames[0].Load(), p.BadHeaders[0].Load(), p.Frames[1].Load())
+	if p.Frames[0].Load() != 2 || p.SuperFrames[0].Load() != 1 || p.Frames[1].Load() != 1 || p.SuperFrames[1].Load() != 0 {
+		t.Fatalf("a->b frames %d super %d, b->a frames %d super %d; want 2 1 1 0",
+			p.Frames[0].Load(), p.SuperFrames[0].Load(), p.Frames[1].Load(), p.SuperFrames[1].Load())
 	}
 }

@@ -10,10 +10,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/rocev2"
@@ -101,6 +105,63 @@ func rocev2PartitionPair(t *testing.T, s *Stream) *partitionPair {
 	return p
 }
 
+// rocev2MulticastPartitionPair runs the pair on two RoCEv2 devices over
+// IPv6 with Config.Multicast, so UD multicast goes to the MGID itself as
+// the IPv6 group, as rxe sends it. The devices sit on a veth end (lo has
+// no multicast) in a private network namespace entered by this
+// goroutine's OS thread, which is never handed back: the sockets, the
+// group sockets the interfaces' Start attaches included, live there.
+func rocev2MulticastPartitionPair(t *testing.T, s *Stream) *partitionPair {
+	addrs := []netip.Addr{netip.MustParseAddr("fd81::1"), netip.MustParseAddr("fd81::2")}
+	runtime.LockOSThread()
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		t.Skipf("RoCEv2 multicast test needs a private network namespace (CAP_SYS_ADMIN): %v", err)
+	}
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "p0", MTU: 9000}, PeerName: "p1"}); err != nil {
+		t.Skipf("RoCEv2 multicast test needs veth: %v", err)
+	}
+	for _, name := range []string{"lo", "p1", "p0"} {
+		l, err := h.LinkByName(name)
+		if err == nil {
+			err = h.LinkSetUp(l)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name != "p0" {
+			continue
+		}
+		for _, a := range addrs {
+			na := &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(128, 128)}, Flags: unix.IFA_F_NODAD}
+			if err := h.AddrAdd(l, na); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	p := &partitionPair{port: wire.RoCEv2Port}
+	for i, a := range addrs {
+		cfg := rocev2.Config{Bind: netip.AddrPortFrom(a, wire.RoCEv2Port), Multicast: true, PKeys: partitionTable,
+			MinAckTimeout: 20 * time.Millisecond, Tap: s}
+		var dev *rocev2.Device
+		// A fresh IPv6 address is bindable only once its local route is
+		// in, a moment after AddrAdd: nothing to wait on but the bind.
+		deadline := time.Now().Add(5 * time.Second)
+		for dev, err = rocev2.New(cfg); err != nil && time.Now().Before(deadline); dev, err = rocev2.New(cfg) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		startPartitionIfc(t, p, i, dev, dev.Close)
+	}
+	return p
+}
+
 // TestPartitionCaptureDecodes captures a connected-mode exchange of an
 // interface in partition 0x8001, on the soft fabric and on RoCEv2, and
 // reads it back with tshark: every BTH carries P_Key 0x8001 (UD, RC, ACKs
@@ -112,7 +173,7 @@ func TestPartitionCaptureDecodes(t *testing.T) {
 	if err != nil {
 		t.Skip("tshark not installed (apt-get install tshark)")
 	}
-	for _, backend := range []string{"soft", "rocev2"} {
+	for _, backend := range []string{"soft", "rocev2", "rocev2-multicast"} {
 		t.Run(backend, func(t *testing.T) {
 			file := filepath.Join(t.TempDir(), "p8001.pcapng")
 			f, err := os.Create(file)
@@ -124,10 +185,13 @@ func TestPartitionCaptureDecodes(t *testing.T) {
 				t.Fatal(err)
 			}
 			var p *partitionPair
-			if backend == "soft" {
+			switch backend {
+			case "soft":
 				p = softPartitionPair(t, s)
-			} else {
+			case "rocev2":
 				p = rocev2PartitionPair(t, s)
+			default:
+				p = rocev2MulticastPartitionPair(t, s)
 			}
 			for from := range 2 {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -140,7 +204,7 @@ func TestPartitionCaptureDecodes(t *testing.T) {
 			if err := errors.Join(s.Close(), f.Close()); err != nil {
 				t.Fatal(err)
 			}
-			checkPartitionCapture(t, tshark, file, p.port, backend == "soft")
+			checkPartitionCapture(t, tshark, file, p.port, backend != "rocev2")
 		})
 	}
 }

@@ -57,5 +57,6 @@ func (i *Interface) controlLoop() {
 			return
 		}
 		i.checkShutdown()
+		i.checkHostDownQuiet()
 	}
 }

@@ -22,26 +22,28 @@ func _() {
 	_ = x[dropTxSendError-11]
 	_ = x[dropTxNoAH-12]
 	_ = x[dropTxNotIP-13]
-	_ = x[dropTxBadMcastReport-14]
-	_ = x[dropTxMcastTableFull-15]
-	_ = x[dropTxBadOffload-16]
-	_ = x[dropTxGSONoRoom-17]
-	_ = x[dropTxLSOTooLarge-18]
-	_ = x[dropRxTruncatedHeader-19]
-	_ = x[dropRxUnknownEthertype-20]
-	_ = x[dropRxOwnEcho-21]
-	_ = x[dropRxBadARP-22]
-	_ = x[dropRxBadND-23]
-	_ = x[dropRxBadIP-24]
-	_ = x[dropRxError-25]
-	_ = x[dropRxHostWrite-26]
-	_ = x[dropRxFromUnknownConn-27]
-	_ = x[numDropReasons-28]
+	_ = x[dropTxLinkDown-14]
+	_ = x[dropTxBadMcastReport-15]
+	_ = x[dropTxMcastTableFull-16]
+	_ = x[dropTxBadOffload-17]
+	_ = x[dropTxGSONoRoom-18]
+	_ = x[dropTxLSOTooLarge-19]
+	_ = x[dropRxTruncatedHeader-20]
+	_ = x[dropRxUnknownEthertype-21]
+	_ = x[dropRxOwnEcho-22]
+	_ = x[dropRxBadARP-23]
+	_ = x[dropRxBadND-24]
+	_ = x[dropRxBadIP-25]
+	_ = x[dropRxError-26]
+	_ = x[dropRxHostWrite-27]
+	_ = x[dropRxFromUnknownConn-28]
+	_ = x[dropRxLinkDown-29]
+	_ = x[numDropReasons-30]
 }
 
-const _dropReason_name = "tx_unknown_ethertypetx_truncatedtx_vlantx_oversizetx_too_bigtx_unknown_neighbourtx_neigh_queue_fulltx_neigh_flushedtx_bad_arptx_bad_ndtx_post_failedtx_send_errortx_no_ahtx_not_iptx_bad_mcast_reporttx_mcast_table_fulltx_bad_offloadtx_gso_no_roomtx_lso_too_largerx_truncated_headerrx_unknown_ethertyperx_own_echorx_bad_arprx_bad_ndrx_bad_iprx_errorrx_host_writerx_unknown_connnumDropReasons"
+const _dropReason_name = "tx_unknown_ethertypetx_truncatedtx_vlantx_oversizetx_too_bigtx_unknown_neighbourtx_neigh_queue_fulltx_neigh_flushedtx_bad_arptx_bad_ndtx_post_failedtx_send_errortx_no_ahtx_not_iptx_link_downtx_bad_mcast_reporttx_mcast_table_fulltx_bad_offloadtx_gso_no_roomtx_lso_too_largerx_truncated_headerrx_unknown_ethertyperx_own_echorx_bad_arprx_bad_ndrx_bad_iprx_errorrx_host_writerx_unknown_connrx_link_downnumDropReasons"
 
-var _dropReason_index = [...]uint16{0, 20, 32, 39, 50, 60, 80, 99, 115, 125, 134, 148, 161, 169, 178, 197, 216, 230, 244, 260, 279, 299, 310, 320, 329, 338, 346, 359, 374, 388}
+var _dropReason_index = [...]uint16{0, 20, 32, 39, 50, 60, 80, 99, 115, 125, 134, 148, 161, 169, 178, 190, 209, 228, 242, 256, 272, 291, 311, 322, 332, 341, 350, 358, 371, 386, 398, 412}
 
 func (i dropReason) String() string {
 	idx := int(i) - 0

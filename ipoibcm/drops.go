@@ -23,6 +23,7 @@ const (
 	dropTxSendError                          // tx_send_error
 	dropTxNoAH                               // tx_no_ah
 	dropTxNotIP                              // tx_not_ip
+	dropTxLinkDown                           // tx_link_down
 	dropTxBadMcastReport                     // tx_bad_mcast_report
 	dropTxMcastTableFull                     // tx_mcast_table_full
 	dropTxBadOffload                         // tx_bad_offload
@@ -37,6 +38,7 @@ const (
 	dropRxError                              // rx_error
 	dropRxHostWrite                          // rx_host_write
 	dropRxFromUnknownConn                    // rx_unknown_conn
+	dropRxLinkDown                           // rx_link_down
 	numDropReasons
 )
 

@@ -10,7 +10,8 @@ import (
 
 // What the host may do to its side of the interface at run time, and how
 // the engine follows: `ip link set ib0 mtu X` within the mode's limit, `ip
-// link set ib0 address M` always. The host port's owner (cmd/ipoib, from
+// link set ib0 address M` always, `ip link set ib0 down|up` as Linux's
+// ipoib_stop and ipoib_open (hostlink.go). The host port's owner (cmd/ipoib, from
 // netlink link events) calls these; the engine never polls the host.
 
 // ErrHostMTU is wrapped when the host set an MTU the mode cannot carry.
@@ -56,6 +57,32 @@ func (i *Interface) followHostMTU(mtu int) error {
 	}
 	return nil
 }
+
+// FollowHostLink follows the host setting ib0 down (up false) or up again,
+// as Linux's ipoib_stop and ipoib_open do (hostlink.go). It returns once
+// the engine has stopped or restarted; connections taken down finish
+// their teardown on their own.
+func (i *Interface) FollowHostLink(up bool) error {
+	if ifState(i.state.Load()) != ifRunning {
+		return fmt.Errorf("%s: follow host link: %w", i.cfg.Name, ErrNotStarted)
+	}
+	want := hostLinkDown
+	if up {
+		want = hostLinkUp
+	}
+	errc := make(chan error, 1)
+	i.ctl.post(func() { errc <- i.hostLinkTransition(want) })
+	select {
+	case err := <-errc:
+		return err
+	case <-i.stop:
+		return ErrClosed
+	}
+}
+
+// HostUp reports whether the engine has the host's ib0 up, that is not
+// stopped by FollowHostLink(false).
+func (i *Interface) HostUp() bool { return !i.hostDown() }
 
 // FollowHostMAC makes mac the destination of every frame written to the
 // host. A host that changes ib0's MAC and is not followed drops every

@@ -67,16 +67,16 @@ type Interface struct {
 	srq        *srqRing // nil without SRQ
 	drainBuf   []byte
 	cmm        *cm.Manager
-	ownCM      bool // cmm is ours to close (not Config.CMManager)
-	// pkeyIndex is the port table's index of the interface's partition:
-	// every QP's P_Key index. pkeyActive: the UD QP is up on it (the
-	// P_Key was in the table at New or has appeared since). Written at
-	// New and by the control loop.
-	pkeyIndex  int
-	pkeyActive bool
-	// cancelPort ends the PKEY_CHANGE subscription.
-	cancelPort func()
+	// listener is the CM listener while the host has ib0 up; closed and
+	// nil while it is down (hostlink.go). listenerMu guards the pointer:
+	// Close reads it on its own goroutine.
+	listenerMu sync.Mutex
 	listener   *cm.Listener
+	// hostLink is the host's ib0 state the engine follows (hostLink,
+	// hostlink.go); downQuiet: while down, the last connection is gone
+	// (control loop).
+	hostLink  atomic.Int32
+	downQuiet bool
 
 	// The two data flows: host → TX path → HCA and HCA → RX path → host.
 	tx      txPath
@@ -137,6 +137,9 @@ type Interface struct {
 		// marked up and before its parked frames are posted: the window
 		// of the 2018 start_xmit/REP race.
 		repApplying func(tc *txConn)
+		// hostDownQuiet runs on the control loop when, with the host's
+		// ib0 down, the last connection is gone.
+		hostDownQuiet func()
 	}
 
 	ctr        counters
@@ -148,6 +151,19 @@ type Interface struct {
 	ctlWG    sync.WaitGroup
 	closeErr error
 	closeMu  sync.Mutex
+
+	// Partition state, behind the data path's fields so adding it moved
+	// none of them. pkeyIndex is the port table's index of the
+	// interface's partition: every QP's P_Key index. pkeyActive: the UD
+	// QP is up on it (the P_Key was in the table at New or has appeared
+	// since). Both are written at New and by the control loop.
+	pkeyIndex  int
+	pkeyActive bool
+	// pkeyHere: the P_Key is at pkeyIndex now (control loop).
+	pkeyHere bool
+	// cancelPort ends the PKEY_CHANGE subscription.
+	cancelPort func()
+	ownCM      bool // cmm is ours to close (not Config.CMManager)
 
 	// parent is the Interface whose device and CM this child shares; nil
 	// for a parent (child.go).
@@ -187,6 +203,7 @@ func New(cfg Config) (_ *Interface, err error) {
 		return nil, fmt.Errorf("%s: port MTU %d: %w", cfg.Name, i.port.ActiveMTU, hca.ErrInvalidArgument)
 	}
 	i.pkeyIndex, i.pkeyActive = i.port.PKeyIndex(cfg.PKey)
+	i.pkeyHere = i.pkeyActive
 	if !i.pkeyActive {
 		// ipoib_pkey_dev_check_presence: the interface exists, its link
 		// stays down until a PKEY_CHANGE brings the P_Key in.
@@ -309,14 +326,9 @@ func (i *Interface) Start() error {
 	i.tx.napi.Start()
 	i.ctlWG.Add(1)
 	go i.controlLoop()
-	if i.cmm != nil {
-		qpn := uint64(i.ud.qp.QPN())
-		l, err := i.cmm.ListenPKey(i.cfg.PKey, []uint64{serviceIDIETF | qpn, serviceIDRFC | qpn}, i.decideREQ)
-		if err != nil {
-			i.Close()
-			return fmt.Errorf("%s: cm listen: %w", i.cfg.Name, err)
-		}
-		i.listener = l
+	if err := i.listen(); err != nil {
+		i.Close()
+		return fmt.Errorf("%s: %w", i.cfg.Name, err)
 	}
 	i.cancelPort = i.dev.OnPortEvent(func(ev hca.AsyncEvent) {
 		if ev.Type == hca.EventPortPKeyChange {
@@ -366,6 +378,8 @@ func (i *Interface) linkUp() error {
 // connections flushed) until it is back there. The QPs keep their index
 // (IBA: a QP holds an index, not a value), so a P_Key that reappears at
 // another index leaves the link down: the interface must be recreated.
+// While the host has ib0 down the link stays down whatever the table
+// says; openForHost raises it only with the P_Key here.
 func (i *Interface) onPKeyChange() {
 	if ifState(i.state.Load()) != ifRunning || i.reaper.shuttingDown {
 		return
@@ -382,38 +396,48 @@ func (i *Interface) onPKeyChange() {
 			return
 		}
 		i.pkeyIndex, i.pkeyActive = idx, true
-		i.log.Info("P_Key appeared in the port's table", "pkey", pkey, "index", idx)
-		if err := i.linkUp(); err != nil {
-			i.log.Error("link up", "err", err)
-		}
-		return
 	}
 	here := i.pkeyIndex < len(port.PKeys) && port.PKeys[i.pkeyIndex]&^0x8000 == i.cfg.PKey&^0x8000
+	if here == i.pkeyHere {
+		return
+	}
+	i.pkeyHere = here
 	switch {
-	case here && !i.link.Load():
-		i.log.Info("P_Key back in the port's table", "pkey", pkey, "index", i.pkeyIndex)
-		if err := i.linkUp(); err != nil {
-			i.log.Error("link up", "err", err)
+	case here:
+		i.log.Info("P_Key in the port's table", "pkey", pkey, "index", i.pkeyIndex)
+		if !i.hostDown() {
+			if err := i.linkUp(); err != nil {
+				i.log.Error("link up", "err", err)
+			}
 		}
-	case !here && i.link.Load():
-		if found {
-			i.log.Warn("P_Key moved in the port's table; the interface's QPs stay on their index: recreate it", "pkey", pkey, "from", i.pkeyIndex, "to", idx)
-		} else {
-			i.log.Warn("P_Key left the port's table: link down until it is back", "pkey", pkey, "index", i.pkeyIndex)
-		}
-		i.link.Store(false)
-		if err := i.host.SetLinkUp(false); err != nil {
-			i.log.Warn("host SetLinkUp", "err", err)
-		}
-		i.mu.Lock()
-		conns := make([]*txConn, 0, len(i.txConns))
-		for tc := range i.txConns {
-			conns = append(conns, tc)
-		}
-		i.mu.Unlock()
-		for _, tc := range conns {
-			tc.teardown()
-		}
+	case found:
+		i.log.Warn("P_Key moved in the port's table; the interface's QPs stay on their index: recreate it", "pkey", pkey, "from", i.pkeyIndex, "to", idx)
+		i.pkeyLinkDown()
+	default:
+		i.log.Warn("P_Key left the port's table: link down until it is back", "pkey", pkey, "index", i.pkeyIndex)
+		i.pkeyLinkDown()
+	}
+}
+
+// pkeyLinkDown takes the link down for a departed P_Key (control loop):
+// carrier off, so the host stops sending, and the TX connections torn
+// down; passive ones end with their peers' retries.
+func (i *Interface) pkeyLinkDown() {
+	if i.hostDown() {
+		return
+	}
+	i.link.Store(false)
+	if err := i.host.SetLinkUp(false); err != nil {
+		i.log.Warn("host SetLinkUp", "err", err)
+	}
+	i.mu.Lock()
+	conns := make([]*txConn, 0, len(i.txConns))
+	for tc := range i.txConns {
+		conns = append(conns, tc)
+	}
+	i.mu.Unlock()
+	for _, tc := range conns {
+		tc.teardown()
 	}
 }
 

@@ -191,7 +191,9 @@ func (g *mcastGroup) member(ip netip.Addr) int {
 // attachLocked attaches the UD QP to the group once. The soft fabric has
 // no SA: attaching is joining; on RoCEv2 it joins the underlay group.
 func (i *Interface) attachLocked(mgid hca.GID, g *mcastGroup) error {
-	if g.attached {
+	if g.attached || i.hostDown() {
+		// While the host has ib0 down a join is only recorded: up
+		// attaches it (rejoinGroupsLocked).
 		return nil
 	}
 	if err := i.ud.qp.AttachMcast(mgid); err != nil {

@@ -67,7 +67,7 @@ func (i *Interface) decideREQ(req *cm.Request) cm.Decision {
 // or its own ring, and answer with {UD QPN, 65524} and a random PSN.
 func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	i.log.Debug("CM REQ", "from", req.RemoteGID, "qpn", req.RemoteQPN, "path_mtu", req.PathMTU)
-	if ifState(i.state.Load()) != ifRunning {
+	if ifState(i.state.Load()) != ifRunning || i.hostDown() {
 		i.rxLimitCtr.rejectedDown.Add(1)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
@@ -111,7 +111,7 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		i.replaceRX(old)
 	}
 	if n == nil {
-		i.releaseRX(rc)
+		i.releaseRX(rc, &i.rxLimitCtr.rejectedError)
 		return cm.Decision{Reject: cm.RejectConsumerDefined}
 	}
 	rc.mac = n.mac
@@ -132,14 +132,14 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	qp, err := i.dev.CreateQP(cfg)
 	if err != nil {
 		i.log.Warn("create RX QP", "peer", rc.peer, "err", err)
-		i.releaseRX(rc)
+		i.releaseRX(rc, &i.rxLimitCtr.rejectedError)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	rc.qp = qp
 	if err := i.initRXQP(rc, req.PKeyIndex); err != nil {
 		i.log.Warn("init RX QP", "peer", rc.peer, "err", err)
 		qp.Destroy()
-		i.releaseRX(rc)
+		i.releaseRX(rc, &i.rxLimitCtr.rejectedError)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	if h := i.hooks.rxAccepting; h != nil {
@@ -156,6 +156,17 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		i.rxLimitCtr.rejectedError.Add(1)
 		return cm.Decision{Reject: cm.RejectNoQP}
 	}
+	if i.hostDown() {
+		// The host set ib0 down after the check above, and stopForHost's
+		// snapshot of rxConns (taken after it set the state under mu)
+		// cannot have seen this one: refuse it here.
+		i.mu.Unlock()
+		if err := qp.Destroy(); err != nil {
+			i.log.Warn("destroy RX QP", "peer", rc.peer, "err", err)
+		}
+		i.releaseRX(rc, &i.rxLimitCtr.rejectedDown)
+		return cm.Decision{Reject: cm.RejectNoResources}
+	}
 	i.rxConns[rc] = struct{}{}
 	i.mu.Unlock()
 	i.rs.rxAccepted.Add(1)
@@ -169,9 +180,10 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 }
 
 // releaseRX gives back what acceptREQ reserved for a REQ it then
-// rejected: the connection slot and, without SRQ, the ring.
-func (i *Interface) releaseRX(rc *rxConn) {
-	i.rxLimitCtr.rejectedError.Add(1)
+// rejected, counted in why: the connection slot and, without SRQ, the
+// ring.
+func (i *Interface) releaseRX(rc *rxConn, why *atomic.Uint64) {
+	why.Add(1)
 	i.mu.Lock()
 	i.releaseRXLocked(rc)
 	if i.srq == nil {

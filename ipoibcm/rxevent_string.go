@@ -13,17 +13,18 @@ func _() {
 	_ = x[rxEvQPFatal-2]
 	_ = x[rxEvFlushedLive-3]
 	_ = x[rxEvReplaced-4]
-	_ = x[rxEvShutdown-5]
-	_ = x[rxEvLastWQE-6]
-	_ = x[rxEvDrainPosted-7]
-	_ = x[rxEvDrained-8]
-	_ = x[rxEvRingFlushed-9]
-	_ = x[rxEvForce-10]
+	_ = x[rxEvHostDown-5]
+	_ = x[rxEvShutdown-6]
+	_ = x[rxEvLastWQE-7]
+	_ = x[rxEvDrainPosted-8]
+	_ = x[rxEvDrained-9]
+	_ = x[rxEvRingFlushed-10]
+	_ = x[rxEvForce-11]
 }
 
-const _rxEvent_name = "stalecm-disconnectqp-fatalflushed-while-livereplacedshutdownlast-wqedrain-posteddrainedring-flushedforce"
+const _rxEvent_name = "stalecm-disconnectqp-fatalflushed-while-livereplacedhost-downshutdownlast-wqedrain-posteddrainedring-flushedforce"
 
-var _rxEvent_index = [...]uint8{0, 5, 18, 26, 44, 52, 60, 68, 80, 87, 99, 104}
+var _rxEvent_index = [...]uint8{0, 5, 18, 26, 44, 52, 61, 69, 77, 89, 96, 108, 113}
 
 func (i rxEvent) String() string {
 	idx := int(i) - 0

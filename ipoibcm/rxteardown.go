@@ -14,7 +14,7 @@ import (
 // rxTransition, on the control loop; other goroutines post events to it
 // with postRX. The route of a stale connection, top to bottom:
 //
-//	rxLive  --rxEvStale (scan) / rxEvDisconnected / rxEvQPFatal / rxEvShutdown-->
+//	rxLive  --rxEvStale (scan) / rxEvDisconnected / rxEvQPFatal / rxEvHostDown / rxEvShutdown-->
 //	        mark dead under the RX poll lock, QP to Error
 //	rxError --rxEvLastWQE (the SRQ's last WQE of the QP is consumed)-->
 //	        join the flush list; startDrain posts one drain WR
@@ -67,6 +67,8 @@ const (
 	// rxEvReplaced: a new REQ from its GID found the per-GID limit full
 	// and takes its place (rxlimit.go).
 	rxEvReplaced // replaced
+	// rxEvHostDown: the host set ib0 down (ipoib_cm_dev_stop).
+	rxEvHostDown // host-down
 	// rxEvShutdown: Close tears every connection down.
 	rxEvShutdown // shutdown
 	// rxEvLastWQE: LAST_WQE_REACHED: the QP's last SRQ WQE has its

@@ -42,9 +42,7 @@ func (i *Interface) closeSelf() error {
 	i.state.Store(int32(ifClosing))
 	i.link.Store(false)
 	_ = i.host.SetLinkUp(false)
-	if i.listener != nil {
-		i.listener.Close()
-	}
+	i.closeListener()
 	if i.cancelPort != nil {
 		i.cancelPort()
 	}

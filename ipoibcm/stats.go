@@ -100,6 +100,15 @@ type ReaperStats struct {
 	McastTableFull       uint64 `json:"mcast_table_full"`
 	McastJoinErrors      uint64 `json:"mcast_join_errors"`
 	TooBigSent           uint64 `json:"too_big_sent"`
+	// HostDowns and HostUps count `ip link set ib0 down` / `up` the
+	// engine followed; HostDownRXTeardowns, HostDownTXTeardowns and
+	// HostDownPathsFlushed the connections the downs tore down and the
+	// neighbours whose path (AH, parked frames, CM back-off) they flushed.
+	HostDowns            uint64 `json:"host_downs"`
+	HostUps              uint64 `json:"host_ups"`
+	HostDownRXTeardowns  uint64 `json:"host_down_rx_teardowns"`
+	HostDownTXTeardowns  uint64 `json:"host_down_tx_teardowns"`
+	HostDownPathsFlushed uint64 `json:"host_down_paths_flushed"`
 }
 
 // NAPIStats are the two pollers' statistics.
@@ -110,11 +119,15 @@ type NAPIStats struct {
 
 // Stats is a snapshot of an Interface.
 type Stats struct {
-	Name        string            `json:"name"`
-	Mode        string            `json:"mode"`
-	MTU         int               `json:"mtu"`
-	HWAddr      string            `json:"hwaddr"`
-	LinkUp      bool              `json:"link_up"`
+	Name   string `json:"name"`
+	Mode   string `json:"mode"`
+	MTU    int    `json:"mtu"`
+	HWAddr string `json:"hwaddr"`
+	LinkUp bool   `json:"link_up"`
+	// HostLink is the host's ib0 state as the engine follows it: "up",
+	// or "down" after `ip link set ib0 down` (nothing sent, every
+	// connection and neighbour gone).
+	HostLink    string            `json:"host_link"`
 	Counters    Counters          `json:"counters"`
 	Drops       map[string]uint64 `json:"drops"`
 	Neighbours  []NeighbourInfo   `json:"neighbours"`
@@ -135,11 +148,12 @@ type Stats struct {
 func (i *Interface) Stats() Stats {
 	c := &i.ctr
 	s := Stats{
-		Name:   i.cfg.Name,
-		Mode:   i.Mode().String(),
-		MTU:    i.MTU(),
-		HWAddr: i.hw.String(),
-		LinkUp: i.LinkUp(),
+		Name:     i.cfg.Name,
+		Mode:     i.Mode().String(),
+		MTU:      i.MTU(),
+		HWAddr:   i.hw.String(),
+		LinkUp:   i.LinkUp(),
+		HostLink: hostLink(i.hostLink.Load()).String(),
 		Counters: Counters{
 			RxPackets: c.rxPackets.Load(), TxPackets: c.txPackets.Load(),
 			RxBytes: c.rxBytes.Load(), TxBytes: c.txBytes.Load(),
@@ -237,6 +251,8 @@ func (i *Interface) reaperStats() ReaperStats {
 		McastJoins: r.mcastJoins.Load(), McastLeaves: r.mcastLeaves.Load(), McastSendOnly: r.mcastSendOnly.Load(),
 		McastSendOnlyExpired: r.mcastSendOnlyExpired.Load(), McastTableFull: r.mcastTableFull.Load(), McastJoinErrors: r.mcastJoinErrors.Load(),
 		TooBigSent: r.tooBigSent.Load(),
+		HostDowns:  r.hostDowns.Load(), HostUps: r.hostUps.Load(), HostDownRXTeardowns: r.hostDownRXTeardowns.Load(),
+		HostDownTXTeardowns: r.hostDownTXTeardowns.Load(), HostDownPathsFlushed: r.hostDownPathsFlushed.Load(),
 	}
 }
 
@@ -261,6 +277,11 @@ type reaperCounters struct {
 	rxAccepted, rxRejectedNoQP, neighRestarts        atomic.Uint64
 	neighAged, modeSwitches, lateLastWQE, reresolves atomic.Uint64
 	neighEvicted                                     atomic.Uint64
+	// hostDowns, hostUps: the host set ib0 down / up again
+	// (hostlink.go); hostDownRXTeardowns, hostDownTXTeardowns,
+	// hostDownPathsFlushed: what those downs tore down and flushed.
+	hostDowns, hostUps, hostDownRXTeardowns   atomic.Uint64
+	hostDownTXTeardowns, hostDownPathsFlushed atomic.Uint64
 	// rxRejectedMTU: REQs whose path MTU is above our port's, refused
 	// with REJ INVALID_MTU; txMTUDowngrades: REQs resent one IB MTU
 	// lower after such a REJ (cmpathmtu.go).

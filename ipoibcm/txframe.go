@@ -21,6 +21,12 @@ import (
 // m is the frame's offload metadata (zero from a plain HostPort).
 func (i *Interface) txFrameLocked(t *txScratch, bufIdx, size int, m offload.Meta, now time.Time) bool {
 	b := i.tx.pool.bufs[bufIdx]
+	if i.hostDown() {
+		// The host set ib0 down (the kernel sends nothing then; these
+		// were read before): netif_stop_queue.
+		i.ctr.drop(dropTxLinkDown)
+		return false
+	}
 	// A frame that filled its whole buffer was truncated by the host port.
 	// A frame merely above our MTU (the host's MTU may be larger: a user
 	// raised it, or segments queued before a mode switch) goes on to the

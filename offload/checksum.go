@@ -12,12 +12,18 @@ import (
 // complement of the sum from start to the end of frame goes there. The
 // caller has checked that start+off+2 <= len(frame).
 func CompletePartial(frame []byte, start, off int) {
+	binary.BigEndian.PutUint16(frame[start+off:], PartialSum(frame, start, off))
+}
+
+// PartialSum is the checksum CompletePartial would write, for a caller
+// that puts it into a copy of the frame rather than the frame itself.
+func PartialSum(frame []byte, start, off int) uint16 {
 	s := ^checksum.Checksum(frame[start:], 0)
 	if s == 0 && off == 6 {
 		// A UDP checksum of 0 means "none"; RFC 768 sends all ones.
 		s = 0xFFFF
 	}
-	binary.BigEndian.PutUint16(frame[start+off:], s)
+	return s
 }
 
 // pseudoSum is the folded sum of the TCP/UDP pseudo header (RFC 793,

@@ -61,10 +61,10 @@ func rxWrongPKey(t *testing.T, s control.InterfaceStats) uint64 {
 	return st.Counters.RxWrongPKey
 }
 
-// tcpAcross sends n random bytes over TCP from namespace from to dst
+// tcpBetween sends n random bytes over TCP from namespace from to dst
 // (listening in namespace to) through the kernel and the TAPs, and checks
 // they arrive intact. Sockets made inside a namespace stay in it.
-func tcpAcross(from, to, dst string, n int) error {
+func tcpBetween(from, to, dst string, n int) error {
 	owner := &tap.Owner{}
 	nsFrom, err := owner.Open(from)
 	if err != nil {
@@ -229,7 +229,7 @@ func TestBinaryPartitions(t *testing.T) {
 		t.Fatalf("ping h1 -> h2 over ib0: %v", err)
 	}
 	s0 := showByName(t, ctl)
-	if err := tcpAcross(h1, h2, "10.77.81.2", size); err != nil {
+	if err := tcpBetween(h1, h2, "10.77.81.2", size); err != nil {
 		t.Fatalf("TCP over ib0.8001: %v", err)
 	}
 	s1 := showByName(t, ctl)
@@ -242,7 +242,7 @@ func TestBinaryPartitions(t *testing.T) {
 	errs := make([]error, 2)
 	for k, dst := range []string{"10.77.80.2", "10.77.81.2"} {
 		wg.Add(1)
-		go func() { defer wg.Done(); errs[k] = tcpAcross(h1, h2, dst, size) }()
+		go func() { defer wg.Done(); errs[k] = tcpBetween(h1, h2, dst, size) }()
 	}
 	wg.Wait()
 	for k, err := range errs {

@@ -44,7 +44,8 @@ type Config struct {
 	MaxMembers int
 	// MTU is the path MTU, 1024..4096; 0 means 4096.
 	MTU hca.MTU
-	// PKeys is the P_Key table; empty means {0xFFFF}.
+	// PKeys is the P_Key table, index 0 first; empty means {0xFFFF}.
+	// Device.SetPKeyTable replaces it at run time.
 	PKeys []hca.PKey
 	// MinAckTimeout is the floor of the transport timeout. Hardware
 	// values (4.096 us * 2^Timeout, IPoIB asks for tiny ones) are far below

@@ -8,7 +8,8 @@ import (
 	"github.com/ipoibcm/ipoib/hca/hcatest"
 )
 
-// suiteFabric adapts testFabric to hcatest.Fabric and hcatest.PKeyFabric.
+// suiteFabric adapts testFabric to hcatest.Fabric, hcatest.PKeyFabric and
+// hcatest.PKeyTableFabric.
 type suiteFabric struct {
 	*testFabric
 	lossy bool
@@ -20,6 +21,13 @@ func (f suiteFabric) NewDeviceWithPKeys(t *testing.T, pkeys []hca.PKey) hca.Devi
 	cfg := f.config(t)
 	cfg.PKeys = pkeys
 	return f.open(t, cfg)
+}
+
+func (f suiteFabric) SetPKeyTable(t *testing.T, dev hca.Device, table []hca.PKey) {
+	t.Helper()
+	if err := dev.(*Device).SetPKeyTable(table); err != nil {
+		t.Fatalf("set P_Key table: %v", err)
+	}
 }
 
 func (f suiteFabric) Properties() hcatest.Properties {

@@ -3,9 +3,11 @@ package rocev2
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 
 	"time"
@@ -65,10 +67,12 @@ type Device struct {
 	gossip    *gossip
 	memberSet map[netip.Addr]struct{}
 	portFns   map[int]func(hca.AsyncEvent)
-	nextFn    int
-	timed     map[*qp]struct{}
-	ackQPs    []*qp
-	srqs      int // live SRQs
+	// pkeys is the port's P_Key table (Config.PKeys, then SetPKeyTable).
+	pkeys  []hca.PKey
+	nextFn int
+	timed  map[*qp]struct{}
+	ackQPs []*qp
+	srqs   int // live SRQs
 	// heldCQs are the CQs with completions Faults.HoldCompletion holds
 	// back, heldCompletions how many, holdRng the draws (hold.go).
 	heldCQs         map[*cq]struct{}
@@ -169,6 +173,7 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 		cqs:       make(map[*cq]struct{}),
 		memberSet: make(map[netip.Addr]struct{}),
 		portFns:   make(map[int]func(hca.AsyncEvent)),
+		pkeys:     cfg.PKeys,
 		timed:     make(map[*qp]struct{}),
 		heldCQs:   make(map[*cq]struct{}),
 		holdRng:   rand.New(rand.NewPCG(cfg.Faults.Seed^holdSeedMix, cfg.Faults.Seed+1)),
@@ -209,8 +214,41 @@ func (d *Device) LocalAddr() netip.AddrPort { return d.local }
 
 // Port implements hca.Device. The link is always up.
 func (d *Device) Port() hca.Port {
-	return hca.Port{GID: d.gid, PKeys: append([]hca.PKey(nil), d.cfg.PKeys...), ActiveMTU: d.cfg.MTU, Active: true,
+	d.mu.Lock()
+	pkeys := slices.Clone(d.pkeys)
+	d.mu.Unlock()
+	return hca.Port{GID: d.gid, PKeys: pkeys, ActiveMTU: d.cfg.MTU, Active: true,
 		PKeyViolations: d.ctr.drops[wire.DropBadPKey].Load()}
+}
+
+// SetPKeyTable replaces the port's P_Key table (index 0 first), as a
+// subnet manager would (RoCE has none: Config.PKeys is the usual source),
+// and raises EventPortPKeyChange. QPs keep their index and send with the
+// value now there.
+func (d *Device) SetPKeyTable(table []hca.PKey) error {
+	if len(table) == 0 {
+		return fmt.Errorf("rocev2: %s: empty P_Key table: %w", d.cfg.Name, hca.ErrInvalidArgument)
+	}
+	d.mu.Lock()
+	if d.closed || slices.Equal(d.pkeys, table) {
+		d.mu.Unlock()
+		return nil
+	}
+	d.pkeys = slices.Clone(table)
+	for _, id := range slices.Sorted(maps.Keys(d.portFns)) {
+		d.deferEvent(d.portFns[id], hca.AsyncEvent{Type: hca.EventPortPKeyChange})
+	}
+	d.unlock()
+	return nil
+}
+
+// pkeyAt is the P_Key at index i, or 0 (matching nothing) if out of
+// range; mu held.
+func (d *Device) pkeyAt(i int) hca.PKey {
+	if i < 0 || i >= len(d.pkeys) {
+		return 0
+	}
+	return d.pkeys[i]
 }
 
 // Limits implements hca.Device.
@@ -322,8 +360,8 @@ func (d *Device) CreateAH(dgid hca.GID) (hca.AH, error) {
 	return a, nil
 }
 
-// OnPortEvent implements hca.Device. The UDP port never goes down, so no
-// event is ever delivered; registration is kept for the contract.
+// OnPortEvent implements hca.Device. The UDP port never goes down, so the
+// only event is PKEY_CHANGE (SetPKeyTable).
 func (d *Device) OnPortEvent(fn func(hca.AsyncEvent)) (cancel func()) {
 	d.mu.Lock()
 	id := d.nextFn

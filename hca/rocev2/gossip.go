@@ -120,7 +120,7 @@ func (d *Device) sendGet(a netip.Addr, offset uint32, now time.Time) {
 func (d *Device) sendMemberMAD(a netip.Addr, m *wire.MemberMAD) {
 	buf := d.getBuf()
 	spec := wire.PacketSpec{
-		BTH:  wire.BTH{Opcode: wire.OpUDSendOnly, PKey: uint16(d.cfg.PKeys[0]), DestQP: uint32(hca.QPNGSI)},
+		BTH:  wire.BTH{Opcode: wire.OpUDSendOnly, PKey: uint16(d.pkeyAt(0)), DestQP: uint32(hca.QPNGSI)},
 		DETH: wire.DETH{QKey: uint32(hca.QKeyGSI), SrcQP: uint32(hca.QPNGSI)},
 	}
 	h := wire.EncodeHeaders(buf, &spec, wire.MemberMADLen)

@@ -145,7 +145,7 @@ func (d *Device) receiveGroup(b []byte, from netip.AddrPort, g *group, p *wire.P
 		if uint32(q.qkey) != p.DETH.QKey || q.state < hca.QPStateRTR || q.state == hca.QPStateError {
 			continue
 		}
-		if !info.pkey.Matches(q.pkey) {
+		if !info.pkey.Matches(q.pkey()) {
 			otherPartition = true
 			continue
 		}

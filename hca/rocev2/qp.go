@@ -45,7 +45,9 @@ type qp struct {
 	// only the CQ lock.
 	destroyed atomic.Bool
 	qkey      hca.QKey
-	pkey      hca.PKey
+	// pkeyIndex is the QP's index in the port's P_Key table: it holds an
+	// index, not a value, so a rewritten table moves it (IBTA 10.9).
+	pkeyIndex int
 	mcast     map[hca.GID]struct{}
 	// lastWQESent makes EventQPLastWQEReached fire once per QP.
 	lastWQESent bool
@@ -112,7 +114,7 @@ func (d *Device) CreateQP(cfg hca.QPConfig) (hca.QP, error) {
 	if cfg.MaxSendWR < 0 || cfg.MaxSendWR > maxQPWR || cfg.MaxRecvWR < 0 || cfg.MaxRecvWR > maxQPWR {
 		return nil, fmt.Errorf("rocev2: create QP: WR limits %d/%d: %w", cfg.MaxSendWR, cfg.MaxRecvWR, hca.ErrInvalidArgument)
 	}
-	q := &qp{dev: d, typ: cfg.Type, cfg: cfg, sendCQ: sc, recvCQ: rc, srq: s, pkey: d.cfg.PKeys[0]}
+	q := &qp{dev: d, typ: cfg.Type, cfg: cfg, sendCQ: sc, recvCQ: rc, srq: s}
 	switch cfg.Type {
 	case hca.QPTypeRC:
 		q.sq = make([]sendWQE, max(cfg.MaxSendWR, 1))
@@ -187,10 +189,10 @@ func (q *qp) Modify(a hca.QPAttr) error {
 	}
 	switch a.State {
 	case hca.QPStateInit:
-		if a.PKeyIndex < 0 || a.PKeyIndex >= len(d.cfg.PKeys) {
-			return fmt.Errorf("rocev2: P_Key index %d of %d: %w", a.PKeyIndex, len(d.cfg.PKeys), hca.ErrInvalidArgument)
+		if a.PKeyIndex < 0 || a.PKeyIndex >= len(d.pkeys) {
+			return fmt.Errorf("rocev2: P_Key index %d of %d: %w", a.PKeyIndex, len(d.pkeys), hca.ErrInvalidArgument)
 		}
-		q.pkey = d.cfg.PKeys[a.PKeyIndex]
+		q.pkeyIndex = a.PKeyIndex
 		if q.typ == hca.QPTypeUD {
 			q.qkey = a.QKey
 		}
@@ -483,3 +485,7 @@ func (q *qp) fireTimer() {
 		q.pump()
 	}
 }
+
+// pkey is the P_Key at the QP's index, or 0 (matching nothing) if the
+// table shrank below it; mu held.
+func (q *qp) pkey() hca.PKey { return q.dev.pkeyAt(q.pkeyIndex) }

@@ -79,7 +79,7 @@ func (q *qp) pump() {
 		}
 		ackReq := last || psnDiff(q.txPSN, w.firstPSN)%ackReqEvery == ackReqEvery-1
 		buf := d.getBuf()
-		spec := wire.PacketSpec{BTH: wire.BTH{Opcode: op, PKey: uint16(q.pkey), DestQP: uint32(q.destQPN), AckReq: ackReq, PSN: q.txPSN}}
+		spec := wire.PacketSpec{BTH: wire.BTH{Opcode: op, PKey: uint16(q.pkey()), DestQP: uint32(q.destQPN), AckReq: ackReq, PSN: q.txPSN}}
 		h := wire.EncodeHeaders(buf, &spec, n)
 		copy(buf[h:], w.data[q.txOff:q.txOff+n])
 		pad := int(wire.PadCount(n))
@@ -248,7 +248,7 @@ func (q *qp) sendAck(syn wire.Syndrome, psn uint32) {
 	d := q.dev
 	buf := d.getBuf()
 	spec := wire.PacketSpec{
-		BTH:  wire.BTH{Opcode: wire.OpRCAck, PKey: uint16(q.pkey), DestQP: uint32(q.destQPN), PSN: psn},
+		BTH:  wire.BTH{Opcode: wire.OpRCAck, PKey: uint16(q.pkey()), DestQP: uint32(q.destQPN), PSN: psn},
 		AETH: wire.AETH{Syndrome: syn, MSN: q.msn},
 	}
 	h := wire.EncodeHeaders(buf, &spec, 0)

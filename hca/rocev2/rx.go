@@ -136,7 +136,7 @@ func (d *Device) receive(b []byte, from netip.AddrPort, p *wire.Packet) {
 			d.ctr.drop(wire.DropUnknownQP)
 		case q.typ != hca.QPTypeRC:
 			d.ctr.drop(wire.DropWrongState)
-		case !hca.PKey(p.BTH.PKey).Matches(q.pkey):
+		case !hca.PKey(p.BTH.PKey).Matches(q.pkey()):
 			d.ctr.drop(wire.DropBadPKey)
 		case op == wire.OpRCAck:
 			q.recvAck(p)
@@ -175,7 +175,7 @@ func (d *Device) accept(b []byte, from netip.AddrPort, dst netip.Addr, p *wire.P
 	if d.cfg.Tap != nil {
 		d.cfg.Tap.Datagram(from, netip.AddrPortFrom(dst, d.local.Port()), b)
 	}
-	if _, ok := hca.MatchingPKeyIndex(d.cfg.PKeys, hca.PKey(p.BTH.PKey)); !ok {
+	if _, ok := hca.MatchingPKeyIndex(d.pkeys, hca.PKey(p.BTH.PKey)); !ok {
 		// No partition of ours (IBTA 10.9.3), before the sender may
 		// join the broadcast group: a host of another partition stays
 		// out of it.

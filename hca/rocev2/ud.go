@@ -40,14 +40,14 @@ func (q *qp) postSendUD(wrs []hca.SendWR) (int, error) {
 		if qkey&qkeyUseOwn != 0 {
 			qkey = q.qkey
 		}
-		pkey := q.pkey
+		pkey := q.pkey()
 		if q.typ == hca.QPTypeGSI {
 			// QP 1 serves every partition: each MAD names its P_Key
 			// index (ib_ud_wr.pkey_index).
-			if wr.PKeyIndex < 0 || wr.PKeyIndex >= len(d.cfg.PKeys) {
-				return i, fmt.Errorf("rocev2: send WR %d: P_Key index %d of %d: %w", wr.ID, wr.PKeyIndex, len(d.cfg.PKeys), hca.ErrInvalidArgument)
+			if wr.PKeyIndex < 0 || wr.PKeyIndex >= len(d.pkeys) {
+				return i, fmt.Errorf("rocev2: send WR %d: P_Key index %d of %d: %w", wr.ID, wr.PKeyIndex, len(d.pkeys), hca.ErrInvalidArgument)
 			}
-			pkey = d.cfg.PKeys[wr.PKeyIndex]
+			pkey = d.pkeys[wr.PKeyIndex]
 		}
 		spec := wire.PacketSpec{
 			BTH:  wire.BTH{Opcode: wire.OpUDSendOnly, PKey: uint16(pkey), DestQP: uint32(wr.RemoteQPN & hca.QPNMask), PSN: q.udPSN},
@@ -122,7 +122,7 @@ func (d *Device) recvUD(p *wire.Packet, from netip.Addr) {
 			if len(q.mcast) == 0 || uint32(q.qkey) != p.DETH.QKey || q.state < hca.QPStateRTR || q.state == hca.QPStateError {
 				continue
 			}
-			if !info.pkey.Matches(q.pkey) {
+			if !info.pkey.Matches(q.pkey()) {
 				otherPartition = true
 				continue
 			}
@@ -145,7 +145,7 @@ func (d *Device) recvUD(p *wire.Packet, from netip.Addr) {
 		d.ctr.dropUD(wire.DropUnknownQP)
 	case q.typ == hca.QPTypeRC || q.state < hca.QPStateRTR || q.state == hca.QPStateError:
 		d.ctr.dropUD(wire.DropWrongState)
-	case q.typ != hca.QPTypeGSI && !info.pkey.Matches(q.pkey):
+	case q.typ != hca.QPTypeGSI && !info.pkey.Matches(q.pkey()):
 		d.ctr.dropUD(wire.DropBadPKey)
 	case uint32(q.qkey) != p.DETH.QKey:
 		d.ctr.dropUD(wire.DropBadQKey)

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
@@ -45,10 +46,11 @@ type endpoint struct {
 
 	// writeMu serialises writers so rxFrame can be reused.
 	writeMu sync.Mutex
-	// rxFrame holds a frame whose checksum the link completes, or one
-	// segment of a super frame the stack does not take whole; it is
-	// allocated on first use.
-	rxFrame []byte // guarded by writeMu
+	// rxFrame holds a small frame whose checksum the link completes, or
+	// one segment of a super frame the stack does not take whole; it is
+	// allocated on first use. rxHeaders holds the headers of a large one.
+	rxFrame   []byte              // guarded by writeMu
+	rxHeaders [maxHeadersLen]byte // guarded by writeMu
 	// accept is what the reader of ReadFramesMeta takes (SetOffloads).
 	accept atomic.Pointer[offload.Caps]
 }
@@ -451,7 +453,13 @@ func (e *endpoint) writeFrames(frames [][]byte, meta []offload.Meta) (int, error
 
 // deliver hands one checked frame to the stack.
 func (e *endpoint) deliver(dp stack.NetworkDispatcher, proto tcpip.NetworkProtocolNumber, kind tcpip.PacketType, frame []byte) {
-	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: rxBuffer(frame, uint16(proto))})
+	e.deliverBuffer(dp, proto, kind, rxBuffer(frame, uint16(proto)), len(frame))
+}
+
+// deliverBuffer hands one checked frame, already in a gVisor buffer, to the
+// stack.
+func (e *endpoint) deliverBuffer(dp stack.NetworkDispatcher, proto tcpip.NetworkProtocolNumber, kind tcpip.PacketType, buf buffer.Buffer, size int) {
+	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buf})
 	if !e.ParseHeader(pkt) {
 		// classify checked the length; this cannot fail.
 		pkt.DecRef()
@@ -460,7 +468,7 @@ func (e *endpoint) deliver(dp stack.NetworkDispatcher, proto tcpip.NetworkProtoc
 	}
 	pkt.PktType = kind
 	e.counters.rxPackets.Add(1)
-	e.counters.rxBytes.Add(uint64(len(frame)))
+	e.counters.rxBytes.Add(uint64(size))
 	dp.DeliverNetworkPacket(proto, pkt)
 	pkt.DecRef()
 }

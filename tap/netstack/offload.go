@@ -2,7 +2,9 @@ package netstack
 
 import (
 	"context"
+	"encoding/binary"
 
+	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
@@ -103,12 +105,34 @@ func (e *endpoint) deliverOffloaded(dp stack.NetworkDispatcher, proto tcpip.Netw
 		e.counters.rxSuperFrames.Add(1)
 	}
 	if m.NeedsCsum && e.caps&stack.CapabilityRXChecksumOffload == 0 {
-		f := e.rxScratch(len(frame))
-		copy(f, frame)
-		offload.CompletePartial(f, int(m.CsumStart), int(m.CsumOffset))
-		frame = f
+		e.deliverCompleted(dp, proto, kind, frame, int(m.CsumStart), int(m.CsumOffset))
+		return
 	}
 	e.deliver(dp, proto, kind, frame)
+}
+
+// deliverCompleted delivers a frame whose partial checksum the stack would
+// refuse, completed. The caller's frame stays as it is: the completed sum
+// goes into the copy the stack gets. A large frame's headers, the checksum
+// field among them, are copied apart and patched there (the payload chunk
+// is copied once, as rxBuffer copies it); a small one is patched whole in
+// rxFrame. The caller holds writeMu.
+func (e *endpoint) deliverCompleted(dp stack.NetworkDispatcher, proto tcpip.NetworkProtocolNumber, kind tcpip.PacketType, frame []byte, start, off int) {
+	sum := offload.PartialSum(frame, start, off)
+	split := headersLen(frame, uint16(proto))
+	if at := start + off; split > 0 && at+2 <= split && len(frame)-split >= splitMinPayload {
+		hdr := e.rxHeaders[:split]
+		copy(hdr, frame)
+		binary.BigEndian.PutUint16(hdr[at:], sum)
+		buf := buffer.MakeWithData(hdr)
+		buf.Append(buffer.NewViewWithData(frame[split:]))
+		e.deliverBuffer(dp, proto, kind, buf, len(frame))
+		return
+	}
+	f := e.rxScratch(len(frame))
+	copy(f, frame)
+	binary.BigEndian.PutUint16(f[start+off:], sum)
+	e.deliver(dp, proto, kind, f)
 }
 
 // deliverCut cuts a super frame the stack does not take whole into its

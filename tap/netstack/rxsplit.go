@@ -11,6 +11,10 @@ import (
 // it, the copy gVisor makes (see rxBuffer) costs less than a second chunk.
 const splitMinPayload = 512
 
+// maxHeadersLen bounds what headersLen returns: Ethernet, IPv4 with
+// options and TCP with options.
+const maxHeadersLen = ethernetHeaderLen + 60 + 60
+
 // rxBuffer copies a received frame into a gVisor buffer for the stack.
 //
 // A frame larger than splitMinPayload past its headers is stored as two

@@ -86,7 +86,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 			Owner:    &tap.Owner{MarkerDir: env.MarkerDir},
 			Progress: env.Stderr,
 		}
-		cfg.IB = ibLinkFactory(*seed, vnet, newLogger(env.Stderr, slog.LevelWarn))
+		cfg.IB, cfg.IBOffloads = ibLinkFactory(*seed, vnet, newLogger(env.Stderr, slog.LevelWarn)), vnet
 		rep, err := bench.RunIperfSuite(ctx, cfg)
 		if err != nil {
 			return fail(env, "bench", err)

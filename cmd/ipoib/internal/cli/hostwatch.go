@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -77,7 +78,8 @@ func (v *hostView) followGroups(dev *tap.Device) {
 }
 
 // apply takes a new host state: the engine follows MTU (within the mode's
-// limit) and MAC; refusals become notes and warnings.
+// limit), MAC and the link going down and up (ipoibcm.FollowHostLink);
+// refusals become notes and warnings.
 func (v *hostView) apply(s tap.HostState) {
 	var notes []string
 	if s.MTU != v.ifc.MTU() {
@@ -92,9 +94,15 @@ func (v *hostView) apply(s tap.HostState) {
 			v.log.Warn("host MAC not followed", "err", err)
 		}
 	}
+	if s.Up != v.ifc.HostUp() {
+		// The engine's own Close sets the TAP down: nothing to follow.
+		if err := v.ifc.FollowHostLink(s.Up); err != nil && !errors.Is(err, ipoibcm.ErrNotStarted) && !errors.Is(err, ipoibcm.ErrClosed) {
+			notes = append(notes, fmt.Sprintf("host set %s up=%v, not followed: %v", v.ifc.Name(), s.Up, err))
+			v.log.Warn("host link state not followed", "up", s.Up, "err", err)
+		}
+	}
 	if !s.Up {
-		notes = append(notes, fmt.Sprintf("the host set %s down: nothing is sent or delivered", v.ifc.Name()))
-		v.log.Info("host set the interface down", "dev", v.ifc.Name())
+		notes = append(notes, fmt.Sprintf("the host set %s down: connections torn down, nothing sent, arrivals dropped (rx_link_down)", v.ifc.Name()))
 	}
 	v.mu.Lock()
 	v.state, v.notes = s, notes

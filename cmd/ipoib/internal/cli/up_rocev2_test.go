@@ -37,6 +37,9 @@ type upPair struct {
 	devs  [2]*rocev2.Device
 	ups   [2]*upHost
 	addrs [2]netip.Addr
+	// transfers counts transfer calls: each listens on its own port, as
+	// the last one's may still be in TIME_WAIT.
+	transfers uint16
 }
 
 func borrowPort(t *testing.T, a netip.Addr) uint16 {
@@ -57,10 +60,15 @@ func newUpPair(t *testing.T, faults rocev2.Faults) *upPair {
 // newUpPairMTU is newUpPair with each device's IB MTU (0: the default).
 func newUpPairMTU(t *testing.T, faults rocev2.Faults, ibMTU [2]hca.MTU) *upPair {
 	t.Helper()
+	return newUpPairLog(t, faults, ibMTU, slog.New(slog.DiscardHandler))
+}
+
+// newUpPairLog is newUpPairMTU logging to log.
+func newUpPairLog(t *testing.T, faults rocev2.Faults, ibMTU [2]hca.MTU, log *slog.Logger) *upPair {
+	t.Helper()
 	p := &upPair{}
 	binds := [2]netip.Addr{netip.MustParseAddr("127.77.0.1"), netip.MustParseAddr("127.77.0.2")}
 	port := borrowPort(t, binds[0])
-	log := slog.New(slog.DiscardHandler)
 	for i := range 2 {
 		p.addrs[i] = netip.AddrFrom4([4]byte{10, 77, 9, byte(i + 1)})
 		h, err := netstack.New(netstack.Config{Addrs: []netip.Prefix{netip.PrefixFrom(p.addrs[i], 24)}, MTU: 65520})
@@ -109,7 +117,9 @@ func (p *upPair) ping(t *testing.T, from int, size int) {
 // them by SHA-256.
 func (p *upPair) transfer(t *testing.T, n int) {
 	t.Helper()
-	l, err := p.hosts[1].ListenTCP(5001)
+	port := 5001 + p.transfers
+	p.transfers++
+	l, err := p.hosts[1].ListenTCP(port)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +140,7 @@ func (p *upPair) transfer(t *testing.T, n int) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := p.hosts[0].DialTCP(ctx, netip.AddrPortFrom(p.addrs[1], 5001))
+	c, err := p.hosts[0].DialTCP(ctx, netip.AddrPortFrom(p.addrs[1], port))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,216 @@
+package ipoibcm
+
+import (
+	"fmt"
+	"time"
+)
+
+// This file is what the engine does when the host sets ib0 down and up
+// again (`ip link set ib0 down|up`), as Linux's ipoib_stop and ipoib_open
+// do: down stops the queue, tears down every TX and
+// passive connection, closes the CM listener so that peers' REQs get
+// REJ INVALID_SERVICE_ID from the CM, flushes every neighbour and leaves
+// every multicast group; while down nothing is sent on the interface's
+// QPs and what still arrives is dropped and counted. Up opens the
+// listener again, rejoins the groups the interface had (the broadcast
+// group first) and lets the host's frames through; paths and connections
+// are made again on demand.
+
+// hostLink is the host's administrative state of ib0 as the engine
+// follows it. It changes only in hostLinkTransition, on the control loop;
+// the data path, the CM goroutine and Stats read it atomically.
+//
+//go:generate go tool stringer -type=hostLink -linecomment
+type hostLink int32
+
+const (
+	// hostLinkUp: the host's ib0 is up; the engine runs normally.
+	hostLinkUp hostLink = iota // up
+	// hostLinkDown: the host set ib0 down; the engine is stopped as
+	// ipoib_stop leaves it, waiting for the host to set it up.
+	hostLinkDown // down
+)
+
+// hostLinkTransition moves the interface to want (control loop): the one
+// place hostLink changes. Asking for the current state does nothing.
+func (i *Interface) hostLinkTransition(want hostLink) error {
+	from := hostLink(i.hostLink.Load())
+	switch {
+	case from == hostLinkUp && want == hostLinkDown:
+		i.stopForHost()
+	case from == hostLinkDown && want == hostLinkUp:
+		return i.openForHost()
+	}
+	return nil
+}
+
+// stopForHost is ipoib_stop: from the state change on, the host reader
+// drops what the host still hands over (tx_link_down), acceptREQ
+// refuses (rx_rejected_down) and UD receives are dropped (rx_link_down);
+// then the listener goes, every connection is taken down through its
+// normal teardown (DREQ where established, the passive drain), and the
+// neighbours' paths and the multicast groups are flushed.
+func (i *Interface) stopForHost() {
+	i.mu.Lock()
+	i.hostLink.Store(int32(hostLinkDown))
+	i.mu.Unlock()
+	i.link.Store(false)
+	i.rs.hostDowns.Add(1)
+	i.closeListener()
+	rx, tx := i.snapshotConns()
+	for _, rc := range rx {
+		i.rxTransition(rc, rxEvHostDown)
+	}
+	for _, tc := range tx {
+		tc.teardown()
+	}
+	i.rs.hostDownRXTeardowns.Add(uint64(len(rx)))
+	i.rs.hostDownTXTeardowns.Add(uint64(len(tx)))
+	i.mu.Lock()
+	paths := i.flushPathsLocked()
+	groups := i.leaveGroupsLocked()
+	i.mu.Unlock()
+	i.downQuiet = false
+	i.log.Info("host set the interface down: stopped", "rx_conns", len(rx), "tx_conns", len(tx),
+		"paths", paths, "groups", groups)
+	i.checkHostDownQuiet()
+}
+
+// checkHostDownQuiet logs, once per down, when the last connection of
+// the interface is gone (control loop, after every work item): from then
+// on the interface sends nothing at all.
+func (i *Interface) checkHostDownQuiet() {
+	if i.downQuiet || hostLink(i.hostLink.Load()) != hostLinkDown {
+		return
+	}
+	i.mu.Lock()
+	left := len(i.rxConns) + len(i.txConns)
+	i.mu.Unlock()
+	if left == 0 {
+		i.downQuiet = true
+		i.log.Info("host down: every connection is gone")
+		if h := i.hooks.hostDownQuiet; h != nil {
+			h()
+		}
+	}
+}
+
+// openForHost is ipoib_open: the listener again, the groups rejoined,
+// then the link and the host's frames.
+func (i *Interface) openForHost() error {
+	if err := i.listen(); err != nil {
+		return fmt.Errorf("%s: host set the interface up: %w", i.cfg.Name, err)
+	}
+	i.mu.Lock()
+	// Up first, under mu (the host reader waits for it): attachLocked
+	// only records joins while the host has ib0 down.
+	i.hostLink.Store(int32(hostLinkUp))
+	err := i.rejoinGroupsLocked()
+	i.mu.Unlock()
+	i.rs.hostUps.Add(1)
+	// Without its P_Key in the table the link stays down (onPKeyChange).
+	i.link.Store(i.pkeyHere)
+	if err != nil {
+		i.log.Warn("host set the interface up: rejoin", "err", err)
+		return fmt.Errorf("%s: host set the interface up: %w", i.cfg.Name, err)
+	}
+	i.log.Info("host set the interface up: running")
+	return nil
+}
+
+// hostDown reports whether the host has ib0 down (any goroutine).
+func (i *Interface) hostDown() bool { return hostLink(i.hostLink.Load()) == hostLinkDown }
+
+// flushPathsLocked flushes what every neighbour knows about the path to
+// its port, as ipoib_flush_paths does: parked frames are dropped
+// (tx_neigh_flushed), address handles destroyed, CM back-off and path MTU
+// forgotten. The TX connections were torn down before. Unlike Linux the
+// neighbour itself stays: it is the MAC we handed the host for that
+// port, and keeping it keeps every ARP/ND entry of the host and of its
+// peers valid across down and up (Linux's host neighbours hold the
+// port's 20-byte address itself, which cannot go stale); unused ones age
+// out as always. i.mu held.
+func (i *Interface) flushPathsLocked() int {
+	n := 0
+	for _, nb := range i.neigh.byGID {
+		if nb.tx != nil {
+			nb.tx.detachLocked(dropTxNeighFlushed)
+		}
+		nb.dropParked(&i.tx, dropTxNeighFlushed)
+		if nb.ah != nil {
+			if err := nb.ah.Destroy(); err != nil {
+				i.log.Warn("destroy neighbour AH", "peer", nb.hw, "err", err)
+			}
+			nb.ah = nil
+		}
+		nb.cmBackoffUntil, nb.pathMTU = time.Time{}, 0
+		n++
+	}
+	i.rs.hostDownPathsFlushed.Add(uint64(n))
+	return n
+}
+
+// leaveGroupsLocked detaches the UD QP from every group it is attached
+// to, as ipoib_mcast_dev_flush does. The entries stay, with their state
+// and members: the host is still a member of its IP groups, and up
+// attaches them again. i.mu held.
+func (i *Interface) leaveGroupsLocked() int {
+	n := 0
+	for mgid, g := range i.mcast.groups {
+		if !g.attached {
+			continue
+		}
+		if err := i.ud.qp.DetachMcast(mgid); err != nil {
+			i.log.Warn("leave multicast group", "mgid", mgid, "err", err)
+			continue
+		}
+		g.attached = false
+		n++
+	}
+	return n
+}
+
+// rejoinGroupsLocked attaches every group the host is a member of again:
+// the default groups (broadcast, all-hosts, all-nodes) and its full
+// joins, including those learnt while down. i.mu held.
+func (i *Interface) rejoinGroupsLocked() error {
+	var first error
+	for mgid, g := range i.mcast.groups {
+		if g.state == mcastSendOnly {
+			continue
+		}
+		if err := i.attachLocked(mgid, g); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// listen opens the CM listener on the IPoIB service IDs of our UD QPN,
+// in the interface's partition.
+func (i *Interface) listen() error {
+	if i.cmm == nil {
+		return nil
+	}
+	qpn := uint64(i.ud.qp.QPN())
+	l, err := i.cmm.ListenPKey(i.cfg.PKey, []uint64{serviceIDIETF | qpn, serviceIDRFC | qpn}, i.decideREQ)
+	if err != nil {
+		return fmt.Errorf("cm listen: %w", err)
+	}
+	i.listenerMu.Lock()
+	i.listener = l
+	i.listenerMu.Unlock()
+	return nil
+}
+
+// closeListener closes the CM listener, if one is open: the CM then
+// answers REQs for our service IDs with REJ INVALID_SERVICE_ID.
+func (i *Interface) closeListener() {
+	i.listenerMu.Lock()
+	l := i.listener
+	i.listener = nil
+	i.listenerMu.Unlock()
+	if l != nil {
+		l.Close()
+	}
+}
