@@ -193,7 +193,7 @@ func ibLinkFactory(seed int64, vnet bool, log *slog.Logger) bench.IBLinkFactory 
 			if err != nil {
 				return nil, errors.Join(err, stop())
 			}
-			h, err := fab.AddHost(side.ns.Name(), "ib0", dev, []netip.Prefix{side.addr}, mode, mtu)
+			h, err := fab.AddHost(side.ns.Name(), "ib0", side.ns, dev, []netip.Prefix{side.addr}, mode, mtu)
 			if err != nil {
 				dev.Close()
 				return nil, errors.Join(err, stop())
