@@ -5,7 +5,9 @@
 # soft fabric. Checked, in order, each printing PASS/FAIL lines:
 #   1. build the binary once
 #   2. start the fabric (connected mode), wait until 3 interfaces are up
-#   3. ping h1->h2, h2->h3, and a 60000-byte DF ping (connected MTU 65520)
+#   3. ping h1->h2, h2->h3, and a 60000-byte DF ping (connected MTU 65520);
+#      a P_Key child ib0.8001 on h1 and h2 ('ipoib child add'): ping over
+#      it, show lists it with its P_Key, 'child del' removes the TAPs
 #   4. iperf3 h1->h2 for 5 s (connected)
 #   5. live TX/RX connections h1<->h2; engine counters agree with the
 #      kernel's ib0 counters in every namespace
@@ -40,6 +42,9 @@ repo=$(cd "$here/.." && pwd)
 readonly HOSTS=3
 readonly PREFIX=10.77.0
 readonly IFNAME=ib0
+# The P_Key child of step 3 and its subnet.
+readonly CHILD_PKEY=0x8001
+readonly CHILD_PREFIX=10.77.1
 readonly CONTROL_DIR=/run/ipoib
 readonly MARKER_DIR=/run/ipoib/netns-owner
 readonly CONNECTED_MTU=65520
@@ -472,6 +477,35 @@ ping_check "$(ns 2) -> $(addr 3)" 2 "$(addr 3)" "64 bytes from $(addr 3)"
 # 60000 bytes of payload + 28 of headers fits the connected MTU, and -M "do"
 # forbids fragmentation: the echo crosses the RC connection as one packet.
 ping_check "$(ns 1) -> $(addr 2) 60000 bytes, DF" 1 "$(addr 2)" "60008 bytes from $(addr 2)" -s 60000 -M "do"
+
+# One P_Key child end to end: made and removed on the running fabric,
+# so the later steps see the parents only.
+child="$IFNAME.${CHILD_PKEY#0x}"
+for h in 1 2; do
+	out=$("$BIN" child add --host "$(ns "$h")" --addr "$CHILD_PREFIX.$h/24" "$CHILD_PKEY" 2>&1) && rc=0 || rc=$?
+	if ((rc == 0)) && grep -qx "$(ns "$h"): $child: pkey $CHILD_PKEY membership full parent $IFNAME added" <<<"$out"; then
+		ci_pass "child add on $(ns "$h"): $out"
+	else
+		ci_fail "ipoib child add --host $(ns "$h") $CHILD_PKEY (exit $rc)" "$out"
+	fi
+done
+ping_check "$(ns 1) -> $CHILD_PREFIX.2 over $child" 1 "$CHILD_PREFIX.2" "64 bytes from $CHILD_PREFIX.2"
+snap=$(show_json "$(ns 1)")
+if jq -e --arg c "$child" --arg k "$CHILD_PKEY" --arg p "$IFNAME" \
+	'[.[] | select(.interface.name == $c and .interface.pkey == $k and .interface.parent == $p and .interface.membership == "full" and .stats.counters.tx_packets > 0)] | length == 1' \
+	<<<"$snap" >/dev/null; then
+	ci_pass "show lists $(ns 1)'s $child in $CHILD_PKEY, its own counters moving"
+else
+	ci_fail "show of $(ns 1) lacks $child in $CHILD_PKEY" "$(jq -c '[.[] | .interface]' <<<"$snap")"
+fi
+for h in 1 2; do
+	out=$("$BIN" child del --host "$(ns "$h")" "$child" 2>&1) && rc=0 || rc=$?
+	if ((rc == 0)) && ! ip -n "$(ns "$h")" link show "$child" >/dev/null 2>&1; then
+		ci_pass "child del on $(ns "$h"): $out; the TAP is gone"
+	else
+		ci_fail "ipoib child del --host $(ns "$h") $child (exit $rc)" "$out" "$(ip -n "$(ns "$h")" -br link 2>&1)"
+	fi
+done
 
 step "4. iperf3 $IPERF_SECONDS s (connected)"
 iperf_start connected 2 1 "$IPERF_SECONDS"

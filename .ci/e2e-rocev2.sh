@@ -14,6 +14,9 @@
 #     leave as UD LSO work requests, and every UD packet on the wire is
 #     within the IB MTU, decodes cleanly and has a valid ICRC;
 #   - garbage at the UDP port counted in 'ipoib show' while pings pass;
+#   - a P_Key child ib0.8001 on both ('ipoib child add', the partition in
+#     --pkey-table): ping over it, tshark shows its REQ's partition and
+#     BTH P_Key 0x8001; 'ipoib child del' removes the TAPs;
 #   - SIGTERM: both processes exit 0 and remove their TAPs and sockets.
 # Needs root, iproute2, iperf3, tshark, jq, perl (perl-base). Prints PASS/FAIL per check and
 # "e2e-rocev2: ALL PASS" at the end; exits non-zero on the first failure.
@@ -27,6 +30,7 @@ NS1=ipoib-r1 NS2=ipoib-r2
 VETH1=vr1 VETH2=vr2
 UL1=10.99.0.1 UL2=10.99.0.2 # the veth underlay the RoCEv2 packets cross
 IB1=10.77.7.1 IB2=10.77.7.2 # ib0
+CH1=10.77.8.1 CH2=10.77.8.2 # the P_Key child ib0.8001
 LOSS=0.01
 CAPTURE_PACKETS=8000
 
@@ -134,10 +138,10 @@ pass "tshark capturing"
 step "ipoib up in $NS1 and $NS2 (loss $LOSS)"
 mkdir -p "$CTL"
 ip netns exec "$NS1" "$BIN" up --dev ib0 --addr "$IB1/24" --hca rocev2 --bind "$UL1" --peers "$UL2" \
-	--loss "$LOSS" --seed 1 --control-dir "$CTL" --host r1 >"$WORK/up1.log" 2>&1 &
+	--loss "$LOSS" --seed 1 --control-dir "$CTL" --host r1 --pkey-table 0x8001 >"$WORK/up1.log" 2>&1 &
 UP1_PID=$!
 ip netns exec "$NS2" "$BIN" up --dev ib0 --addr "$IB2/24" --hca rocev2 --bind "$UL2" --peers "$UL1" \
-	--loss "$LOSS" --seed 2 --control-dir "$CTL" --host r2 >"$WORK/up2.log" 2>&1 &
+	--loss "$LOSS" --seed 2 --control-dir "$CTL" --host r2 --pkey-table 0x8001 >"$WORK/up2.log" 2>&1 &
 UP2_PID=$!
 wait_for "$WORK/up1.log" 'msg="up; stop with Ctrl-C"' 20 || fail "r1 not up"
 wait_for "$WORK/up2.log" 'msg="up; stop with Ctrl-C"' 20 || fail "r2 not up"
@@ -468,6 +472,41 @@ for h in r1 r2; do
 	[ "$icrc" = 0 ] || fail "$h bad_icrc $icrc"
 done
 pass "no ICRC failures on either side"
+
+step "P_Key child ib0.8001 on both (ipoib child add): BTH P_Key, REQ partition, ping, child del"
+CAP3=$WORK/child.pcap
+ip netns exec "$NS1" tshark -i "$VETH1" -f "udp port 4791" -s 0 -F pcap -w "$CAP3" -q >"$WORK/tshark3.log" 2>&1 &
+TSHARK_PID=$!
+wait_for "$WORK/tshark3.log" "Capture started" 20 || fail "tshark did not start capturing the child"
+"$BIN" child add --control-dir "$CTL" --host r1 --addr "$CH1/24" 0x8001 >"$WORK/child1.log" 2>&1 || fail "child add r1: $(cat "$WORK/child1.log")"
+"$BIN" child add --control-dir "$CTL" --host r2 --addr "$CH2/24" 0x8001 >"$WORK/child2.log" 2>&1 || fail "child add r2: $(cat "$WORK/child2.log")"
+grep -qx "r1: ib0.8001: pkey 0x8001 membership full parent ib0 added" "$WORK/child1.log" || fail "child add r1 said: $(cat "$WORK/child1.log")"
+ip netns exec "$NS1" ping -c 3 -w 20 "$CH2" >/dev/null || fail "ping r1 -> r2 over ib0.8001"
+[ "$(show r1 | jq -r '[.[] | select(.interface.name == "ib0.8001" and .interface.pkey == "0x8001" and .interface.parent == "ib0" and .stats.counters.tx_packets > 0)] | length')" = 1 ] ||
+	fail "show r1 lacks a moving ib0.8001: $(show r1 | jq -c '[.[] | .interface]')"
+for ((i = 0; i < 100; i++)); do
+	[ "$(tshark -r "$CAP3" -n -Y 'infiniband.cm.req.pkey == 0x8001' 2>/dev/null | wc -l)" -ge 1 ] && break
+	sleep 0.2
+done
+stop_pid "$TSHARK_PID" INT 10 || true
+TSHARK_PID=
+CAP_MAIN=$CAP
+CAP=$CAP3
+REQ8001=$(fields -Y 'infiniband.cm.req.pkey == 0x8001' -T fields -e frame.number | wc -l)
+BTH8001=$(fields -Y 'infiniband.bth.p_key == 0x8001 && infiniband.bth.opcode <= 4' -T fields -e frame.number | wc -l)
+UD8001=$(fields -Y 'infiniband.bth.p_key == 0x8001 && infiniband.bth.opcode == 100' -T fields -e frame.number | wc -l)
+[ "$REQ8001" -ge 1 ] && [ "$BTH8001" -ge 1 ] && [ "$UD8001" -ge 1 ] || fail "child capture: $REQ8001 REQs, $BTH8001 RC SENDs, $UD8001 UD sends in 0x8001"
+BAD=$(fields -Y '_ws.malformed || (_ws.expert.severity >= "error" && !(infiniband.bth.opcode == 0))' -T fields -e frame.number | wc -l)
+[ "$BAD" = 0 ] || fail "$BAD malformed frames in the child capture"
+CAP=$CAP_MAIN
+pass "child: $REQ8001 REQ with partition 0x8001, $BTH8001 RC SENDs and $UD8001 UD sends with BTH P_Key 0x8001, nothing malformed; ping over ib0.8001"
+for h in r1 r2; do
+	"$BIN" child del --control-dir "$CTL" --host "$h" ib0.8001 >/dev/null || fail "child del $h"
+done
+for ns in "$NS1" "$NS2"; do
+	if ip -n "$ns" link show ib0.8001 >/dev/null 2>&1; then fail "$ns ib0.8001 left after child del"; fi
+done
+pass "child del: both ib0.8001 TAPs gone"
 
 step "SIGTERM"
 rc=0

@@ -52,6 +52,9 @@ type RoCEv2SuiteConfig struct {
 	ReadyTimeout time.Duration
 	// UpArgs are passed to every 'ipoib up' after the suite's own.
 	UpArgs []string
+	// IBOffloads says UpArgs give ib0's TAPs offloads (a virtio header);
+	// the ib0 rows' offloads column shows it. The udp-pipe has none.
+	IBOffloads bool
 }
 
 func (c *RoCEv2SuiteConfig) defaults() {
@@ -166,7 +169,7 @@ func RunRoCEv2IperfSuite(ctx context.Context, cfg RoCEv2SuiteConfig) (*RoCEv2Rep
 				runMTU = min(mtu, MaxUDPPipeFrame-14)
 			}
 			fmt.Fprintf(base.Progress, "[%d/%d] %-10s mode %-9s mtu %5d: running %v ...\n", n, total, s.scenario, mode, runMTU, base.Duration)
-			run := IperfRun{Scenario: s.scenario, Mode: mode, MTU: runMTU}
+			run := IperfRun{Scenario: s.scenario, Mode: mode, MTU: runMTU, Offloads: s.scenario == ScenarioIBRoCEv2 && cfg.IBOffloads}
 			if res, err := runScenario(ctx, base, s.build, mode, runMTU); err != nil {
 				run.Err = err.Error()
 				fmt.Fprintf(base.Progress, "[%d/%d] %-10s FAILED: %s\n", n, total, s.scenario, run.Err)

@@ -69,19 +69,19 @@ func SortInterfaces(all []InterfaceStats) {
 }
 
 // FormatBrief writes one header line and one line per interface, like ip
-// -br link: mode, MTU, state, packets, drops (rx_dropped + tx_dropped),
-// connections (TX/RX) and multicast groups (full, the default ones
-// included / send-only).
+// -br link: P_Key and membership, mode, MTU, state, packets, drops
+// (rx_dropped + tx_dropped), connections (TX/RX) and multicast groups
+// (full, the default ones included / send-only).
 func FormatBrief(w io.Writer, all []InterfaceStats) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "HOST\tIFACE\tMODE\tMTU\tSTATE\tRX-PACKETS\tTX-PACKETS\tDROPS\tCONNS(TX/RX)\tMCAST(FULL/SO)")
+	fmt.Fprintln(tw, "HOST\tIFACE\tPKEY\tMEMBER\tMODE\tMTU\tSTATE\tRX-PACKETS\tTX-PACKETS\tDROPS\tCONNS(TX/RX)\tMCAST(FULL/SO)")
 	for _, s := range all {
 		sum, err := summarise(s)
 		if err != nil {
 			return err
 		}
 		i := s.Interface
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%d\t%s\t%s\n", i.Host, i.Name, i.Mode, i.MTU, linkState(i),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%d\t%s\t%s\n", i.Host, i.Name, orDash(i.PKey), orDash(i.Membership), i.Mode, i.MTU, linkState(i),
 			sum.Counters.RxPackets, sum.Counters.TxPackets, sum.drops(), sum.conns(), sum.mcast())
 	}
 	return tw.Flush()
@@ -130,4 +130,11 @@ func FormatRates(w io.Writer, prev, cur Sample) error {
 			rate(sum.drops(), old.drops(), 1), sum.conns())
 	}
 	return tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

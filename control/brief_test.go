@@ -14,7 +14,7 @@ func snapshot(host string, rxPkts, txPkts, rxBytes, drops uint64, txConns int) I
 	raw := fmt.Sprintf(`{"counters":{"rx_packets":%d,"tx_packets":%d,"rx_bytes":%d,"tx_bytes":0,"rx_dropped":%d,"tx_dropped":1},"tx_conns":[%s],"rx_conns":[],"mcast_groups":[{"state":"default"},{"state":"full"},{"state":"send-only"}]}`,
 		rxPkts, txPkts, rxBytes, drops, conns)
 	return InterfaceStats{
-		Interface: InterfaceInfo{Host: host, Name: "ib0", Mode: "connected", MTU: 65520, LinkUp: true},
+		Interface: InterfaceInfo{Host: host, Name: "ib0", Mode: "connected", MTU: 65520, LinkUp: true, PKey: "0xffff", Membership: "full"},
 		Stats:     json.RawMessage(raw),
 	}
 }
@@ -33,10 +33,10 @@ func TestBriefHundredHostsFitsInHundredOneLines(t *testing.T) {
 	if len(lines) != 101 {
 		t.Fatalf("%d lines for 100 hosts, want 101:\n%s", len(lines), b.String())
 	}
-	if got := strings.Fields(lines[0]); strings.Join(got, " ") != "HOST IFACE MODE MTU STATE RX-PACKETS TX-PACKETS DROPS CONNS(TX/RX) MCAST(FULL/SO)" {
+	if got := strings.Fields(lines[0]); strings.Join(got, " ") != "HOST IFACE PKEY MEMBER MODE MTU STATE RX-PACKETS TX-PACKETS DROPS CONNS(TX/RX) MCAST(FULL/SO)" {
 		t.Fatalf("header %q", lines[0])
 	}
-	if got := strings.Join(strings.Fields(lines[2]), " "); got != "ipoib-h2 ib0 connected 65520 UP 2 4 4 2/0 2/1" {
+	if got := strings.Join(strings.Fields(lines[2]), " "); got != "ipoib-h2 ib0 0xffff full connected 65520 UP 2 4 4 2/0 2/1" {
 		t.Fatalf("second host line %q", got)
 	}
 	if !strings.HasPrefix(lines[100], "ipoib-h100 ") {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 )
@@ -43,11 +44,14 @@ func (s *Server) serveCapture(c net.Conn, w *bufio.Writer, req Request) {
 	fail := func(msg string) {
 		writeResponse(w, Response{Error: msg})
 	}
-	eps, err := s.selectEndpoints(req.Host)
+	eps, err := s.selectEndpoints(req.Host, "")
 	if err != nil {
 		fail(err.Error())
 		return
 	}
+	// Children share their parent's HCA: capturing a host is capturing
+	// its device, which the parent stands for.
+	eps = slices.DeleteFunc(eps, func(e Endpoint) bool { return e.Info().Parent != "" })
 	if len(eps) != 1 {
 		fail(fmt.Sprintf("capture: %d interfaces in this process; name one with host", len(eps)))
 		return

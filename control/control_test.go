@@ -235,12 +235,20 @@ func FuzzParseRequest(f *testing.F) {
 	f.Add([]byte(`{"op":"list"}`))
 	f.Add([]byte(`{"op":"mode","host":"h1","mode":"datagram"}`))
 	f.Add([]byte(`{"op":"stats"} {}`))
+	f.Add([]byte(`{"op":"child_add","host":"h1","child":{"pkey":32769,"name":"ib0.8001","addrs":["10.77.1.1/24"]}}`))
+	f.Add([]byte(`{"op":"child_del","host":"h1","child":{"pkey":32768}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := ParseRequest(b)
 		if err != nil {
 			return
 		}
-		if r.Op != OpList && r.Op != OpStats && r.Op != OpMode {
+		switch r.Op {
+		case OpList, OpStats, OpMode, OpCapture:
+		case OpChildAdd, OpChildDel:
+			if r.Child == nil || (r.Op == OpChildAdd && r.Child.PKey&0x7FFF == 0) || len(r.Child.Name) > 15 {
+				t.Fatalf("accepted child request %+v", r.Child)
+			}
+		default:
 			t.Fatalf("accepted op %q", r.Op)
 		}
 	})

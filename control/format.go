@@ -41,6 +41,9 @@ func (o FormatOptions) Format(w io.Writer, s InterfaceStats) error {
 	info := s.Interface
 	fmt.Fprintf(b, "%s: %s: <%s> mode %s mtu %d\n", info.Host, info.Name, linkState(info), info.Mode, info.MTU)
 	fmt.Fprintf(b, "    link/infiniband %s\n", info.HWAddr)
+	if info.PKey != "" || info.Parent != "" {
+		fmt.Fprintf(b, "    %s\n", partitionLine(info))
+	}
 	for _, a := range info.Addrs {
 		fmt.Fprintf(b, "    inet %s\n", a)
 	}
@@ -344,4 +347,21 @@ func writeObjectTable(b *bytes.Buffer, title string, raw json.RawMessage) error 
 		fmt.Fprintf(tw, "        %s\n", strings.Join(vals, "\t"))
 	}
 	return tw.Flush()
+}
+
+// partitionLine is the P_Key line of the text view, in the words of
+// ip -d link's "ipoib pkey 0x8001 mode connected" and Linux's sysfs
+// parent file: "pkey 0x8001 membership full parent ib0".
+func partitionLine(info InterfaceInfo) string {
+	var parts []string
+	if info.PKey != "" {
+		parts = append(parts, "pkey "+info.PKey)
+	}
+	if info.Membership != "" {
+		parts = append(parts, "membership "+info.Membership)
+	}
+	if info.Parent != "" {
+		parts = append(parts, "parent "+info.Parent)
+	}
+	return strings.Join(parts, " ")
 }

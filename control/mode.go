@@ -18,9 +18,10 @@ import (
 // and in the processes before it (here).
 
 // SetModeAll switches every interface in dir (only host's, if host is
-// set) to mode and returns their new state. On error no interface is left
-// switched, unless rolling back failed too, which the error then says.
-func SetModeAll(dir, host, mode string, timeout time.Duration) ([]InterfaceInfo, error) {
+// set; only those named name, if that is set) to mode and returns their
+// new state. On error no interface is left switched, unless rolling back
+// failed too, which the error then says.
+func SetModeAll(dir, host, name, mode string, timeout time.Duration) ([]InterfaceInfo, error) {
 	unlock, err := lockDir(dir)
 	if err != nil {
 		return nil, err
@@ -40,7 +41,7 @@ func SetModeAll(dir, host, mode string, timeout time.Duration) ([]InterfaceInfo,
 	}
 	var targets []target
 	for _, p := range paths {
-		resp, err := do(p, Request{Op: OpList, Host: host}, timeout)
+		resp, err := do(p, Request{Op: OpList, Host: host, Name: name}, timeout)
 		if err != nil {
 			if host != "" && strings.Contains(resp.Error, ErrNoSuchHost.Error()) {
 				continue
@@ -56,7 +57,7 @@ func SetModeAll(dir, host, mode string, timeout time.Duration) ([]InterfaceInfo,
 	// fails.
 	var after []InterfaceInfo
 	for i, t := range targets {
-		resp, err := do(t.path, Request{Op: OpMode, Host: host, Mode: mode}, timeout)
+		resp, err := do(t.path, Request{Op: OpMode, Host: host, Name: name, Mode: mode}, timeout)
 		if err == nil {
 			after = append(after, resp.Interfaces...)
 			continue
@@ -67,7 +68,7 @@ func SetModeAll(dir, host, mode string, timeout time.Duration) ([]InterfaceInfo,
 				if ifc.Mode == mode {
 					continue
 				}
-				if _, rerr := do(done.path, Request{Op: OpMode, Host: ifc.Host, Mode: ifc.Mode}, timeout); rerr != nil {
+				if _, rerr := do(done.path, Request{Op: OpMode, Host: ifc.Host, Name: ifc.Name, Mode: ifc.Mode}, timeout); rerr != nil {
 					rollback = append(rollback, fmt.Errorf("%s back to %s: %w", ifc.Host, ifc.Mode, rerr))
 				}
 			}

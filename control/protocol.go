@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
+
+	"github.com/ipoibcm/ipoib/internal/flagcheck"
 )
 
 // Op names a request.
@@ -18,6 +21,12 @@ const (
 	// OpCapture answers with one response line, then streams a pcapng
 	// capture of one host's HCA on the same connection until it ends.
 	OpCapture Op = "capture"
+	// OpChildAdd creates a P_Key child interface of Host's parent
+	// interface (Child says which); OpChildDel removes the child named
+	// Child.Name (or in partition Child.PKey) of Host. Both answer with
+	// the child's InterfaceInfo.
+	OpChildAdd Op = "child_add"
+	OpChildDel Op = "child_del"
 )
 
 // MaxMessage bounds one request or response line; a longer line is a
@@ -33,10 +42,29 @@ type Request struct {
 	// Host selects one interface by host name; empty means all of the
 	// process's interfaces (a mode switch is then all or nothing).
 	Host string `json:"host,omitempty"`
+	// Name selects, with Host, one interface of the host by name (e.g.
+	// "ib0.8001"); empty means all of the host's interfaces, its children
+	// included.
+	Name string `json:"name,omitempty"`
 	// Mode is the target mode of OpMode: "connected" or "datagram".
 	Mode string `json:"mode,omitempty"`
+	// Child names the child of OpChildAdd and OpChildDel.
+	Child *ChildRequest `json:"child,omitempty"`
 	// Capture holds the filter and bounds of OpCapture.
 	Capture *CaptureRequest `json:"capture,omitempty"`
+}
+
+// ChildRequest describes a P_Key child interface (ipoib child add/del).
+type ChildRequest struct {
+	// PKey is the partition. Where ipoib stands in for the subnet manager
+	// (the soft fabric, a RoCEv2 port) its bit 15 is the membership the
+	// port's P_Key table gets for it: set full, clear limited. The
+	// interface itself always carries the bit (its broadcast group).
+	PKey uint16 `json:"pkey,omitempty"`
+	// Name is the TAP's name; empty: <parent>.<pkey as 4 hex digits>.
+	Name string `json:"name,omitempty"`
+	// Addrs are IP prefixes the TAP gets (OpChildAdd).
+	Addrs []string `json:"addrs,omitempty"`
 }
 
 // InterfaceInfo identifies one interface of the process.
@@ -48,6 +76,15 @@ type InterfaceInfo struct {
 	HWAddr string   `json:"hwaddr"` // 20-byte IPoIB address, colon hex
 	LinkUp bool     `json:"link_up"`
 	Addrs  []string `json:"addrs,omitempty"`
+	// PKey is the interface's partition as 0x-prefixed hex with the
+	// full-membership bit ("0xffff", "0x8001"); Membership is the port's
+	// membership of it from its P_Key table: "full", "limited", or
+	// "none" while the table lacks it. Empty when the backend does not say.
+	PKey       string `json:"pkey,omitempty"`
+	Membership string `json:"membership,omitempty"`
+	// Parent names the parent interface of a P_Key child ("ib0"); empty
+	// for a parent.
+	Parent string `json:"parent,omitempty"`
 	// Notes say what the host did to the interface that the engine did
 	// not follow (an MTU above the mode's limit, the link set down).
 	Notes []string `json:"notes,omitempty"`
@@ -109,6 +146,10 @@ func ParseRequest(line []byte) (Request, error) {
 		if r.Mode == "" {
 			return Request{}, fmt.Errorf("%w: mode request without a mode", ErrProtocol)
 		}
+	case OpChildAdd, OpChildDel:
+		if err := r.checkChild(); err != nil {
+			return Request{}, err
+		}
 	default:
 		return Request{}, fmt.Errorf("%w: unknown op %q", ErrProtocol, r.Op)
 	}
@@ -123,3 +164,41 @@ func ParseResponse(line []byte) (Response, error) {
 	}
 	return r, nil
 }
+
+// checkChild validates a child request: a host, a valid P_Key (not
+// 0x0000 or 0x8000, IBTA's invalid ones), an interface name the kernel
+// takes, addresses that parse; a deletion names the child by name or
+// P_Key.
+func (r Request) checkChild() error {
+	c := r.Child
+	switch {
+	case c == nil:
+		return fmt.Errorf("%w: %s request without a child", ErrProtocol, r.Op)
+	case r.Op == OpChildAdd && c.PKey&0x7FFF == 0, r.Op == OpChildDel && c.PKey != 0 && c.PKey&0x7FFF == 0:
+		return fmt.Errorf("%w: P_Key 0x%04x is not a partition (0x0000 and 0x8000 are invalid)", ErrProtocol, c.PKey)
+	case r.Op == OpChildDel && c.PKey == 0 && c.Name == "":
+		return fmt.Errorf("%w: child_del names neither the child nor its P_Key", ErrProtocol)
+	case r.Op == OpChildDel && len(c.Addrs) > 0:
+		return fmt.Errorf("%w: child_del with addresses", ErrProtocol)
+	}
+	if c.Name != "" {
+		if msg := flagcheck.Ifname("name", c.Name); msg != "" {
+			return fmt.Errorf("%w: %s", ErrProtocol, msg)
+		}
+	}
+	if len(c.Addrs) > maxChildAddrs {
+		return fmt.Errorf("%w: %d addresses, at most %d", ErrProtocol, len(c.Addrs), maxChildAddrs)
+	}
+	for _, a := range c.Addrs {
+		if _, err := netip.ParsePrefix(a); err != nil {
+			return fmt.Errorf("%w: address %q: want an IP prefix like 10.77.1.1/24", ErrProtocol, a)
+		}
+	}
+	return nil
+}
+
+// maxChildAddrs bounds the addresses one child add carries.
+const maxChildAddrs = 16
+
+// PKeyString formats a P_Key as InterfaceInfo.PKey does.
+func PKeyString(k uint16) string { return fmt.Sprintf("0x%04x", k) }

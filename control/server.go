@@ -32,6 +32,19 @@ type Endpoint interface {
 	SetMode(mode string) error
 }
 
+// ChildParent is an Endpoint that can have P_Key child interfaces (ipoib
+// child add/del). The server lists a parent's children after it and
+// selects them like any interface; the parent owns them.
+type ChildParent interface {
+	Endpoint
+	// AddChild creates and starts a child; its Info names the parent.
+	AddChild(ChildRequest) (Endpoint, error)
+	// DeleteChild stops the child named name and removes its TAP.
+	DeleteChild(name string) error
+	// Children are the running children, sorted by name.
+	Children() []Endpoint
+}
+
 // SocketPath is the socket the process with the given pid and start time
 // (internal/proc.StartTime) serves in dir: <pid>-<start>.sock. The start
 // time tells the socket of a dead process from that of a live one which
@@ -118,6 +131,10 @@ type Server struct {
 	// ctx ends at Close: it stops running captures.
 	ctx    context.Context
 	cancel context.CancelFunc
+
+	// childMu serialises child add/del, so a duplicate is refused by the
+	// host that has the first, not raced past.
+	childMu sync.Mutex
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -251,9 +268,11 @@ func (s *Server) handle(line []byte) Response {
 	if err != nil {
 		return Response{Error: err.Error()}
 	}
-	eps, err := s.selectEndpoints(req.Host)
-	if err != nil {
-		return Response{Error: err.Error()}
+	var eps []Endpoint
+	if req.Op != OpChildAdd && req.Op != OpChildDel {
+		if eps, err = s.selectEndpoints(req.Host, req.Name); err != nil {
+			return Response{Error: err.Error()}
+		}
 	}
 	resp := Response{PID: os.Getpid()}
 	switch req.Op {
@@ -275,27 +294,142 @@ func (s *Server) handle(line []byte) Response {
 			return Response{Error: oneLine(err)}
 		}
 		resp.Interfaces = infos
+	case OpChildAdd, OpChildDel:
+		info, err := s.child(req)
+		if err != nil {
+			return Response{Error: oneLine(err)}
+		}
+		resp.Interfaces = []InterfaceInfo{info}
 	}
 	return resp
+}
+
+// child adds or deletes the child req names.
+func (s *Server) child(req Request) (InterfaceInfo, error) {
+	s.childMu.Lock()
+	defer s.childMu.Unlock()
+	c := *req.Child
+	if req.Op == OpChildAdd {
+		p, err := s.parent(req.Host, req.Name)
+		if err != nil {
+			return InterfaceInfo{}, err
+		}
+		ep, err := p.AddChild(c)
+		if err != nil {
+			return InterfaceInfo{}, fmt.Errorf("child add on %s: %w", p.Info().Host, err)
+		}
+		info := ep.Info()
+		s.log.Info("child added", "host", info.Host, "dev", info.Name, "pkey", info.PKey, "membership", info.Membership)
+		return info, nil
+	}
+	var victim *InterfaceInfo
+	for _, e := range s.allEndpoints() {
+		info := e.Info()
+		if info.Host != req.Host || info.Parent == "" {
+			continue
+		}
+		if (c.Name != "" && info.Name == c.Name) || (c.Name == "" && info.PKey == PKeyString(c.PKey|0x8000)) {
+			victim = &info
+			break
+		}
+	}
+	if victim == nil {
+		what := c.Name
+		if what == "" {
+			what = "in partition " + PKeyString(c.PKey|0x8000)
+		}
+		if _, err := s.selectEndpoints(req.Host, ""); err != nil {
+			return InterfaceInfo{}, err
+		}
+		return InterfaceInfo{}, fmt.Errorf("%w: %s has no child %s", ErrNoSuchInterface, req.Host, what)
+	}
+	p, err := s.parent(victim.Host, victim.Parent)
+	if err != nil {
+		return InterfaceInfo{}, err
+	}
+	if err := p.DeleteChild(victim.Name); err != nil {
+		return InterfaceInfo{}, fmt.Errorf("child del on %s: %w", victim.Host, err)
+	}
+	s.log.Info("child deleted", "host", victim.Host, "dev", victim.Name)
+	return *victim, nil
+}
+
+// parent is the interface of host (named name, if set) that takes
+// children; with no host, the process's only one.
+func (s *Server) parent(host, name string) (ChildParent, error) {
+	var found []Endpoint
+	for _, e := range s.endpoints {
+		info := e.Info()
+		if (host == "" || info.Host == host) && (name == "" || info.Name == name) {
+			found = append(found, e)
+		}
+	}
+	switch {
+	case len(found) == 0 && host == "":
+		return nil, fmt.Errorf("%w: this process runs no interface", ErrNoSuchHost)
+	case len(found) == 0:
+		return nil, fmt.Errorf("%w: %q", ErrNoSuchHost, host)
+	case len(found) > 1:
+		return nil, fmt.Errorf("%d interfaces match; name the host", len(found))
+	}
+	p, ok := found[0].(ChildParent)
+	if !ok {
+		return nil, fmt.Errorf("%s: %s takes no children", found[0].Info().Host, found[0].Info().Name)
+	}
+	return p, nil
 }
 
 // oneLine keeps a (joined) error on the one line a response carries.
 func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }
 
 // ErrNoSuchHost is reported when a request names a host the process does
-// not serve.
-var ErrNoSuchHost = errors.New("no such host")
+// not serve; ErrNoSuchInterface when the host has no interface of the
+// name.
+var (
+	ErrNoSuchHost      = errors.New("no such host")
+	ErrNoSuchInterface = errors.New("no such interface")
+)
 
-func (s *Server) selectEndpoints(host string) ([]Endpoint, error) {
-	if host == "" {
-		return s.endpoints, nil
-	}
+// allEndpoints are the endpoints, each parent followed by its children.
+func (s *Server) allEndpoints() []Endpoint {
+	out := make([]Endpoint, 0, len(s.endpoints))
 	for _, e := range s.endpoints {
-		if e.Info().Host == host {
-			return []Endpoint{e}, nil
+		out = append(out, e)
+		if p, ok := e.(ChildParent); ok {
+			out = append(out, p.Children()...)
 		}
 	}
-	return nil, fmt.Errorf("%w: %q", ErrNoSuchHost, host)
+	return out
+}
+
+// selectEndpoints picks the interfaces of host (all: empty), only the
+// one named name if that is set.
+func (s *Server) selectEndpoints(host, name string) ([]Endpoint, error) {
+	all := s.allEndpoints()
+	if host == "" && name == "" {
+		return all, nil
+	}
+	var out []Endpoint
+	hostSeen := false
+	for _, e := range all {
+		info := e.Info()
+		if host != "" && info.Host != host {
+			continue
+		}
+		hostSeen = true
+		if name == "" || info.Name == name {
+			out = append(out, e)
+		}
+	}
+	switch {
+	case !hostSeen:
+		return nil, fmt.Errorf("%w: %q", ErrNoSuchHost, host)
+	case len(out) == 0 && host == "":
+		return nil, fmt.Errorf("%w: %q", ErrNoSuchInterface, name)
+	case len(out) == 0:
+		return nil, fmt.Errorf("%w: %q on %s", ErrNoSuchInterface, name, host)
+	}
+	return out, nil
 }
 
 // Close stops accepting, ends every connection's goroutine and removes the

@@ -164,6 +164,11 @@ type Interface struct {
 	// cancelPort ends the PKEY_CHANGE subscription.
 	cancelPort func()
 	ownCM      bool // cmm is ours to close (not Config.CMManager)
+
+	// parent is the Interface whose device and CM this child shares; nil
+	// for a parent (child.go).
+	parent   *Interface
+	children childSet
 }
 
 // New creates an Interface: its CQs, UD QP, SRQ and buffers, and the CM

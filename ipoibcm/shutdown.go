@@ -11,11 +11,22 @@ import (
 // by DrainTimeout (forceShutdown), then stops the pollers and the control
 // loop and destroys every queue.
 
-// Close stops the interface: the host reader, then every connection
-// through the teardown protocol (bounded by DrainTimeout), then the
-// pollers, the control loop, the CM and every queue. The host port is
+// Close stops the interface: its children first (child.go), then the
+// host reader, then every connection through the teardown protocol
+// (bounded by DrainTimeout), then the pollers, the control loop, the CM
+// (unless Config.CMManager brought it) and every queue. The host port is
 // closed too. Close is idempotent.
 func (i *Interface) Close() error {
+	kidsErr := i.children.closeAll()
+	err := i.closeSelf()
+	if i.parent != nil {
+		i.parent.children.release(i.PKey(), i)
+	}
+	return errors.Join(kidsErr, err)
+}
+
+// closeSelf is Close of this interface alone.
+func (i *Interface) closeSelf() error {
 	i.closeMu.Lock()
 	defer i.closeMu.Unlock()
 	st := ifState(i.state.Load())

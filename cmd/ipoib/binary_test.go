@@ -525,7 +525,7 @@ func TestBinaryREADMECommands(t *testing.T) {
 		t.Fatalf("README.md has no %q ... %q section", begin, end)
 	}
 	var gen strings.Builder
-	for k, c := range []string{"fabric", "up", "show", "mode", "bench", "soak", "capture"} {
+	for k, c := range []string{"fabric", "up", "show", "mode", "bench", "soak", "capture", "child"} {
 		r := runIpoib(t, c, "-h")
 		if r.code != 0 {
 			t.Fatalf("%s -h: exit %d", c, r.code)

@@ -9,6 +9,7 @@ package flagcheck
 import (
 	"flag"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -115,4 +116,19 @@ func Set(fs *flag.FlagSet) map[string]bool {
 // command, what is wrong and where the flags are described.
 func Usage(cmd, msg string) string {
 	return fmt.Sprintf("ipoib %s: %s (run 'ipoib %s -h')", cmd, msg, cmd)
+}
+
+// PKey parses a P_Key as Linux's create_child reads one (sscanf "%i":
+// 0x-prefixed hex, 0-prefixed octal or decimal) and refuses what names no
+// partition: 0x0000 and 0x8000 (IBTA 10.9.1.2) and anything above 0xffff.
+// what names the value in the message ("--pkey", "P_Key").
+func PKey(what, s string) (uint16, string) {
+	v, err := strconv.ParseUint(strings.TrimSpace(s), 0, 32)
+	if err != nil || v > 0xFFFF {
+		return 0, fmt.Sprintf("%s %q: want a P_Key like 0x8001 (1..0xffff)", what, s)
+	}
+	if v&0x7FFF == 0 {
+		return 0, fmt.Sprintf("%s 0x%04x: 0x0000 and 0x8000 are not partitions", what, v)
+	}
+	return uint16(v), ""
 }

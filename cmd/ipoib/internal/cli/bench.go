@@ -75,7 +75,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 				Modes: modeList, MTU: map[string]int{"connected": *mtuCM, "datagram": *mtuUD},
 				Duration: *duration, Streams: *streams,
 				Owner: &tap.Owner{MarkerDir: env.MarkerDir}, Progress: env.Stderr,
-				UpArgs: []string{"--offloads", *offloads},
+				UpArgs: []string{"--offloads", *offloads}, IBOffloads: vnet,
 			}, *asJSON, *plotFile)
 		}
 		cfg := bench.IperfSuiteConfig{
@@ -193,7 +193,7 @@ func ibLinkFactory(seed int64, vnet bool, log *slog.Logger) bench.IBLinkFactory 
 			if err != nil {
 				return nil, errors.Join(err, stop())
 			}
-			h, err := fab.AddHost(side.ns.Name(), "ib0", dev, []netip.Prefix{side.addr}, mode, mtu)
+			h, err := fab.AddHost(side.ns.Name(), "ib0", side.ns, dev, []netip.Prefix{side.addr}, mode, mtu)
 			if err != nil {
 				dev.Close()
 				return nil, errors.Join(err, stop())

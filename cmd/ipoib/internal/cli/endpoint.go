@@ -18,6 +18,13 @@ func interfaceInfo(host string, ifc *ipoibcm.Interface, addrs []netip.Prefix) co
 		MTU:    ifc.MTU(),
 		HWAddr: ifc.HWAddr().ColonString(),
 		LinkUp: ifc.LinkUp(),
+		PKey:   control.PKeyString(uint16(ifc.PKey())),
+		// The port's table, which the subnet manager (here the fabric
+		// or the command line) writes, says full or limited.
+		Membership: ifc.Membership(),
+	}
+	if p := ifc.Parent(); p != nil {
+		info.Parent = p.Name()
 	}
 	for _, a := range addrs {
 		info.Addrs = append(info.Addrs, a.String())

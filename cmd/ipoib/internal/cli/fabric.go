@@ -32,6 +32,8 @@ func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 	prof := addProfileFlags(fs)
 	offloads := fs.String("offloads", "on", "on: open each TAP with a virtio header so TSO/USO super frames and partial checksums cross it (UD LSO and checksum offload underneath, GRO toward the host); off: one complete frame per read and write")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus/OpenMetrics metrics at http://ADDR/metrics (e.g. 127.0.0.1:9101; empty: off)")
+	parts := &partitionsFlag{}
+	fs.Var(parts, "partition", "put hosts into a partition, as the subnet manager would: PKEY=HOST[:limited],... (e.g. 0x8001=1,2,3:limited); each member's P_Key table gets it and an <ifname>.8001 child with address i of the N-th subnet after --prefix (10.77.N.i/24) for the N-th --partition; repeatable")
 	return func(ctx context.Context, args []string) int {
 		if len(args) > 0 {
 			return usageError(env, "fabric", fmt.Sprintf("unexpected argument %q", args[0]))
@@ -56,6 +58,9 @@ func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 		if err != nil {
 			return usageError(env, "fabric", err.Error())
 		}
+		if msg := parts.check(*hosts, pfx); msg != "" {
+			return usageError(env, "fabric", msg)
+		}
 		if env.Euid() != 0 {
 			return fail(env, "fabric", errors.New("needs root to create network namespaces and TAP devices; without root, 'ipoib bench' measures the same engine in-process"))
 		}
@@ -74,7 +79,8 @@ func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 			defer srv.Close()
 			log.Info("metrics", "url", "http://"+srv.Addr().String()+"/metrics")
 		}
-		lab := fabricLab{env: env, log: log, owner: &tap.Owner{MarkerDir: env.MarkerDir, Logger: log}, netnsPrefix: *netnsPrefix, metrics: m, offloads: *offloads == "on"}
+		lab := fabricLab{env: env, log: log, owner: &tap.Owner{MarkerDir: env.MarkerDir, Logger: log}, netnsPrefix: *netnsPrefix, metrics: m,
+			offloads: *offloads == "on", partitions: parts.parts, prefix: pfx}
 		err = lab.run(ctx, addrs, *mode, *mtu, *ifname, *seed, *dir)
 		if err = errors.Join(err, stopProfile()); err != nil {
 			return fail(env, "fabric", err)
@@ -109,6 +115,10 @@ type fabricLab struct {
 	metrics *metrics.Metrics
 	// offloads opens the TAPs with IFF_VNET_HDR (--offloads).
 	offloads bool
+	// partitions are the --partition flags; prefix is --prefix, after
+	// which their subnets come.
+	partitions []partition
+	prefix     netip.Prefix
 
 	namespaces []*tap.Netns
 	hosts      []*softHost
@@ -144,7 +154,7 @@ func (l *fabricLab) run(ctx context.Context, addrs []netip.Prefix, mode string, 
 		if err != nil {
 			return err
 		}
-		h, err := l.fabric.AddHost(name, ifname, dev, []netip.Prefix{addr}, mode, mtu)
+		h, err := l.fabric.AddHost(name, ifname, ns, dev, []netip.Prefix{addr}, mode, mtu)
 		if err != nil {
 			dev.Close()
 			return fmt.Errorf("%s: %w", name, err)
@@ -152,6 +162,9 @@ func (l *fabricLab) run(ctx context.Context, addrs []netip.Prefix, mode string, 
 		l.hosts = append(l.hosts, h)
 		endpoints = append(endpoints, h)
 		l.log.Info("host up", "host", name, "dev", ifname, "addr", addr, "mode", h.Info().Mode, "mtu", h.Info().MTU)
+	}
+	if err := l.partition(ifname); err != nil {
+		return err
 	}
 	l.server, err = control.Listen(controlDir, endpoints, l.log)
 	if err != nil {
@@ -164,6 +177,28 @@ func (l *fabricLab) run(ctx context.Context, addrs []netip.Prefix, mode string, 
 	}
 	<-ctx.Done()
 	l.log.Info("shutting down")
+	return nil
+}
+
+// partition puts the hosts into the --partition partitions: the P_Key
+// table entry (the fabric is the subnet manager) and the child.
+func (l *fabricLab) partition(ifname string) error {
+	for k, pt := range l.partitions {
+		subnet, err := partitionPrefix(l.prefix, k+1)
+		if err != nil {
+			return err
+		}
+		reqs, err := pt.childRequests(ifname, subnet)
+		if err != nil {
+			return fmt.Errorf("partition 0x%04x: %w", pt.pkey, err)
+		}
+		for _, m := range pt.members {
+			h := l.hosts[m.host-1]
+			if _, err := h.AddChild(reqs[m.host]); err != nil {
+				return fmt.Errorf("%s: partition 0x%04x: %w", h.host, pt.pkey, err)
+			}
+		}
+	}
 	return nil
 }
 

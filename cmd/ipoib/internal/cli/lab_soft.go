@@ -45,8 +45,9 @@ type softFabric struct {
 
 // AddHost creates a device on the fabric and an IPoIB interface named
 // ifname on it with dev as its host port, and starts it. The host owns dev
-// from then on: softHost.Close closes it.
-func (f *softFabric) AddHost(host, ifname string, dev *tap.Device, addrs []netip.Prefix, mode string, mtu int) (*softHost, error) {
+// from then on: softHost.Close closes it. Its P_Key children get their
+// TAPs in ns (nil: the caller's namespace).
+func (f *softFabric) AddHost(host, ifname string, ns *tap.Netns, dev *tap.Device, addrs []netip.Prefix, mode string, mtu int) (*softHost, error) {
 	m, err := ipoibcm.ParseMode(mode)
 	if err != nil {
 		return nil, err
@@ -55,15 +56,19 @@ func (f *softFabric) AddHost(host, ifname string, dev *tap.Device, addrs []netip
 	if err != nil {
 		return nil, fmt.Errorf("soft device: %w", err)
 	}
-	ifc, err := ipoibcm.New(ipoibcm.Config{
-		Device: hd,
-		Host:   dev,
-		Name:   ifname,
-		Mode:   m,
-		MTU:    mtu,
-		Logger: f.log.With("host", host),
-		Events: ipoibcm.Observers(f.mux.Observer(host), f.metricsObserver(host)),
-	})
+	log := f.log.With("host", host)
+	config := func(name string, port ipoibcm.HostPort) ipoibcm.Config {
+		return ipoibcm.Config{
+			Device: hd,
+			Host:   port,
+			Name:   name,
+			Mode:   m,
+			MTU:    mtu,
+			Logger: log,
+			Events: ipoibcm.Observers(f.mux.Observer(host), f.metricsObserver(host)),
+		}
+	}
+	ifc, err := ipoibcm.New(config(ifname, dev))
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("ipoibcm: %w", err), hd.Close())
 	}
@@ -82,7 +87,12 @@ func (f *softFabric) AddHost(host, ifname string, dev *tap.Device, addrs []netip
 	if f.metrics != nil {
 		f.metrics.Add(metrics.Source{Host: host, Stats: ifc.Stats})
 	}
-	return &softHost{host: host, ifc: ifc, dev: hd, mux: f.mux, addrs: addrs, view: view}, nil
+	h := &softHost{host: host, ifc: ifc, dev: hd, mux: f.mux, addrs: addrs, view: view}
+	h.kids = childSet{host: host, parent: ifc, log: log, config: config, admit: admitSoft(hd),
+		open: func(name string, addrs []netip.Prefix) (*tap.Device, error) {
+			return tap.Open(tap.Config{Name: name, Netns: ns, Link: tap.LinkConfig{Addrs: addrs}})
+		}}
+	return h, nil
 }
 
 func (f *softFabric) metricsObserver(host string) ipoibcm.EventObserver {
@@ -104,7 +114,22 @@ type softHost struct {
 	// view follows the kernel TAP; nil when the host port is not one
 	// (the tests' gVisor hosts).
 	view *hostView
+	// kids are the P_Key children (ipoib child add, fabric --partition).
+	kids childSet
 }
+
+// AddChild creates a P_Key child (control.ChildParent). The soft fabric
+// stands in for the subnet manager: the partition joins the device's
+// P_Key table if it is not there.
+func (h *softHost) AddChild(req control.ChildRequest) (control.Endpoint, error) {
+	return h.kids.add(req)
+}
+
+// DeleteChild removes the child named name (control.ChildParent).
+func (h *softHost) DeleteChild(name string) error { return h.kids.del(name) }
+
+// Children lists the children (control.ChildParent).
+func (h *softHost) Children() []control.Endpoint { return h.kids.endpoints() }
 
 // Capture records the host's side of the fabric (control.Capturer) until
 // ctx ends or req.Count messages were recorded.
@@ -172,10 +197,12 @@ func statsWithDevice(s ipoibcm.Stats, key string, dev any) any {
 
 func (h *softHost) SetMode(mode string) error { return setInterfaceMode(h.ifc, mode) }
 
-// Close stops the interface (which closes its TAP) and then its device.
+// Close stops the children, the interface (which closes its TAP) and
+// then its device.
 func (h *softHost) Close() error {
+	kidsErr := h.kids.closeAll()
 	if h.view != nil {
 		h.view.Close()
 	}
-	return errors.Join(h.ifc.Close(), h.dev.Close())
+	return errors.Join(kidsErr, h.ifc.Close(), h.dev.Close())
 }

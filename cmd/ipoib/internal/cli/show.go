@@ -10,6 +10,7 @@ import (
 
 	"github.com/ipoibcm/ipoib/bench"
 	"github.com/ipoibcm/ipoib/control"
+	"github.com/ipoibcm/ipoib/internal/flagcheck"
 )
 
 const controlTimeout = 5 * time.Second
@@ -24,7 +25,8 @@ func controlDirFlag(fs *flag.FlagSet, env *Env) *string {
 
 func showFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	asJSON := fs.Bool("json", false, "print JSON: an array of {interface, stats} sorted by host, every counter present (schema: README, 'show --json')")
-	host := fs.String("host", "", "show only this host (e.g. ipoib-h1); default all")
+	host := fs.String("host", "", "show only this host (e.g. ipoib-h1), its children included; default all")
+	dev := fs.String("dev", "", "show only the interface of this name (e.g. a child, ib0.8001)")
 	brief := fs.Bool("brief", false, "one line per interface: mode, MTU, state, packets, drops, connections")
 	all := fs.Bool("s", false, "show every counter, zeros included (default: only those that moved)")
 	watch := fs.Bool("watch", false, "print per-second rates (packets, Mbit/s, drops) every --interval until interrupted")
@@ -35,6 +37,11 @@ func showFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 		if len(args) > 0 {
 			return usageError(env, "show", fmt.Sprintf("unexpected argument %q", args[0]))
 		}
+		if *dev != "" {
+			if msg := flagcheck.Ifname("dev", *dev); msg != "" {
+				return usageError(env, "show", msg)
+			}
+		}
 		if *watch && (*asJSON || *brief) {
 			return usageError(env, "show", "--watch prints rates; it does not combine with --json or --brief")
 		}
@@ -44,7 +51,7 @@ func showFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 		if *count < 0 {
 			return usageError(env, "show", "--count must not be negative")
 		}
-		req := control.Request{Op: control.OpStats, Host: *host}
+		req := control.Request{Op: control.OpStats, Host: *host, Name: *dev}
 		if *watch {
 			return watchRates(ctx, env, *dir, req, *interval, *count)
 		}
@@ -131,13 +138,19 @@ func watchRates(ctx context.Context, env *Env, dir string, req control.Request, 
 }
 
 func modeFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
-	host := fs.String("host", "", "switch only this host; default every interface of every running process, all or none")
+	host := fs.String("host", "", "switch only this host (its children too); default every interface of every running process, all or none")
+	dev := fs.String("dev", "", "switch only the interface of this name (e.g. a child, ib0.8001)")
 	dir := controlDirFlag(fs, env)
 	return func(_ context.Context, args []string) int {
 		if len(args) != 1 || !validMode(args[0]) {
 			return usageError(env, "mode", "want exactly one of: connected, datagram")
 		}
-		infos, err := control.SetModeAll(*dir, *host, args[0], controlTimeout)
+		if *dev != "" {
+			if msg := flagcheck.Ifname("dev", *dev); msg != "" {
+				return usageError(env, "mode", msg)
+			}
+		}
+		infos, err := control.SetModeAll(*dir, *host, *dev, args[0], controlTimeout)
 		if err != nil {
 			return fail(env, "mode", errors.New(oneLine(err)))
 		}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/internal/flagcheck"
 )
 
@@ -36,9 +37,15 @@ type UpOptions struct {
 	// MaxRXConns, MaxRXConnsPerPeer and MaxHalfOpen bound the passive
 	// connections (ipoibcm.Config, cm.Options).
 	MaxRXConns, MaxRXConnsPerPeer, MaxHalfOpen int
-	Mode                                       string // "connected" or "datagram"
-	MTU                                        int    // IP MTU; 0: the mode's default
-	IBMTU                                      int    // IB path MTU, 1024..4096
+	// PKey is the partition of the device (0: the default, 0xffff), as
+	// given: its bit 15 is the port's membership (--pkey).
+	PKey hca.PKey
+	// PKeyTable are more entries of the port's P_Key table
+	// (--pkey-table): the partitions children may be added in.
+	PKeyTable []hca.PKey
+	Mode      string // "connected" or "datagram"
+	MTU       int    // IP MTU; 0: the mode's default
+	IBMTU     int    // IB path MTU, 1024..4096
 	// Fault injection on the UDP transmit path, for tests.
 	Loss, Dup, Reorder, Delay float64
 	DelayTime                 time.Duration
@@ -76,6 +83,8 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	maxRXPeer := fs.Int("max-rx-conns-per-peer", 4, "passive connections from one peer GID at most")
 	maxHalfOpen := fs.Int("max-half-open", 256, "passive handshakes awaiting the peer's RTU at most; a REQ beyond evicts one of the source holding the most")
 	mode := fs.String("mode", "connected", "initial mode: connected or datagram")
+	pkey := fs.String("pkey", "0xffff", "partition of the device: its P_Key (0x8001); no subnet manager runs, so the port's P_Key table is {0xffff, this}, bit 15 clear making the port a limited member (0x0001)")
+	pkeyTable := fs.String("pkey-table", "", "more comma-separated P_Keys for the port's table, the partitions 'ipoib child add' may use here (bit 15 the membership, as --pkey)")
 	mtu := fs.Int("mtu", 0, "IP MTU of the device; 0 = the mode's default (65520 connected, IB MTU - 4 datagram)")
 	ibMTU := fs.Int("ib-mtu", 4096, "IB path MTU: 1024, 2048 or 4096 (the UDP path must carry it plus 60 bytes)")
 	loss := fs.Float64("loss", 0, "fault injection: probability of dropping an outgoing UDP datagram")
@@ -98,6 +107,21 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 		o, msg := parseUp(args, upRaw{*dev, *addr, *hcaName, *bind, *port, *peers, *mode, *mtu, *ibMTU, *multicast})
 		if msg != "" {
 			return usageError(env, "up", msg)
+		}
+		k, msg := flagcheck.PKey("--pkey", *pkey)
+		if msg != "" {
+			return usageError(env, "up", msg)
+		}
+		o.PKey = hca.PKey(k)
+		for _, f := range strings.Split(*pkeyTable, ",") {
+			if f = strings.TrimSpace(f); f == "" {
+				continue
+			}
+			k, msg := flagcheck.PKey("--pkey-table", f)
+			if msg != "" {
+				return usageError(env, "up", msg)
+			}
+			o.PKeyTable = append(o.PKeyTable, hca.PKey(k))
 		}
 		if msg := flagcheck.First(
 			flagcheck.Probability("loss", *loss), flagcheck.Probability("dup", *dup),

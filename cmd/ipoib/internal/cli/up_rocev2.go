@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"slices"
+	"strings"
 
 	"github.com/ipoibcm/ipoib/capture"
 	"github.com/ipoibcm/ipoib/control"
@@ -32,7 +34,19 @@ type upHost struct {
 	// view follows the kernel TAP; nil when the host port is not one
 	// (the tests' gVisor hosts).
 	view *hostView
+	// kids are the P_Key children (ipoib child add).
+	kids childSet
 }
+
+// AddChild creates a P_Key child (control.ChildParent), its TAP next to
+// the parent's.
+func (h *upHost) AddChild(req control.ChildRequest) (control.Endpoint, error) { return h.kids.add(req) }
+
+// DeleteChild removes the child named name (control.ChildParent).
+func (h *upHost) DeleteChild(name string) error { return h.kids.del(name) }
+
+// Children lists the children (control.ChildParent).
+func (h *upHost) Children() []control.Endpoint { return h.kids.endpoints() }
 
 var (
 	_ control.Endpoint = (*upHost)(nil)
@@ -77,6 +91,7 @@ func upDeviceConfig(o UpOptions, log *slog.Logger) (rocev2.Config, error) {
 		Multicast: o.Multicast,
 		Gossip:    !o.Multicast,
 		Allow:     allow,
+		PKeys:     upPKeyTable(o.PKey, o.PKeyTable),
 		MTU:       hca.MTU(o.IBMTU),
 		Faults: rocev2.Faults{Seed: o.Seed, Drop: o.Loss, Duplicate: o.Dup, Reorder: o.Reorder,
 			Delay: o.Delay, DelayTime: o.DelayTime},
@@ -92,7 +107,7 @@ func upDeviceConfig(o UpOptions, log *slog.Logger) (rocev2.Config, error) {
 // host.
 func upInterfaceConfig(o UpOptions, mode ipoibcm.Mode, dev hca.Device, host ipoibcm.HostPort, log *slog.Logger) ipoibcm.Config {
 	return ipoibcm.Config{
-		Device: dev, Host: host, Name: o.Dev, Mode: mode, MTU: o.MTU, RCRetry: o.RCRetry, Logger: log,
+		Device: dev, Host: host, Name: o.Dev, Mode: mode, MTU: o.MTU, PKey: upPartition(o.PKey), RCRetry: o.RCRetry, Logger: log,
 		MaxRXConns: o.MaxRXConns, MaxRXConnsPerGID: o.MaxRXConnsPerPeer,
 		CM: cm.Options{MaxHalfOpen: o.MaxHalfOpen},
 	}
@@ -157,6 +172,16 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 	}
 	cleanup = append(cleanup, func() error { view.Close(); return nil })
 	h := &upHost{name: o.Host, ifc: ifc, dev: dev, mux: mux, addrs: []netip.Prefix{o.Addr}, view: view}
+	h.kids = childSet{host: o.Host, parent: ifc, log: log, admit: fixedPKeyTable(dev),
+		config: func(name string, port ipoibcm.HostPort) ipoibcm.Config {
+			c := upInterfaceConfig(o, mode, dev, port, log)
+			c.Name, c.Events = name, icfg.Events
+			return c
+		},
+		open: func(name string, addrs []netip.Prefix) (*tap.Device, error) {
+			return tap.Open(tap.Config{Name: name, Link: tap.LinkConfig{Addrs: addrs}})
+		}}
+	cleanup = append(cleanup, h.kids.closeAll)
 	srv, err := control.Listen(o.ControlDir, []control.Endpoint{h}, log)
 	if err != nil {
 		return setup(err)
@@ -179,4 +204,48 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 	<-ctx.Done()
 	log.Info("shutting down", "dev", o.Dev)
 	return nil
+}
+
+// upPKeyTable is the RoCEv2 port's P_Key table for 'ipoib up --pkey
+// pkey --pkey-table more' (pkey 0: none given): the default partition
+// first, then pkey and more as given, bit 15 the membership, there being
+// no subnet manager to write it; a partition given twice keeps its first.
+func upPKeyTable(pkey hca.PKey, more []hca.PKey) []hca.PKey {
+	table := []hca.PKey{hca.PKeyDefault}
+	if pkey&0x7FFF == 0x7FFF {
+		table[0] = pkey
+	}
+	for _, k := range append([]hca.PKey{pkey}, more...) {
+		if k != 0 && !slices.ContainsFunc(table, func(t hca.PKey) bool { return t&0x7FFF == k&0x7FFF }) {
+			table = append(table, k)
+		}
+	}
+	return table
+}
+
+// upPartition is the engine's partition for --pkey: the P_Key with the
+// full-membership bit, as Linux sets it for the broadcast group (the
+// table says whether the port is a full member); 0 is the default.
+func upPartition(pkey hca.PKey) hca.PKey {
+	if pkey == 0 {
+		return hca.PKeyDefault
+	}
+	return pkey | 0x8000
+}
+
+// fixedPKeyTable admits a child only in a partition the port's table
+// (--pkey, --pkey-table) has: no subnet manager runs over RoCEv2 to add
+// one later, so a child outside it would stay down for good.
+func fixedPKeyTable(dev hca.Device) func(hca.PKey) (func(), error) {
+	return func(pkey hca.PKey) (func(), error) {
+		port := dev.Port()
+		if _, ok := port.PKeyIndex(pkey); !ok {
+			var tbl []string
+			for _, k := range port.PKeys {
+				tbl = append(tbl, fmt.Sprintf("0x%04x", uint16(k)))
+			}
+			return nil, fmt.Errorf("partition 0x%04x is not in this port's P_Key table (%s); start 'ipoib up' with it in --pkey-table", uint16(pkey|0x8000), strings.Join(tbl, ", "))
+		}
+		return func() {}, nil
+	}
 }
