@@ -304,9 +304,12 @@ check_conns() {
 #
 #   kernel rx_packets == engine rx_packets + reaper.too_big_sent
 #                        - drops.rx_host_write
-#     rx_packets counts frames handed to the host writer, too_big_sent the
-#     ICMP frag-needed replies the engine writes, and rx_host_write the
-#     writes the TAP refused.
+#                        - (offloads.rx_gro_segments - offloads.rx_gro_frames)
+#     rx_packets counts packets received for the host (as Linux's
+#     rx_packets counts them before GRO), too_big_sent the ICMP frag-needed
+#     replies the engine writes, rx_host_write the writes the TAP refused,
+#     and GRO wrote rx_gro_segments of those packets as rx_gro_frames
+#     super frames, each one kernel rx packet.
 #
 # Both must hold exactly. Slack for packets in flight: the engine's
 # counters are loaded one by one, not as a consistent cut (stats.go), so a
@@ -320,7 +323,8 @@ readonly COUNTER_ATTEMPTS=15
 # shellcheck disable=SC2016 # jq variables, not shell ones
 engine_expect='.[0].stats as $s | [
 	($s.counters.tx_packets + $s.counters.tx_dropped + $s.tx_outstanding - $s.reaper.reresolves),
-	($s.counters.rx_packets + $s.reaper.too_big_sent - ($s.drops.rx_host_write // 0))] | @tsv'
+	($s.counters.rx_packets + $s.reaper.too_big_sent - ($s.drops.rx_host_write // 0)
+		- (($s.offloads.rx_gro_segments // 0) - ($s.offloads.rx_gro_frames // 0)))] | @tsv'
 kernel_counts='.[0].stats64 | [.tx.packets, .rx.packets] | @tsv'
 
 check_counters() {
@@ -343,8 +347,8 @@ check_counters() {
 	done
 	ci_fail "$n counters disagree with the kernel in $COUNTER_ATTEMPTS snapshots ($quiet quiet)" \
 		"kernel tx/rx packets before/after: $(tr '\t' / <<<"$k1") / $(tr '\t' / <<<"$k2")" \
-		"engine (tx_packets+tx_dropped+tx_outstanding-reresolves / rx_packets+too_big_sent-rx_host_write): $(tr '\t' / <<<"$e")" \
-		"engine counters: $(jq -c '.[0].stats | {counters, tx_outstanding, drops, reresolves: .reaper.reresolves, too_big_sent: .reaper.too_big_sent}' <<<"$snap")"
+		"engine (tx_packets+tx_dropped+tx_outstanding-reresolves / rx_packets+too_big_sent-rx_host_write-(rx_gro_segments-rx_gro_frames)): $(tr '\t' / <<<"$e")" \
+		"engine counters: $(jq -c '.[0].stats | {counters, tx_outstanding, drops, reresolves: .reaper.reresolves, too_big_sent: .reaper.too_big_sent, offloads}' <<<"$snap")"
 }
 
 # engine_value HOST FILTER: one value from the host's stats.
