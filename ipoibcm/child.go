@@ -31,7 +31,7 @@ var (
 
 // ValidPKey reports whether k names a partition: not 0x0000 or 0x8000,
 // the invalid P_Keys, in either membership.
-func ValidPKey(k hca.PKey) bool { return k&0x7FFF != 0 }
+func ValidPKey(k hca.PKey) bool { return k.Valid() }
 
 // childSet is a parent's children, keyed by partition (full-member
 // P_Key).

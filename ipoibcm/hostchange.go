@@ -27,17 +27,7 @@ const minHostMTU = 68
 // the host's oversize packets are then answered with ICMP frag-needed /
 // packet-too-big at the engine's MTU, never dropped silently.
 func (i *Interface) FollowHostMTU(mtu int) error {
-	if ifState(i.state.Load()) != ifRunning {
-		return fmt.Errorf("%s: follow host MTU: %w", i.cfg.Name, ErrNotStarted)
-	}
-	errc := make(chan error, 1)
-	i.ctl.post(func() { errc <- i.followHostMTU(mtu) })
-	select {
-	case err := <-errc:
-		return err
-	case <-i.stop:
-		return ErrClosed
-	}
+	return i.onControlLoop("follow host MTU", func() error { return i.followHostMTU(mtu) })
 }
 
 // followHostMTU runs on the control loop, ordered with mode switches.
@@ -63,21 +53,11 @@ func (i *Interface) followHostMTU(mtu int) error {
 // the engine has stopped or restarted; connections taken down finish
 // their teardown on their own.
 func (i *Interface) FollowHostLink(up bool) error {
-	if ifState(i.state.Load()) != ifRunning {
-		return fmt.Errorf("%s: follow host link: %w", i.cfg.Name, ErrNotStarted)
-	}
 	want := hostLinkDown
 	if up {
 		want = hostLinkUp
 	}
-	errc := make(chan error, 1)
-	i.ctl.post(func() { errc <- i.hostLinkTransition(want) })
-	select {
-	case err := <-errc:
-		return err
-	case <-i.stop:
-		return ErrClosed
-	}
+	return i.onControlLoop("follow host link", func() error { return i.hostLinkTransition(want) })
 }
 
 // HostUp reports whether the engine has the host's ib0 up, that is not

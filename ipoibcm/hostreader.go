@@ -19,9 +19,10 @@ type txScratch struct {
 	// pending is how many frames of the batch follow the one being
 	// sent: software segmentation leaves each of them a credit.
 	pending int
-	// segIdx and segOut are software segmentation's pool buffers.
+	// segIdx and segLen are software segmentation's pool buffers and
+	// the segments' lengths.
 	segIdx []int
-	segOut [][]byte
+	segLen []int
 	plain  txMeta // a segment's (zero) metadata
 	post   poster // reaps: the reader busy-polls the TX CQ
 	nd     []byte // ND rewrite scratch
@@ -39,7 +40,7 @@ func (t *txScratch) init(tx *txPath, batch int) {
 	t.sizes = make([]int, batch)
 	t.meta = make([]offload.Meta, batch)
 	t.segIdx = make([]int, hca.MaxLSOSegments)
-	t.segOut = make([][]byte, hca.MaxLSOSegments)
+	t.segLen = make([]int, hca.MaxLSOSegments)
 	t.free = make([]int, 0, batch)
 	t.post = poster{tx: tx, reaps: true}
 	t.nd = make([]byte, txBufSize)

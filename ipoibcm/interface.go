@@ -430,12 +430,7 @@ func (i *Interface) pkeyLinkDown() {
 	if err := i.host.SetLinkUp(false); err != nil {
 		i.log.Warn("host SetLinkUp", "err", err)
 	}
-	i.mu.Lock()
-	conns := make([]*txConn, 0, len(i.txConns))
-	for tc := range i.txConns {
-		conns = append(conns, tc)
-	}
-	i.mu.Unlock()
+	_, conns := i.snapshotConns()
 	for _, tc := range conns {
 		tc.teardown()
 	}
@@ -472,11 +467,18 @@ func (i *Interface) SetMode(m Mode) error {
 	if m == ModeConnected && i.cfg.DisableCM {
 		return fmt.Errorf("%s: connected mode without CM: %w", i.cfg.Name, ErrInvalidMode)
 	}
+	return i.onControlLoop("set mode", func() error { return i.switchMode(m) })
+}
+
+// onControlLoop runs fn on the control loop, where mode switches and the
+// host's changes are ordered with each other, and returns its error once
+// it has run.
+func (i *Interface) onControlLoop(what string, fn func() error) error {
 	if ifState(i.state.Load()) != ifRunning {
-		return fmt.Errorf("%s: set mode: %w", i.cfg.Name, ErrNotStarted)
+		return fmt.Errorf("%s: %s: %w", i.cfg.Name, what, ErrNotStarted)
 	}
 	errc := make(chan error, 1)
-	i.ctl.post(func() { errc <- i.switchMode(m) })
+	i.ctl.post(func() { errc <- fn() })
 	select {
 	case err := <-errc:
 		return err

@@ -109,7 +109,7 @@ type sendOffload struct {
 // the host gave it, and the frame's headers where Meta needs them.
 type txMeta struct {
 	m  offload.Meta
-	hd offload.Headers // valid when m.GSO is set or hwCsum
+	hd offload.Headers // valid when hwCsum, which every accepted super frame has
 	// hwCsum: the partial checksum is a TCP/UDP checksum where an HCA
 	// finds it (SendIPCsum can do it); otherwise only software can.
 	hwCsum bool
@@ -160,7 +160,6 @@ func checkTxMeta(f []byte, m offload.Meta) (txMeta, bool) {
 	if m.GSOSize == 0 || !t.hwCsum {
 		return t, false
 	}
-	t.hd = hd
 	return t, true
 }
 

@@ -243,7 +243,8 @@ func (i *Interface) txNeighLocked(t *txScratch, n *neighbour, bufIdx, size int, 
 	n.lastUse = now
 	f := i.tx.pool.bufs[bufIdx][:size]
 	ipLen := size - frame.EthHdrLen
-	if i.useCMLocked(n, now) && !i.udLSOFits(size, tm) {
+	lso := i.udLSOFits(size, tm)
+	if i.useCMLocked(n, now) && !lso {
 		tc := n.tx
 		if tc == nil {
 			tc = i.startTXLocked(n, now)
@@ -277,32 +278,30 @@ func (i *Interface) txNeighLocked(t *txScratch, n *neighbour, bufIdx, size int, 
 	}
 	pathMTU := min(i.udMTU, i.MTU())
 	if tm.gso() {
-		if tm.segIPLen() > pathMTU {
-			i.tooBigLocked(t, n, bufIdx, size, pathMTU)
-			return false
-		}
-		if !i.udLSOFits(size, tm) {
-			return i.txSegmentLocked(t, n, hca.GID{}, netip.Addr{}, bufIdx, size, etherType, tm, now)
-		}
-		mss := int(tm.m.GSOSize)
-		segs := tm.hd.Segments(mss)
-		ah, err := i.neighAHLocked(n)
-		if err != nil {
-			i.ctr.drop(dropTxNoAH)
-			return false
-		}
-		return t.post.post(sendDest{ah: ah, qpn: n.hw.QPN()}, bufIdx, size, etherType, sendOffload{mss: mss, segs: segs})
+		ipLen = tm.segIPLen()
 	}
 	if ipLen > pathMTU {
 		i.tooBigLocked(t, n, bufIdx, size, pathMTU)
 		return false
+	}
+	if tm.gso() && !lso {
+		return i.txSegmentLocked(t, n, hca.GID{}, netip.Addr{}, bufIdx, size, etherType, tm, now)
 	}
 	ah, err := i.neighAHLocked(n)
 	if err != nil {
 		i.ctr.drop(dropTxNoAH)
 		return false
 	}
-	return t.post.post(sendDest{ah: ah, qpn: n.hw.QPN()}, bufIdx, size, etherType, i.csumOffload(f, tm))
+	var o sendOffload
+	if tm.gso() {
+		o.mss = int(tm.m.GSOSize)
+		o.segs = tm.hd.Segments(o.mss)
+	} else {
+		// After the AH, so a frame dropped for want of one is not counted
+		// as checksummed.
+		o = i.csumOffload(f, tm)
+	}
+	return t.post.post(sendDest{ah: ah, qpn: n.hw.QPN()}, bufIdx, size, etherType, o)
 }
 
 // udLSOFits reports whether a super frame of size bytes goes as one UD
@@ -335,16 +334,18 @@ func (i *Interface) txSegmentLocked(t *txScratch, n *neighbour, mgid hca.GID, ds
 		i.ctr.drop(dropTxGSONoRoom)
 		return false
 	}
-	out := t.segOut[:segs]
+	// checkTxMeta parsed the headers; cut with them rather than parsing
+	// again (offload.Segment).
+	lens := t.segLen[:segs]
+	f := tx.pool.bufs[bufIdx][:size]
 	for k, j := range idx {
-		out[k] = tx.pool.bufs[j]
-	}
-	got, err := offload.Segment(tx.pool.bufs[bufIdx][:size], frame.EthHdrLen, mss, out)
-	if err != nil || got != segs {
-		tx.pool.put(idx...)
-		clear(out)
-		i.ctr.drop(dropTxBadOffload)
-		return false
+		n, err := tm.hd.SegmentInto(tx.pool.bufs[j], f, mss, k, true)
+		if err != nil {
+			tx.pool.put(idx...)
+			i.ctr.drop(dropTxBadOffload)
+			return false
+		}
+		lens[k] = n
 	}
 	i.off.ctr.txSWSegmented.Add(1)
 	i.off.ctr.txSWSegments.Add(uint64(segs))
@@ -354,15 +355,14 @@ func (i *Interface) txSegmentLocked(t *txScratch, n *neighbour, mgid hca.GID, ds
 		t.plain = txMeta{}
 		var sent bool
 		if n == nil {
-			sent = i.txMulticastLocked(t, j, len(out[k]), etherType, mgid, dst, &t.plain, now)
+			sent = i.txMulticastLocked(t, j, lens[k], etherType, mgid, dst, &t.plain, now)
 		} else {
-			sent = i.txNeighLocked(t, n, j, len(out[k]), etherType, &t.plain, now)
+			sent = i.txNeighLocked(t, n, j, lens[k], etherType, &t.plain, now)
 		}
 		if !sent {
 			tx.pool.put1(j)
 		}
 	}
-	clear(out)
 	return false
 }
 
