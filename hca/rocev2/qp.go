@@ -439,8 +439,13 @@ type udInfo struct {
 	srcQPN hca.QPN
 	srcGID hca.GID
 	pkey   hca.PKey
-	// flags is the checksum verdict on the payload (rxCsumFlags).
+	// flags is the checksum verdict on the payload (rxCsumFlags) as the
+	// receiving QP reports it.
 	flags hca.WCFlags
+	// csum and csumDone keep the verdict once it is made, so a group
+	// datagram delivered to several QPs is verified once.
+	csum     hca.WCFlags
+	csumDone bool
 }
 
 func (q *qp) completeRecv(id uint64, st hca.Status, n int, ud *udInfo) {

@@ -166,7 +166,10 @@ func (q *qp) deliverUD(p *wire.Packet, info *udInfo) {
 	}
 	info.flags = 0
 	if q.typ == hca.QPTypeUD { // CM MADs on the GSI QP are no IP packets
-		info.flags = q.dev.rxCsumFlags(p.Payload)
+		if !info.csumDone {
+			info.csum, info.csumDone = q.dev.rxCsumFlags(p.Payload), true
+		}
+		info.flags = info.csum
 	}
 	copy(wr.Buf, p.Payload)
 	q.dev.ctr.udMessages.Add(1)
