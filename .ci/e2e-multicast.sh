@@ -167,7 +167,7 @@ ci_step "run 1: eight hosts, --multicast=on, no --peers"
 ip netns exec "${NS}1" tshark -i mcv1 -f "udp port 4791 and dst net 239.0.0.0/8" -s 0 -F pcap -w "$CAP" -q \
 	>"$WORK/tshark.log" 2>&1 &
 TSHARK_PID=$!
-ci_wait_until 20 "tshark capturing" grep -q "Capturing on" "$WORK/tshark.log" || ci_fail "tshark did not start"
+ci_wait_until 20 "tshark capturing" grep -q "Capture started" "$WORK/tshark.log" || ci_fail "tshark did not start"
 for i in $(seq 1 8); do start_host "$i" --multicast=on; done
 wait_up $(seq 1 8)
 t0=$(now_ms)
@@ -235,7 +235,7 @@ CAP6=$WORK/mcast6.pcap
 ip netns exec "${NS}1" tshark -i mcv1 -f "ip6 and udp port 4791 and dst host $MGID" -s 0 -F pcap -w "$CAP6" -q \
 	>"$WORK/tshark6.log" 2>&1 &
 TSHARK_PID=$!
-ci_wait_until 20 "tshark capturing" grep -q "Capturing on" "$WORK/tshark6.log" || ci_fail "tshark did not start"
+ci_wait_until 20 "tshark capturing" grep -q "Capture started" "$WORK/tshark6.log" || ci_fail "tshark did not start"
 for i in 1 2 3; do start_host "$i" --multicast=on --bind "fd98::$i"; done
 wait_up 1 2 3
 t0=$(now_ms)

@@ -132,7 +132,7 @@ step "capture on $VETH1 (first $CAPTURE_PACKETS RoCEv2 packets)"
 ip netns exec "$NS1" tshark -i "$VETH1" -f "udp port 4791" -s 0 -F pcap -w "$CAP" -c "$CAPTURE_PACKETS" -q \
 	>"$WORK/tshark.log" 2>&1 &
 TSHARK_PID=$!
-wait_for "$WORK/tshark.log" "Capturing on" 20 || fail "tshark did not start capturing"
+wait_for "$WORK/tshark.log" "Capture started" 20 || fail "tshark did not start capturing"
 pass "tshark capturing"
 
 step "ipoib up in $NS1 and $NS2 (loss $LOSS)"

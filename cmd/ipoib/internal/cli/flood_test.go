@@ -301,10 +301,14 @@ func TestUpREQFlood(t *testing.T) {
 		// has taken: the flood runs as fast as the victim reads, faster
 		// than its CM answers (the GSI receive queue overflows, counted
 		// no_buffer), and the kernel's socket drops stay countable.
+		stall := time.Now().Add(30 * time.Second)
 		for {
 			s := victim.dev.Stats()
 			if s.RxPackets+s.SocketDrops+floodWindow >= fl.sent.Load() {
 				break
+			}
+			if time.Now().After(stall) {
+				t.Fatalf("the victim stopped reading: %d REQs sent, %d received, %d socket drops", fl.sent.Load(), s.RxPackets, s.SocketDrops)
 			}
 			runtime.Gosched()
 		}
