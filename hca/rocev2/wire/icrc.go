@@ -79,6 +79,25 @@ func PutICRC(ipHdr, udpHdr, pkt []byte) error {
 	return nil
 }
 
+// PutICRCSplit is PutICRC for a packet held in two places, as a
+// zero-copy send posts it: the wire bytes are head, then payload, then
+// tail, whose last 4 bytes are the ICRC field. head holds at least the
+// BTH.
+func PutICRCSplit(ipHdr, udpHdr, head, payload, tail []byte) error {
+	if len(head) < BTHLen || len(tail) < ICRCLen {
+		return DropTruncated
+	}
+	n := len(tail) - ICRCLen
+	c, err := ICRC(ipHdr, udpHdr, head)
+	if err != nil {
+		return err
+	}
+	c = crc32.Update(c, crc32.IEEETable, payload)
+	c = crc32.Update(c, crc32.IEEETable, tail[:n])
+	binary.LittleEndian.PutUint32(tail[n:], c)
+	return nil
+}
+
 // CheckICRC verifies the ICRC of pkt; DropBadICRC on mismatch.
 func CheckICRC(ipHdr, udpHdr, pkt []byte) error {
 	if len(pkt) < BTHLen+ICRCLen {
