@@ -253,3 +253,14 @@ func BenchmarkInProcDirect(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkInProcDirectGSO is BenchmarkInProcDirect over the direct link
+// with host GSO and the offload metadata carried across (the direct-gso
+// row): the baseline of issue 11's datagram target.
+func BenchmarkInProcDirectGSO(b *testing.B) {
+	for _, mtu := range []int{65520, 4092} {
+		b.Run(fmt.Sprintf("mtu%d", mtu), func(b *testing.B) {
+			streamTCP(b, InProcConfig{MTU: mtu, Link: DirectLinkOffloads, Host: InProcHostConfig()})
+		})
+	}
+}

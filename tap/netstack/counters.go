@@ -41,6 +41,11 @@ type Counters struct {
 	// RxDroppedOffload counts frames whose offload metadata contradicts
 	// the frame (see WriteFramesMeta).
 	RxDroppedOffload uint64
+	// RxCsumVouched counts frames delivered without the stack verifying
+	// their TCP/UDP checksum because the writer vouched for it: a partial
+	// checksum (never computed, as veth passes CHECKSUM_PARTIAL) or
+	// DataValid (verified by the HCA). See WriteFramesMeta.
+	RxCsumVouched uint64
 }
 
 // RxDropped sums the receive drop reasons.
@@ -62,6 +67,7 @@ type counters struct {
 	txDroppedQueueFull, txDroppedLinkDown, txDroppedClosed atomic.Uint64
 	txTruncated, txResegmented, txSuperFrames              atomic.Uint64
 	rxSuperFrames, rxResegmented, rxDroppedOffload         atomic.Uint64
+	rxCsumVouched                                          atomic.Uint64
 }
 
 func (c *counters) snapshot() Counters {
@@ -85,5 +91,6 @@ func (c *counters) snapshot() Counters {
 		RxSuperFrames:      c.rxSuperFrames.Load(),
 		RxResegmented:      c.rxResegmented.Load(),
 		RxDroppedOffload:   c.rxDroppedOffload.Load(),
+		RxCsumVouched:      c.rxCsumVouched.Load(),
 	}
 }

@@ -46,13 +46,16 @@ type endpoint struct {
 
 	// writeMu serialises writers so rxFrame can be reused.
 	writeMu sync.Mutex
-	// rxFrame holds a small frame whose checksum the link completes, or
-	// one segment of a super frame the stack does not take whole; it is
-	// allocated on first use. rxHeaders holds the headers of a large one.
-	rxFrame   []byte              // guarded by writeMu
-	rxHeaders [maxHeadersLen]byte // guarded by writeMu
+	// rxFrame holds a frame whose checksum the link completes, or one
+	// segment of a super frame the stack does not take whole; it is
+	// allocated on first use.
+	rxFrame []byte // guarded by writeMu
 	// accept is what the reader of ReadFramesMeta takes (SetOffloads).
 	accept atomic.Pointer[offload.Caps]
+	// rxVouched is set while writeFrames delivers a frame whose checksum
+	// the writer vouched for (deliverVouched): the stack's NIC reads the
+	// RX checksum verdict of each packet from Capabilities.
+	rxVouched atomic.Bool
 }
 
 var (
@@ -102,8 +105,17 @@ func (*endpoint) SetLinkAddress(tcpip.LinkAddress) {}
 
 // Capabilities implements stack.LinkEndpoint. TX checksum offload is
 // claimed only with Config.SkipTXChecksums; otherwise frames leave with
-// real checksums.
-func (e *endpoint) Capabilities() stack.LinkEndpointCapabilities { return e.caps }
+// real checksums. RX checksum offload is claimed with
+// Config.TrustRXChecksums, and otherwise only while a frame whose checksum
+// the writer vouched for is being delivered: gVisor's NIC sets each
+// received packet's RXChecksumValidated from this call (nic.go,
+// DeliverNetworkPacket), and nothing else in the stack reads that bit.
+func (e *endpoint) Capabilities() stack.LinkEndpointCapabilities {
+	if e.rxVouched.Load() {
+		return e.caps | stack.CapabilityRXChecksumOffload
+	}
+	return e.caps
+}
 
 // Attach implements stack.LinkEndpoint.
 func (e *endpoint) Attach(d stack.NetworkDispatcher) {
