@@ -765,8 +765,8 @@ func (ob *offloadBench) send(tb testing.TB, n, w int) {
 // on one without. Bytes are the super frames' payload.
 func BenchmarkEngineOffload(b *testing.B) {
 	for _, c := range []struct {
-		name string
-		fcfg soft.Config
+		name   string
+		fcfg   soft.Config
 		gather bool
 	}{{"lso", soft.Config{Seed: 1}, false}, {"lso-gather", soft.Config{Seed: 1}, true}, {"software", soft.Config{Seed: 1, NoOffloads: true}, false}} {
 		b.Run(c.name, func(b *testing.B) {
@@ -785,8 +785,8 @@ func BenchmarkEngineOffload(b *testing.B) {
 // in steady state.
 func TestEngineOffloadAllocs(t *testing.T) {
 	for _, c := range []struct {
-		name string
-		fcfg soft.Config
+		name   string
+		fcfg   soft.Config
 		gather bool
 	}{{"lso", soft.Config{Seed: 2}, false}, {"lso-gather", soft.Config{Seed: 2}, true}, {"software", soft.Config{Seed: 2, NoOffloads: true}, false}} {
 		t.Run(c.name, func(t *testing.T) {
