@@ -49,6 +49,9 @@ type Counters struct {
 	// checksum (never computed, as veth passes CHECKSUM_PARTIAL) or
 	// DataValid (verified by the HCA). See WriteFramesMeta.
 	RxCsumVouched uint64
+	// RxGathered counts frames WriteFramesGather received in more than
+	// one piece and copied into one gVisor chunk.
+	RxGathered uint64
 }
 
 // RxDropped sums the receive drop reasons.
@@ -71,7 +74,7 @@ type counters struct {
 	txDroppedQueueFull, txDroppedLinkDown, txDroppedClosed atomic.Uint64
 	txTruncated, txResegmented, txSuperFrames              atomic.Uint64
 	rxSuperFrames, rxResegmented, rxDroppedOffload         atomic.Uint64
-	rxCsumVouched                                          atomic.Uint64
+	rxCsumVouched, rxGathered                              atomic.Uint64
 }
 
 func (c *counters) snapshot() Counters {
@@ -97,5 +100,6 @@ func (c *counters) snapshot() Counters {
 		RxResegmented:      c.rxResegmented.Load(),
 		RxDroppedOffload:   c.rxDroppedOffload.Load(),
 		RxCsumVouched:      c.rxCsumVouched.Load(),
+		RxGathered:         c.rxGathered.Load(),
 	}
 }

@@ -478,6 +478,7 @@ func (e *endpoint) writeGathered(frames [][][]byte, meta []offload.Meta) (int, e
 		for _, p := range pieces {
 			v.Write(p)
 		}
+		e.counters.rxGathered.Add(1)
 		e.gathered = v
 		e.receive(*dp, v.AsSlice(), m)
 		if e.gathered != nil {
