@@ -126,8 +126,9 @@ func (l *ibLink) close() error {
 // InProcHostConfig is the host template of the 'ipoib bench' table and the
 // in-process benchmarks, the same for every link so that ratios compare
 // links, not host settings: host GSO on, as TSO/GSO is on by default on a
-// Linux host, and checksums computed and verified, so every frame on ib0
-// is one a kernel would accept. Whether the super frames reach the link
+// Linux host, and checksums computed and verified except where a frame
+// arrives with them partial or HCA-verified (netstack's WriteFramesMeta,
+// as Linux), so every frame on ib0 is one a kernel would accept. Whether the super frames reach the link
 // whole is the link's choice (ipoibcm.OffloadPort's SetOffloads): the
 // plain direct link and an engine that takes no TSO get them cut to the
 // MTU by the host's link endpoint, as Linux's GSO cuts them for a device

@@ -62,6 +62,19 @@ type OffloadPort interface {
 	SetOffloads(want offload.Caps) (offload.Caps, error)
 }
 
+// GatherPort is an OffloadPort that also writes frames given in pieces
+// (writev): GRO's super frames then go to the host as their rebuilt
+// headers followed by each segment's payload where it was received, with
+// no copy into a 64 KiB buffer (gro.Config.Gather). The kernel TAP with
+// IFF_VNET_HDR implements it.
+type GatherPort interface {
+	OffloadPort
+	// WriteFramesGather is WriteFramesMeta for frames each made of its
+	// pieces in order. The port must not retain the slices after it
+	// returns.
+	WriteFramesGather(frames [][][]byte, meta []offload.Meta) (int, error)
+}
+
 // hostWriter is the end of the flow HCA → host, and where the engine's own
 // answers to the host (ICMP too-big from the TX side) go too: the RX
 // poller, the host reader and the REP handler all write, so writes are
@@ -82,6 +95,20 @@ func (w *hostWriter) writeMeta(frames [][]byte, meta []offload.Meta) {
 	}
 	w.mu.Lock()
 	n, err := p.WriteFramesMeta(frames, meta)
+	w.mu.Unlock()
+	for range len(frames) - n {
+		i.ctr.drop(dropRxHostWrite)
+	}
+	if err != nil && ifState(i.state.Load()) == ifRunning {
+		i.log.Debug("host write", "err", err)
+	}
+}
+
+// writeGather hands frames in pieces with their metadata to a GatherPort.
+func (w *hostWriter) writeGather(p GatherPort, frames [][][]byte, meta []offload.Meta) {
+	i := w.i
+	w.mu.Lock()
+	n, err := p.WriteFramesGather(frames, meta)
 	w.mu.Unlock()
 	for range len(frames) - n {
 		i.ctr.drop(dropRxHostWrite)

@@ -94,6 +94,34 @@ func (p *metaPort) WriteFramesMeta(frames [][]byte, meta []offload.Meta) (int, e
 	return len(frames), nil
 }
 
+// gatherPort is a metaPort that also takes frames in pieces (a
+// GatherPort, as the vnet TAP): it joins each and passes it on as
+// WriteFramesMeta would, counting frames that came in more than one piece;
+// with vecSink set it hands the pieces to it instead.
+type gatherPort struct {
+	*metaPort
+	pieced  atomic.Int64
+	vecSink func(frames [][][]byte, meta []offload.Meta)
+}
+
+var _ GatherPort = (*gatherPort)(nil)
+
+func (p *gatherPort) WriteFramesGather(frames [][][]byte, meta []offload.Meta) (int, error) {
+	if p.vecSink != nil {
+		p.vecSink(frames, meta)
+		return len(frames), nil
+	}
+	for k, pieces := range frames {
+		if len(pieces) > 1 {
+			p.pieced.Add(1)
+		}
+		if n, err := p.WriteFramesMeta([][]byte{bytes.Join(pieces, nil)}, meta[k:k+1]); n != 1 {
+			return k, err
+		}
+	}
+	return len(frames), nil
+}
+
 func (p *metaPort) WriteFrames(frames [][]byte) (int, error) {
 	return p.WriteFramesMeta(frames, make([]offload.Meta, len(frames)))
 }
@@ -358,10 +386,19 @@ func TestOffloadLSO(t *testing.T) {
 		name    string
 		v6, tcp bool
 	}{{"tcp4", false, true}, {"tcp6", true, true}, {"udp4", false, false}, {"udp6", true, false}} {
-		for _, accept := range []offload.Caps{{Csum: true}, allCaps} {
-			t.Run(fmt.Sprintf("%s/host-tso=%t", c.name, accept.TSO4), func(t *testing.T) {
+		for _, host := range []struct {
+			accept offload.Caps
+			gather bool
+		}{{offload.Caps{Csum: true}, false}, {allCaps, false}, {allCaps, true}} {
+			accept := host.accept
+			t.Run(fmt.Sprintf("%s/host-tso=%t/gather=%t", c.name, accept.TSO4, host.gather), func(t *testing.T) {
 				pb := newMetaPort(2, accept)
-				p := newOffloadPair(t, ModeDatagram, soft.Config{Seed: 3}, pb)
+				var port HostPort = pb
+				gp := &gatherPort{metaPort: pb}
+				if host.gather {
+					port = gp
+				}
+				p := newOffloadPair(t, ModeDatagram, soft.Config{Seed: 3}, port)
 				if got := p.pa.lastSet(); got != allCaps {
 					t.Fatalf("datagram mode on an LSO device advertises %+v, want %+v", got, allCaps)
 				}
@@ -404,6 +441,10 @@ func TestOffloadLSO(t *testing.T) {
 					t.Fatalf("TCP to a host taking super frames: %d frames for %d segments, GRO %+v", len(got), segs, ob.Offloads)
 				case (!accept.TSO4 || !c.tcp) && ob.Offloads.RxGROFrames != 0:
 					t.Fatalf("GRO ran where it must not: %+v", ob.Offloads)
+				case host.gather && c.tcp && gp.pieced.Load() != int64(ob.Offloads.RxGROFrames):
+					// A GatherPort gets every super frame in pieces (headers,
+					// then the payloads in the receive buffers).
+					t.Fatalf("%d frames written in pieces for %d GRO frames", gp.pieced.Load(), ob.Offloads.RxGROFrames)
 				}
 			})
 		}
@@ -650,22 +691,43 @@ type offloadBench struct {
 	deadline  *time.Timer
 }
 
-func newOffloadBench(tb testing.TB, mode Mode, fcfg soft.Config, payload int) *offloadBench {
+func newOffloadBench(tb testing.TB, mode Mode, fcfg soft.Config, payload int, gather bool) *offloadBench {
 	ob := &offloadBench{arrived: make(chan struct{}, 1), deadline: time.NewTimer(time.Hour)}
 	tb.Cleanup(func() { ob.deadline.Stop() })
 	pb := newMetaPort(2, allCaps)
-	pb.sink = func(f [][]byte, _ []offload.Meta) {
-		n := 0
-		for _, b := range f {
-			n += l4Payload(b)
-		}
+	arrived := func(n int) {
 		ob.delivered.Add(int64(n))
 		select {
 		case ob.arrived <- struct{}{}:
 		default:
 		}
 	}
-	ob.p = newOffloadPair(tb, mode, fcfg, pb)
+	pb.sink = func(f [][]byte, _ []offload.Meta) {
+		n := 0
+		for _, b := range f {
+			n += l4Payload(b)
+		}
+		arrived(n)
+	}
+	var port HostPort = pb
+	if gather {
+		// GRO's frames in pieces: a super frame is its headers, then
+		// payloads.
+		port = &gatherPort{metaPort: pb, vecSink: func(f [][][]byte, _ []offload.Meta) {
+			n := 0
+			for _, pieces := range f {
+				if len(pieces) == 1 {
+					n += l4Payload(pieces[0])
+					continue
+				}
+				for _, p := range pieces[1:] {
+					n += len(p)
+				}
+			}
+			arrived(n)
+		}}
+	}
+	ob.p = newOffloadPair(tb, mode, fcfg, port)
 	mss := ob.p.a.MTU() - 20 - 32
 	ob.frame = ob.p.superFrame(tb, rand.New(rand.NewPCG(1, 9)), false, true, payload, mss)
 	ob.payload = payload
@@ -703,12 +765,13 @@ func (ob *offloadBench) send(tb testing.TB, n, w int) {
 // on one without. Bytes are the super frames' payload.
 func BenchmarkEngineOffload(b *testing.B) {
 	for _, c := range []struct {
-		name string
-		fcfg soft.Config
-	}{{"lso", soft.Config{Seed: 1}}, {"software", soft.Config{Seed: 1, NoOffloads: true}}} {
+		name   string
+		fcfg   soft.Config
+		gather bool
+	}{{"lso", soft.Config{Seed: 1}, false}, {"lso-gather", soft.Config{Seed: 1}, true}, {"software", soft.Config{Seed: 1, NoOffloads: true}, false}} {
 		b.Run(c.name, func(b *testing.B) {
 			const payload = 60000
-			ob := newOffloadBench(b, ModeDatagram, c.fcfg, payload)
+			ob := newOffloadBench(b, ModeDatagram, c.fcfg, payload, c.gather)
 			ob.send(b, 64, 8)
 			b.SetBytes(payload)
 			b.ReportAllocs()
@@ -722,11 +785,12 @@ func BenchmarkEngineOffload(b *testing.B) {
 // in steady state.
 func TestEngineOffloadAllocs(t *testing.T) {
 	for _, c := range []struct {
-		name string
-		fcfg soft.Config
-	}{{"lso", soft.Config{Seed: 2}}, {"software", soft.Config{Seed: 2, NoOffloads: true}}} {
+		name   string
+		fcfg   soft.Config
+		gather bool
+	}{{"lso", soft.Config{Seed: 2}, false}, {"lso-gather", soft.Config{Seed: 2}, true}, {"software", soft.Config{Seed: 2, NoOffloads: true}, false}} {
 		t.Run(c.name, func(t *testing.T) {
-			ob := newOffloadBench(t, ModeDatagram, c.fcfg, 60000)
+			ob := newOffloadBench(t, ModeDatagram, c.fcfg, 60000, c.gather)
 			ob.send(t, 64, 8)
 			allocs := testing.AllocsPerRun(10, func() { ob.send(t, 16, 8) })
 			if perFrame := allocs / 16; perFrame > 0.1 {

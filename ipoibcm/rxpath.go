@@ -26,10 +26,15 @@ type rxPath struct {
 	// gro coalesces each batch's in-order TCP segments of a flow into
 	// super frames for a host that takes them (nil otherwise); what it
 	// emits collects in groOut/groMeta.
-	gro        *gro.Coalescer
-	groOut     [][]byte
-	groMeta    []offload.Meta
-	groEmit    func(frame []byte, m offload.Meta)
+	gro     *gro.Coalescer
+	groOut  [][]byte
+	groMeta []offload.Meta
+	groEmit func(frame []byte, m offload.Meta)
+	// gather is the port when it writes frames in pieces: GRO then
+	// gathers (no payload copy) and its frames collect in groVec.
+	gather     GatherPort
+	groVec     [][][]byte
+	groEmitVec func(pieces [][]byte, m offload.Meta)
 	udRepost   []hca.RecvWR
 	srqRepost  []hca.RecvWR
 	connRepost []connRepost
@@ -56,7 +61,8 @@ func (r *rxPath) init(batch int) error {
 	r.frames = make([][]byte, 0, batch)
 	r.meta = make([]offload.Meta, 0, batch)
 	if o := &r.i.off; o.port != nil && o.host.Csum && o.host.TSO4 && o.host.TSO6 {
-		c, err := gro.New(gro.Config{L3Off: frame.EthHdrLen, Batch: batch})
+		r.gather, _ = o.port.(GatherPort)
+		c, err := gro.New(gro.Config{L3Off: frame.EthHdrLen, Batch: batch, Gather: r.gather != nil})
 		if err != nil {
 			return fmt.Errorf("gro: %w", err)
 		}
@@ -65,6 +71,11 @@ func (r *rxPath) init(batch int) error {
 		r.groMeta = make([]offload.Meta, 0, batch)
 		r.groEmit = func(f []byte, m offload.Meta) {
 			r.groOut = append(r.groOut, f)
+			r.groMeta = append(r.groMeta, m)
+		}
+		r.groVec = make([][][]byte, 0, batch)
+		r.groEmitVec = func(pieces [][]byte, m offload.Meta) {
+			r.groVec = append(r.groVec, pieces)
 			r.groMeta = append(r.groMeta, m)
 		}
 	}
@@ -134,22 +145,32 @@ func (r *rxPath) flushRX() {
 	}
 	if len(r.frames) > 0 {
 		frames, meta := r.frames, r.meta
-		if r.gro != nil && len(frames) > 1 {
+		switch {
+		case r.gro != nil && len(frames) > 1:
 			// GRO (Linux's napi_gro_receive after ipoib_ib_handle_rx_wc):
 			// rx_packets counted the packets already; the host gets the
-			// batch's TCP flows coalesced, in one write.
+			// batch's TCP flows coalesced, in one write, gathered from the
+			// receive buffers where the port can.
 			for k := range frames {
 				r.gro.Add(frames[k], meta[k])
 			}
+			if r.gather != nil {
+				r.gro.FlushVec(r.groEmitVec)
+				i.hostOut.writeGather(r.gather, r.groVec, r.groMeta)
+				break
+			}
 			r.gro.Flush(r.groEmit)
-			frames, meta = r.groOut, r.groMeta
+			i.hostOut.writeMeta(r.groOut, r.groMeta)
+		default:
+			i.hostOut.writeMeta(frames, meta)
 		}
-		i.hostOut.writeMeta(frames, meta)
 		clear(r.frames)
 		r.frames = r.frames[:0]
 		r.meta = r.meta[:0]
 		clear(r.groOut)
 		r.groOut = r.groOut[:0]
+		clear(r.groVec)
+		r.groVec = r.groVec[:0]
 		r.groMeta = r.groMeta[:0]
 	}
 	if len(r.udRepost) > 0 {

@@ -40,7 +40,15 @@ type vnetIO struct {
 	wiov    [2]unix.Iovec
 	werr    error
 	writeFn func(fd uintptr) bool
+	// gathered writes: the virtio header's iovec and one per piece
+	giov     []unix.Iovec
+	gatherFn func(fd uintptr) bool
+	joinBuf  []byte // a gathered frame joined for the other paths
 }
+
+// maxGatherIov is the most iovecs one writev takes (UIO_MAXIOV); a frame
+// of more pieces is joined first.
+const maxGatherIov = 1024
 
 func (v *vnet) initIO(rc syscall.RawConn) {
 	io := &v.io
@@ -51,6 +59,7 @@ func (v *vnet) initIO(rc syscall.RawConn) {
 	io.wiov[0].SetLen(VnetHdrLen)
 	io.readFn = v.readBatch
 	io.writeFn = v.writeOne
+	io.gatherFn = v.writeGathered
 }
 
 // readBatch is the raw read callback: it reads frames until the batch is
@@ -103,9 +112,19 @@ func (v *vnet) readBatch(fd uintptr) bool {
 
 // writeOne is the raw write callback for the frame in wiov.
 func (v *vnet) writeOne(fd uintptr) bool {
+	return v.writev(fd, v.io.wiov[:])
+}
+
+// writeGathered is the raw write callback for the frame in giov.
+func (v *vnet) writeGathered(fd uintptr) bool {
+	return v.writev(fd, v.io.giov)
+}
+
+// writev writes iov (a virtio header and the frame) with one system call.
+func (v *vnet) writev(fd uintptr, iov []unix.Iovec) bool {
 	io := &v.io
 	for {
-		_, _, e := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&io.wiov[0])), 2)
+		_, _, e := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
 		switch e {
 		case unix.EINTR:
 			continue
@@ -206,23 +225,160 @@ func (d *Device) WriteFramesMeta(frames [][]byte, meta []offload.Meta) (int, err
 		if i < len(meta) {
 			m = meta[i]
 		}
-		if len(f) == 0 || len(f) > vnetMaxFrame {
-			return i, fmt.Errorf("tap %s: write frame of %d bytes: outside 1..%d", d.name, len(f), vnetMaxFrame)
-		}
-		if !accept.Accepts(m) {
-			if err := d.writeSegmentedLocked(f, m); err != nil {
-				return i, err
-			}
-			continue
-		}
-		if !m.NeedsCsum && (m.DataValid || m.GSO != offload.GSONone) {
-			m = partialForKernel(f, m)
-		}
-		if err := d.writeVnetLocked(f, VnetHdrFor(f, m)); err != nil {
+		if err := d.writeMetaLocked(f, m, accept); err != nil {
 			return i, err
 		}
 	}
 	return len(frames), nil
+}
+
+// writeMetaLocked is WriteFramesMeta for one frame (vnet.txMu).
+func (d *Device) writeMetaLocked(f []byte, m offload.Meta, accept offload.Caps) error {
+	if len(f) == 0 || len(f) > vnetMaxFrame {
+		return fmt.Errorf("tap %s: write frame of %d bytes: outside 1..%d", d.name, len(f), vnetMaxFrame)
+	}
+	if !accept.Accepts(m) {
+		return d.writeSegmentedLocked(f, m)
+	}
+	if !m.NeedsCsum && (m.DataValid || m.GSO != offload.GSONone) {
+		m = partialForKernel(f, m)
+	}
+	return d.writeVnetLocked(f, VnetHdrFor(f, m))
+}
+
+// WriteFramesGather is WriteFramesMeta for frames in pieces, each frame
+// the concatenation of its pieces in order (what gro.Coalescer.FlushVec
+// emits: a super frame's headers, then each segment's payload where it
+// was received). A frame the kernel takes as it is with a partial
+// checksum (NeedsCsum, a TCP/UDP super frame or not) goes in one writev
+// of its virtio header and its pieces, nothing copied: tun copies from
+// the iovecs into its skb anyway. Any other frame, or one of more pieces
+// than a writev takes, is joined in a scratch buffer and written as
+// WriteFramesMeta writes it. It stops at the first error.
+func (d *Device) WriteFramesGather(frames [][][]byte, meta []offload.Meta) (int, error) {
+	if d.vnet == nil {
+		for i, pieces := range frames {
+			var m []offload.Meta
+			if i < len(meta) {
+				m = meta[i : i+1]
+			}
+			if n, err := d.writeFramesPlainMeta([][]byte{d.joinPlain(pieces)}, m); n != 1 {
+				return i, err
+			}
+		}
+		return len(frames), nil
+	}
+	v := d.vnet
+	accept := d.HostOffloads()
+	v.txMu.Lock()
+	defer v.txMu.Unlock()
+	for i, pieces := range frames {
+		var m offload.Meta
+		if i < len(meta) {
+			m = meta[i]
+		}
+		var err error
+		switch size := piecesLen(pieces); {
+		case len(pieces) == 1:
+			err = d.writeMetaLocked(pieces[0], m, accept)
+		case size == 0 || size > vnetMaxFrame:
+			err = fmt.Errorf("tap %s: write frame of %d bytes in %d pieces: outside 1..%d", d.name, size, len(pieces), vnetMaxFrame)
+		case m.NeedsCsum && accept.Accepts(m) && len(pieces) < maxGatherIov:
+			err = d.writeGatheredLocked(pieces, m)
+		default:
+			err = d.writeMetaLocked(d.joinLocked(pieces), m, accept)
+		}
+		if err != nil {
+			return i, err
+		}
+	}
+	return len(frames), nil
+}
+
+func piecesLen(pieces [][]byte) int {
+	n := 0
+	for _, p := range pieces {
+		n += len(p)
+	}
+	return n
+}
+
+// joinLocked copies pieces into the writers' join buffer (vnet.txMu).
+func (d *Device) joinLocked(pieces [][]byte) []byte {
+	v := d.vnet
+	if v.io.joinBuf == nil {
+		v.io.joinBuf = make([]byte, vnetMaxFrame)
+	}
+	n := 0
+	for _, p := range pieces {
+		n += copy(v.io.joinBuf[n:], p)
+	}
+	return v.io.joinBuf[:n]
+}
+
+// joinPlain joins pieces for a TAP without the virtio header, which has
+// no gathered path (a rare configuration: it allocates).
+func (d *Device) joinPlain(pieces [][]byte) []byte {
+	if len(pieces) == 1 {
+		return pieces[0]
+	}
+	var f []byte
+	for _, p := range pieces {
+		f = append(f, p...)
+	}
+	return f
+}
+
+// writeGatheredLocked writes the frame made of pieces behind m's virtio
+// header with one writev (vnet.txMu). m has a partial checksum, so the
+// checksum fields are the kernel's to finish and nothing is rewritten.
+func (d *Device) writeGatheredLocked(pieces [][]byte, m offload.Meta) error {
+	io := &d.vnet.io
+	h := VnetHdrFor(nil, m)
+	if m.GSO != offload.GSONone {
+		h.HdrLen = gatheredHdrLen(pieces[0], m)
+	}
+	h.Encode(io.whdr[:])
+	if cap(io.giov) < len(pieces)+1 {
+		io.giov = make([]unix.Iovec, 0, len(pieces)+1)
+	}
+	io.giov = append(io.giov[:0], unix.Iovec{Base: &io.whdr[0]})
+	io.giov[0].SetLen(VnetHdrLen)
+	for _, p := range pieces {
+		if len(p) == 0 {
+			continue
+		}
+		io.giov = append(io.giov, unix.Iovec{Base: &p[0]})
+		io.giov[len(io.giov)-1].SetLen(len(p))
+	}
+	err := io.rc.Write(io.gatherFn)
+	if err == nil {
+		err = io.werr
+	}
+	clear(io.giov)
+	if err != nil {
+		return d.ioErr(fmt.Sprintf("write frame of %d pieces", len(pieces)), err)
+	}
+	return nil
+}
+
+// gatheredHdrLen is hdr_len (a hint for the kernel's linear part) for a
+// GSO frame in pieces: the end of the TCP header at CsumStart when the
+// first piece holds its data offset, of the UDP header, else the end of
+// the checksum field, the least the kernel makes of it anyway
+// (tun_vnet_hdr_get).
+func gatheredHdrLen(p0 []byte, m offload.Meta) uint16 {
+	l4 := int(m.CsumStart)
+	end := l4 + int(m.CsumOffset) + 2
+	switch m.GSO {
+	case offload.GSOTCPv4, offload.GSOTCPv6:
+		if l4+12 < len(p0) {
+			end = max(end, l4+int(p0[l4+12]>>4)*4)
+		}
+	case offload.GSOUDPL4:
+		end = max(end, l4+8)
+	}
+	return uint16(end)
 }
 
 // partialForKernel hands a verified checksum (DataValid) to the kernel in

@@ -6,7 +6,9 @@ import (
 	"github.com/ipoibcm/ipoib/offload"
 )
 
-// BenchmarkCoalesce measures one batch through Add and Flush. Bytes are
+// BenchmarkCoalesce measures one batch through Add and Flush (and, for
+// the -gather cases, a Config.Gather coalescer through Add and FlushVec,
+// which copies no payload). Bytes are
 // the input frames' bytes, so MB/s compares with the link rate the
 // coalescer keeps up with on one core.
 func BenchmarkCoalesce(b *testing.B) {
@@ -33,32 +35,47 @@ func BenchmarkCoalesce(b *testing.B) {
 		{"mixed", mixedBatch, 15},
 		{"udp-passthrough", udpBatch, 64},
 	} {
-		b.Run(c.name, func(b *testing.B) {
-			fs, ms := c.batch()
-			co := newC(b, Config{})
-			size := 0
-			for _, f := range fs {
-				size += len(f)
+		for _, gather := range []bool{false, true} {
+			name := c.name
+			if gather {
+				// Config.Gather with FlushVec: the pieces a writev takes.
+				name += "-gather"
 			}
-			var got int
-			emit := func([]byte, offload.Meta) { got++ }
-			for i := range fs { // the super-frame buffers, allocated once
-				co.Add(fs[i], ms[i])
-			}
-			co.Flush(emit)
-			b.SetBytes(int64(size))
-			b.ReportAllocs()
-			for b.Loop() {
-				got = 0
-				for i := range fs {
+			b.Run(name, func(b *testing.B) {
+				fs, ms := c.batch()
+				co := newC(b, Config{Gather: gather})
+				size := 0
+				for _, f := range fs {
+					size += len(f)
+				}
+				var got int
+				emit := func([]byte, offload.Meta) { got++ }
+				emitVec := func([][]byte, offload.Meta) { got++ }
+				flush := func() {
+					if gather {
+						co.FlushVec(emitVec)
+					} else {
+						co.Flush(emit)
+					}
+				}
+				for i := range fs { // the super-frame buffers, allocated once
 					co.Add(fs[i], ms[i])
 				}
-				co.Flush(emit)
-				if got != c.want {
-					b.Fatalf("%d frames out, want %d", got, c.want)
+				flush()
+				b.SetBytes(int64(size))
+				b.ReportAllocs()
+				for b.Loop() {
+					got = 0
+					for i := range fs {
+						co.Add(fs[i], ms[i])
+					}
+					flush()
+					if got != c.want {
+						b.Fatalf("%d frames out, want %d", got, c.want)
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 

@@ -34,6 +34,13 @@ type Config struct {
 	// Batch is how many frames Add takes between flushes before its
 	// table grows (DefaultBatch if 0).
 	Batch int
+	// Gather builds super frames for a writer that gathers (writev):
+	// instead of copying every segment into a 64 KiB buffer, a chain
+	// keeps a copy of the head's headers (its buffers are headers-sized)
+	// and references to each segment's payload where Add found it;
+	// FlushVec hands out those pieces. Flush still emits whole frames,
+	// copying the pieces together at the end.
+	Gather bool
 }
 
 // Coalescer merges the TCP segments of a batch of frames. See the package
@@ -41,19 +48,43 @@ type Config struct {
 type Coalescer struct {
 	l3off   int
 	nbufs   int
+	gather  bool
 	entries []entry
 	flows   []flow
-	bufs    [][]byte
-	used    int // bufs handed out in this batch
+	bufs    [][]byte // super frames, or their headers when gathering
+	used    int      // bufs handed out in this batch
 	seg     segment
 	stats   stats
+
+	// Gathering: parts are the payloads of the batch's chains, each
+	// linked to the next of its chain; flat are the 64 KiB buffers Flush
+	// copies gathered frames into; iov is what FlushVec hands out.
+	parts []part
+	flat  [][]byte
+	iov   [][]byte
 }
 
-// entry is one output frame, in input order of its first segment.
+// entry is one output frame, in input order of its first segment. When
+// gathering, a super frame is hdr (the head's headers, fixed up) followed
+// by its chain of parts from first to last; frame is the head segment.
 type entry struct {
-	frame []byte
-	meta  offload.Meta
+	frame       []byte
+	meta        offload.Meta
+	hdr         []byte
+	first, last int32
 }
+
+// part is one segment's payload in a gathered chain; next is the index of
+// the chain's next part, -1 at the end.
+type part struct {
+	b    []byte
+	next int32
+}
+
+// gatherHdrLen is the most header a gathered chain copies behind the link
+// header: IPv6's 40 bytes (IPv4 merges without options) and a TCP header
+// with the longest options.
+const gatherHdrLen = 40 + 60
 
 // New makes a Coalescer.
 func New(cfg Config) (*Coalescer, error) {
@@ -63,13 +94,19 @@ func New(cfg Config) (*Coalescer, error) {
 	cfg.Flows = cmpOr(cfg.Flows, DefaultFlows)
 	cfg.Buffers = cmpOr(cfg.Buffers, DefaultBuffers)
 	cfg.Batch = cmpOr(cfg.Batch, DefaultBatch)
-	return &Coalescer{
+	c := &Coalescer{
 		l3off:   cfg.L3Off,
 		nbufs:   cfg.Buffers,
+		gather:  cfg.Gather,
 		entries: make([]entry, 0, cfg.Batch),
 		flows:   make([]flow, cfg.Flows),
 		bufs:    make([][]byte, 0, cfg.Buffers),
-	}, nil
+	}
+	if c.gather {
+		c.parts = make([]part, 0, cfg.Batch)
+		c.iov = make([][]byte, 0, cfg.Batch)
+	}
+	return c, nil
 }
 
 func cmpOr(v, def int) int {
@@ -105,7 +142,7 @@ func (c *Coalescer) Add(frame []byte, meta offload.Meta) {
 // offer joins s to its flow's chain f, or ends the chain and reports
 // false.
 func (c *Coalescer) offer(f *flow, s *segment) bool {
-	head := c.entries[f.entry].frame
+	head := c.entries[f.entry].headers()
 	ok := s.class == segCandidate && f.matches(head, s) && f.h.Len-f.h.L3+s.payload <= maxIPLen
 	if ok && f.state == flowHeld && c.used == c.nbufs {
 		c.stats.noBuffer.Add(1)
@@ -158,10 +195,35 @@ func (c *Coalescer) slot() *flow {
 // caller has checked that one is left.
 func (c *Coalescer) takeBuffer() []byte {
 	if c.used == len(c.bufs) {
-		c.bufs = append(c.bufs, make([]byte, c.l3off+maxIPLen))
+		size := c.l3off + maxIPLen
+		if c.gather {
+			size = c.l3off + gatherHdrLen
+		}
+		c.bufs = append(c.bufs, make([]byte, size))
 	}
 	c.used++
 	return c.bufs[c.used-1]
+}
+
+// headers is where the entry's (head's) headers are: the copy a gathered
+// chain fixes up, else the frame.
+func (e *entry) headers() []byte {
+	if e.hdr != nil {
+		return e.hdr
+	}
+	return e.frame
+}
+
+// addPart appends b to the chain of e (gathering).
+func (c *Coalescer) addPart(e *entry, b []byte) {
+	k := int32(len(c.parts))
+	c.parts = append(c.parts, part{b: b, next: -1})
+	if e.first < 0 {
+		e.first = k
+	} else {
+		c.parts[e.last].next = k
+	}
+	e.last = k
 }
 
 // Pending is the number of frames Flush would emit now.
@@ -172,16 +234,75 @@ func (c *Coalescer) Pending() int { return len(c.entries) }
 // A super frame's bytes stay valid until the next Add. The coalescer then
 // holds nothing of the caller's.
 func (c *Coalescer) Flush(emit func(frame []byte, meta offload.Meta)) {
+	c.endChains()
+	flat := 0
+	for i := range c.entries {
+		e := &c.entries[i]
+		if e.hdr == nil {
+			emit(e.frame, e.meta)
+			continue
+		}
+		if flat == len(c.flat) {
+			c.flat = append(c.flat, make([]byte, c.l3off+maxIPLen))
+		}
+		b := c.flat[flat]
+		flat++
+		n := copy(b, e.hdr)
+		for k := e.first; k >= 0; k = c.parts[k].next {
+			n += copy(b[n:], c.parts[k].b)
+		}
+		emit(b[:n], e.meta)
+	}
+	c.reset()
+}
+
+// FlushVec is Flush for a writer that gathers: each frame comes out as
+// the pieces it is made of, in order. An unmerged frame is one piece, as
+// Add took it. A super frame of a Config.Gather coalescer is its fixed-up
+// headers (the coalescer's) followed by each segment's payload where it
+// lies in the frame Add took, nothing copied; without Gather it is one
+// piece, the coalescer's super frame. The pieces, and the slice holding
+// them, stay valid until the next Add.
+func (c *Coalescer) FlushVec(emit func(pieces [][]byte, meta offload.Meta)) {
+	c.endChains()
+	need := len(c.entries) + len(c.parts)
+	if cap(c.iov) < need {
+		c.iov = make([][]byte, 0, need)
+	}
+	iov := c.iov[:0]
+	for i := range c.entries {
+		e := &c.entries[i]
+		start := len(iov)
+		if e.hdr == nil {
+			iov = append(iov, e.frame)
+		} else {
+			iov = append(iov, e.hdr)
+			for k := e.first; k >= 0; k = c.parts[k].next {
+				iov = append(iov, c.parts[k].b)
+			}
+		}
+		emit(iov[start:len(iov):len(iov)], e.meta)
+	}
+	c.iov = iov[:0]
+	c.reset()
+}
+
+// endChains completes every open chain.
+func (c *Coalescer) endChains() {
 	for i := range c.flows {
 		if c.flows[i].state != flowIdle {
 			c.transition(&c.flows[i], evEnd, nil)
 		}
 	}
-	for i := range c.entries {
-		emit(c.entries[i].frame, c.entries[i].meta)
-	}
+}
+
+// reset forgets the batch: the coalescer then holds nothing of the
+// caller's.
+func (c *Coalescer) reset() {
 	clear(c.entries)
 	c.entries = c.entries[:0]
+	clear(c.parts)
+	c.parts = c.parts[:0]
 	c.seg = segment{}
 	c.used = 0
 }

@@ -83,4 +83,20 @@
 // use and kept; a merge that finds none free does not happen. The frame
 // table holds Config.Batch frames between flushes without allocating
 // (more make it grow once). In steady state nothing is allocated.
+//
+// # Gathering
+//
+// A writer that gathers (writev on a vnet TAP) need not have a super
+// frame in one piece. With Config.Gather a chain copies only the head's
+// headers (into a buffer of the coalescer's, where the length, flag and
+// checksum fix-ups go) and keeps a reference to each segment's payload
+// where Add found it; FlushVec emits each frame as its pieces in order:
+// an unmerged frame as the one slice Add took, a super frame as the
+// headers followed by the payloads. No payload byte is copied, which
+// saves a 64 KiB copy per super frame on the receive path; the merge
+// decisions, the bytes of the frames and their Meta are those of a
+// copying coalescer (the property and fuzz tests compare the two), and
+// Flush still works, copying the pieces together at the end. The
+// payloads stay the caller's: its buffers must outlive the write, as
+// they already must outlive Flush.
 package gro

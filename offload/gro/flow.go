@@ -127,7 +127,7 @@ func (f *flow) matches(head []byte, s *segment) bool {
 func (c *Coalescer) transition(f *flow, ev flowEvent, s *segment) {
 	switch {
 	case f.state == flowIdle && ev == evStart:
-		c.entries = append(c.entries, entry{frame: s.frame, meta: s.meta})
+		c.entries = append(c.entries, entry{frame: s.frame, meta: s.meta, first: -1, last: -1})
 		*f = flow{
 			state: flowHeld,
 			key:   s.key,
@@ -141,7 +141,12 @@ func (c *Coalescer) transition(f *flow, ev flowEvent, s *segment) {
 	case f.state == flowHeld && ev == evJoin:
 		e := &c.entries[f.entry]
 		buf := c.takeBuffer()
-		e.frame = buf[:copy(buf, e.frame)]
+		if c.gather {
+			e.hdr = buf[:copy(buf, e.frame[:f.h.End])]
+			c.addPart(e, e.frame[f.h.End:f.h.Len])
+		} else {
+			e.frame = buf[:copy(buf, e.frame)]
+		}
 		f.fixedID = !f.h.IPv6 && binary.BigEndian.Uint16(e.frame[f.h.L3+4:]) == binary.BigEndian.Uint16(s.frame[f.h.L3+4:])
 		f.state = flowCoalescing
 		c.join(f, s)
@@ -157,13 +162,18 @@ func (c *Coalescer) transition(f *flow, ev flowEvent, s *segment) {
 	}
 }
 
-// join appends s's payload to the chain's super frame.
+// join appends s's payload to the chain's super frame (when gathering,
+// a reference to it).
 func (c *Coalescer) join(f *flow, s *segment) {
 	e := &c.entries[f.entry]
-	n := len(e.frame)
-	e.frame = e.frame[:n+s.payload]
-	copy(e.frame[n:], s.frame[s.h.End:s.h.Len])
-	e.frame[f.h.L4+13] |= s.flags & (tcpFIN | tcpPSH)
+	if c.gather {
+		c.addPart(e, s.frame[s.h.End:s.h.Len])
+	} else {
+		n := len(e.frame)
+		e.frame = e.frame[:n+s.payload]
+		copy(e.frame[n:], s.frame[s.h.End:s.h.Len])
+	}
+	e.headers()[f.h.L4+13] |= s.flags & (tcpFIN | tcpPSH)
 	f.h.Len += s.payload
 	f.next += uint32(s.payload)
 	f.count++
@@ -173,7 +183,8 @@ func (c *Coalescer) join(f *flow, s *segment) {
 // tcp4_gro_complete / tcp6_gro_complete and tcp_gro_complete do.
 func (c *Coalescer) complete(f *flow) {
 	e := &c.entries[f.entry]
-	ip := e.frame[f.h.L3:]
+	hdr := e.headers()
+	ip := hdr[f.h.L3:]
 	gso := offload.GSOTCPv4
 	if f.h.IPv6 {
 		gso = offload.GSOTCPv6
@@ -181,10 +192,10 @@ func (c *Coalescer) complete(f *flow) {
 	} else {
 		binary.BigEndian.PutUint16(ip[2:], uint16(f.h.Len-f.h.L3))
 	}
-	f.h.FillPartial(e.frame)
+	f.h.FillPartial(hdr)
 	e.meta = offload.Meta{
 		GSO:        gso,
-		ECN:        e.frame[f.h.L4+13]&tcpCWR != 0,
+		ECN:        hdr[f.h.L4+13]&tcpCWR != 0,
 		GSOSize:    uint16(f.mss),
 		NeedsCsum:  true,
 		CsumStart:  uint16(f.h.L4),

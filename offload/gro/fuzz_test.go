@@ -58,7 +58,8 @@ func encodeBatch(fs [][]byte, ms []offload.Meta) []byte {
 // out is never more frames or bytes than went in; every frame out is an
 // input as it was, or a super frame that parses, is at most 64 KiB of IP,
 // carries valid checksums once completed and cuts back (TSO) into
-// segments that were in the input.
+// segments that were in the input. Gathering coalescers (FlushVec and
+// Flush) emit exactly the copying one's frames.
 func FuzzCoalesce(f *testing.F) {
 	for _, v6 := range []bool{false, true} {
 		for _, k := range []csumKind{csumValid, csumPartial, csumNone} {
@@ -74,10 +75,12 @@ func FuzzCoalesce(f *testing.F) {
 	for i := range segBufs {
 		segBufs[i] = make([]byte, 66000)
 	}
-	c, err := New(Config{L3Off: l3, Flows: 2, Buffers: 2})
+	cfg := Config{L3Off: l3, Flows: 2, Buffers: 2}
+	c, err := New(cfg)
 	if err != nil {
 		f.Fatal(err)
 	}
+	twins := []*gatherTwin{newGatherTwin(f, cfg, true), newGatherTwin(f, cfg, false)}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		fs, ms := decodeBatch(data)
 		orig := make([][]byte, len(fs))
@@ -86,7 +89,17 @@ func FuzzCoalesce(f *testing.F) {
 			orig[i] = bytes.Clone(fs[i])
 			inBytes += len(fs[i])
 		}
+		for _, g := range twins {
+			g.frames = g.frames[:0]
+			for i := range fs {
+				g.c.Add(fs[i], ms[i])
+			}
+			g.flush(t, fs)
+		}
 		out := run(t, c, fs, ms)
+		for _, g := range twins {
+			g.check(t, out)
+		}
 		outBytes := 0
 		for _, o := range out {
 			outBytes += len(o.frame)

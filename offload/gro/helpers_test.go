@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"testing"
+	"unsafe"
 
 	"github.com/ipoibcm/ipoib/offload"
 )
@@ -233,4 +234,78 @@ func complete(f []byte, m offload.Meta) []byte {
 		offload.CompletePartial(f, int(m.CsumStart), int(m.CsumOffset))
 	}
 	return f
+}
+
+// gatherTwin is a Config.Gather coalescer run beside a copying one on the
+// same input: each batch it flushes with FlushVec or with Flush, and
+// check compares its frames with the copying coalescer's.
+type gatherTwin struct {
+	c      *Coalescer
+	vec    bool
+	frames []outFrame
+	// zeroCopy counts payload pieces FlushVec handed out that lie inside
+	// an input frame (not copied).
+	zeroCopy int
+}
+
+func newGatherTwin(t testing.TB, cfg Config, vec bool) *gatherTwin {
+	cfg.Gather = true
+	return &gatherTwin{c: newC(t, cfg), vec: vec}
+}
+
+// flush ends the batch, whose input frames are in, and keeps copies of
+// what comes out.
+func (g *gatherTwin) flush(t testing.TB, in [][]byte) {
+	t.Helper()
+	if !g.vec {
+		g.c.Flush(func(f []byte, m offload.Meta) { g.frames = append(g.frames, outFrame{bytes.Clone(f), m}) })
+		return
+	}
+	g.c.FlushVec(func(pieces [][]byte, m offload.Meta) {
+		if len(pieces) == 0 || (m.GSO == offload.GSONone && len(pieces) != 1) {
+			t.Fatalf("FlushVec: %d pieces for meta %+v", len(pieces), m)
+		}
+		var f []byte
+		for k, p := range pieces {
+			if k > 0 {
+				if !inside(p, in) {
+					t.Fatalf("FlushVec: payload piece %d of %d is not in an input frame (copied)", k, len(pieces))
+				}
+				g.zeroCopy++
+			}
+			f = append(f, p...)
+		}
+		g.frames = append(g.frames, outFrame{f, m})
+	})
+}
+
+// check fails unless the twin emitted exactly want, frame by frame.
+func (g *gatherTwin) check(t testing.TB, want []outFrame) {
+	t.Helper()
+	if len(g.frames) != len(want) {
+		t.Fatalf("gather (vec %v): %d frames, copying coalescer %d", g.vec, len(g.frames), len(want))
+	}
+	for i := range want {
+		if !bytes.Equal(g.frames[i].frame, want[i].frame) || g.frames[i].meta != want[i].meta {
+			t.Fatalf("gather (vec %v): frame %d differs from the copying coalescer's", g.vec, i)
+		}
+	}
+}
+
+// inside reports whether p lies within one of the frames.
+func inside(p []byte, frames [][]byte) bool {
+	if len(p) == 0 {
+		return false
+	}
+	a := uintptr(unsafe.Pointer(&p[0]))
+	for _, f := range frames {
+		if len(f) == 0 {
+			continue
+		}
+		b := uintptr(unsafe.Pointer(&f[0]))
+		if a >= b && a+uintptr(len(p)) <= b+uintptr(len(f)) {
+			return true
+		}
+	}
+	return false
 }

@@ -216,29 +216,57 @@ type unit struct {
 // fixed IPv4 IDs; the bytes a receiving TCP reads are the same; every
 // frame that did not merge is untouched and in place; every super frame
 // has valid checksums once completed, is at most 64 KiB of IP and holds
-// only segments with good checksums.
+// only segments with good checksums. A gathering coalescer (Config.Gather)
+// emits the same frames, byte for byte, with FlushVec (its payload pieces
+// in the input frames, not copied) and with Flush, and no coalescer
+// writes to its input.
 func TestCoalesceProperty(t *testing.T) {
 	r := rand.New(rand.NewPCG(11, 12))
 	segBufs := make([][]byte, 100)
 	for i := range segBufs {
 		segBufs[i] = make([]byte, 70000)
 	}
-	var merges, longest int
+	var merges, longest, gathered int
 	iters := 400
 	if testing.Short() {
 		iters = 60
 	}
 	for iter := range iters {
 		in, ss := gen(r)
-		c := newC(t, Config{Flows: 1 + r.IntN(8), Buffers: 1 + r.IntN(8), Batch: 1 + r.IntN(64)})
+		cfg := Config{Flows: 1 + r.IntN(8), Buffers: 1 + r.IntN(8), Batch: 1 + r.IntN(64)}
+		c := newC(t, cfg)
+		// The gathering coalescers must emit exactly what the copying one
+		// does, so every property below holds for them too.
+		twins := []*gatherTwin{newGatherTwin(t, cfg, true), newGatherTwin(t, cfg, false)}
+		orig := make([][]byte, len(in))
+		for i, x := range in {
+			orig[i] = bytes.Clone(x.frame)
+		}
 		var out []outFrame
 		for lo := 0; lo < len(in); {
 			hi := min(len(in), lo+1+r.IntN(100))
+			batch := make([][]byte, 0, hi-lo)
 			for _, x := range in[lo:hi] {
 				c.Add(x.frame, x.meta)
+				for _, g := range twins {
+					g.c.Add(x.frame, x.meta)
+				}
+				batch = append(batch, x.frame)
 			}
 			c.Flush(func(f []byte, m offload.Meta) { out = append(out, outFrame{bytes.Clone(f), m}) })
+			for _, g := range twins {
+				g.flush(t, batch)
+			}
 			lo = hi
+		}
+		for _, g := range twins {
+			g.check(t, out)
+		}
+		gathered += twins[0].zeroCopy
+		for i, x := range in {
+			if !bytes.Equal(x.frame, orig[i]) {
+				t.Fatalf("iter %d: input frame %d modified", iter, i)
+			}
 		}
 		inBytes, outBytes := 0, 0
 		for _, x := range in {
@@ -327,7 +355,10 @@ func TestCoalesceProperty(t *testing.T) {
 	if merges < iters || longest < 40 {
 		t.Fatalf("property test barely merged: %d super frames, longest %d segments", merges, longest)
 	}
-	t.Logf("%d super frames, longest %d segments", merges, longest)
+	if gathered < 2*merges {
+		t.Fatalf("FlushVec handed out %d payload pieces in place for %d super frames", gathered, merges)
+	}
+	t.Logf("%d super frames, longest %d segments, %d payload pieces gathered in place", merges, longest, gathered)
 }
 
 // checkIDs: the IPv4 segments merged into one frame had IDs counting up

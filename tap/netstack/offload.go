@@ -2,9 +2,7 @@ package netstack
 
 import (
 	"context"
-	"encoding/binary"
 
-	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
@@ -22,6 +20,10 @@ var hostAccepts = offload.Caps{Csum: true, TSO4: true, TSO6: true}
 // Linux's UDP_MAX_SEGMENTS does, so a tiny GSO size cannot turn one frame
 // into tens of thousands of packets for the stack.
 const udpMaxSegments = 128
+
+// udpChecksumOffset is where the UDP header keeps its checksum (gVisor's
+// header package does not export it).
+const udpChecksumOffset = 6
 
 // ReadFramesMeta implements ipoibcm.OffloadPort: ReadFrames that also
 // fills meta[i]. What the frames may carry is what SetOffloads put in
@@ -42,21 +44,31 @@ func (h *Host) ReadFramesMetaContext(ctx context.Context, bufs [][]byte, sizes [
 
 // WriteFramesMeta implements ipoibcm.OffloadPort: WriteFrames with each
 // frame's metadata. A TCP super frame is delivered to the stack whole (the
-// GRO that already happened stays done); a partial checksum is trusted as
-// veth trusts CHECKSUM_PARTIAL when the host trusts received checksums
-// (Config.TrustRXChecksums), and completed here otherwise, since gVisor
-// then verifies every packet. A UDP super frame is cut into its datagrams.
-// Metadata that contradicts its frame (a checksum offset outside it, GSO
-// on a packet of another kind, GSO without a partial checksum, GSO size
-// 0, a UDP super frame of more than 128 datagrams) drops the frame,
-// counted as RxDroppedOffload.
-//
-// DataValid cannot skip gVisor's verification per frame: the stack takes
-// that verdict from the link's capabilities for every packet alike
-// (CapabilityRXChecksumOffload), so it is honoured exactly when the host
-// trusts all received checksums.
+// GRO that already happened stays done). A checksum the writer vouches for
+// is not verified again, as Linux takes CHECKSUM_PARTIAL (veth) and
+// CHECKSUM_UNNECESSARY (a NIC that verified it): a partial one (NeedsCsum
+// at the TCP/UDP checksum field) and DataValid, on a whole TCP or UDP
+// packet with a good IPv4 header checksum, are delivered with the stack
+// told, for that frame alone, that the checksum is good (counted
+// RxCsumVouched). Any other partial checksum is completed in a copy and
+// verified by the stack, as are frames without metadata (unless the host
+// trusts every received checksum, Config.TrustRXChecksums). A UDP super
+// frame is cut into its datagrams. Metadata that contradicts its frame (a
+// checksum offset outside it, GSO on a packet of another kind, GSO without
+// a partial checksum, GSO size 0, a UDP super frame of more than 128
+// datagrams) drops the frame, counted as RxDroppedOffload.
 func (h *Host) WriteFramesMeta(frames [][]byte, meta []offload.Meta) (int, error) {
 	return h.ep.writeFrames(frames, meta[:min(len(meta), len(frames))])
+}
+
+// WriteFramesGather is WriteFramesMeta for frames each given as pieces in
+// order (a GRO super frame as its rebuilt headers and each segment's
+// payload where it was received: ipoibcm's GatherPort). Each frame's
+// pieces are copied once, straight into the gVisor chunk the stack keeps,
+// and are free on return. A frame longer than 65535 bytes past its
+// Ethernet header is dropped unread (RxDroppedOversize).
+func (h *Host) WriteFramesGather(frames [][][]byte, meta []offload.Meta) (int, error) {
+	return h.ep.writeGathered(frames, meta[:min(len(meta), len(frames))])
 }
 
 // HostOffloads implements ipoibcm.OffloadPort: partial checksums and TCP
@@ -104,34 +116,71 @@ func (e *endpoint) deliverOffloaded(dp stack.NetworkDispatcher, proto tcpip.Netw
 	if m.GSO != offload.GSONone {
 		e.counters.rxSuperFrames.Add(1)
 	}
-	if m.NeedsCsum && e.caps&stack.CapabilityRXChecksumOffload == 0 {
+	switch {
+	case e.caps&stack.CapabilityRXChecksumOffload != 0:
+		e.deliver(dp, proto, kind, frame)
+	case vouched(frame, proto, m):
+		e.deliverVouched(dp, proto, kind, frame)
+	case m.NeedsCsum:
 		e.deliverCompleted(dp, proto, kind, frame, int(m.CsumStart), int(m.CsumOffset))
-		return
+	default:
+		e.deliver(dp, proto, kind, frame)
 	}
-	e.deliver(dp, proto, kind, frame)
 }
 
-// deliverCompleted delivers a frame whose partial checksum the stack would
-// refuse, completed. The caller's frame stays as it is: the completed sum
-// goes into the copy the stack gets. A large frame's headers, the checksum
-// field among them, are copied apart and patched there (the payload chunk
-// is copied once, as rxBuffer copies it); a small one is patched whole in
-// rxFrame. The caller holds writeMu.
-func (e *endpoint) deliverCompleted(dp stack.NetworkDispatcher, proto tcpip.NetworkProtocolNumber, kind tcpip.PacketType, frame []byte, start, off int) {
-	sum := offload.PartialSum(frame, start, off)
-	split := headersLen(frame, uint16(proto))
-	if at := start + off; split > 0 && at+2 <= split && len(frame)-split >= splitMinPayload {
-		hdr := e.rxHeaders[:split]
-		copy(hdr, frame)
-		binary.BigEndian.PutUint16(hdr[at:], sum)
-		buf := buffer.MakeWithData(hdr)
-		buf.Append(buffer.NewViewWithData(frame[split:]))
-		e.deliverBuffer(dp, proto, kind, buf, len(frame))
-		return
+// vouched reports whether the stack may take frame's TCP/UDP checksum as
+// good without verifying it, as Linux takes CHECKSUM_PARTIAL and
+// CHECKSUM_UNNECESSARY: m says the checksum is partial (never computed,
+// the data having crossed only memory) with the offsets at the TCP/UDP
+// checksum field, or DataValid (the HCA verified it). Only a whole TCP or
+// UDP packet qualifies, no fragment (the verdict would carry over to the
+// reassembled packet, whose other fragments nobody vouched for) and no
+// IPv6 extension headers; and an IPv4 header checksum is checked here,
+// since the stack's verdict covers it too while Linux checks it always.
+// Anything else the stack verifies itself, a partial checksum completed
+// first.
+func vouched(frame []byte, proto tcpip.NetworkProtocolNumber, m offload.Meta) bool {
+	if !m.NeedsCsum && !m.DataValid {
+		return false
 	}
+	h, ok := parseFrameHeaders(frame, uint16(proto))
+	if !ok {
+		return false
+	}
+	if m.NeedsCsum {
+		field := header.TCPChecksumOffset
+		if h.transport == uint8(header.UDPProtocolNumber) {
+			field = udpChecksumOffset
+		}
+		if int(m.CsumStart) != h.l4 || int(m.CsumOffset) != field {
+			return false
+		}
+	}
+	if proto == header.IPv4ProtocolNumber {
+		return header.IPv4(frame[ethernetHeaderLen:h.l4]).IsChecksumValid()
+	}
+	return true
+}
+
+// deliverVouched delivers a frame vouched says the stack need not verify,
+// with the stack told so for this frame alone. The caller holds writeMu,
+// which keeps the claim to this one delivery.
+func (e *endpoint) deliverVouched(dp stack.NetworkDispatcher, proto tcpip.NetworkProtocolNumber, kind tcpip.PacketType, frame []byte) {
+	e.counters.rxCsumVouched.Add(1)
+	e.rxVouched.Store(true)
+	e.deliver(dp, proto, kind, frame)
+	e.rxVouched.Store(false)
+}
+
+// deliverCompleted delivers a frame whose partial checksum the stack will
+// verify, completed: a fragment, a packet behind IPv6 extension headers, or
+// one whose checksum offsets or IPv4 header vouched refused. The caller's
+// frame stays as it is: the completed sum goes into a copy (rxFrame). The
+// caller holds writeMu.
+func (e *endpoint) deliverCompleted(dp stack.NetworkDispatcher, proto tcpip.NetworkProtocolNumber, kind tcpip.PacketType, frame []byte, start, off int) {
 	f := e.rxScratch(len(frame))
 	copy(f, frame)
-	binary.BigEndian.PutUint16(f[start+off:], sum)
+	offload.CompletePartial(f, start, off)
 	e.deliver(dp, proto, kind, f)
 }
 

@@ -191,9 +191,9 @@ func checkStackClean(t *testing.T, name string, h *Host) {
 
 // TestLinkOffloadsGSO moves TCP between two hosts with host GSO through a
 // link that carries the metadata: A's TCP hands out super frames far above
-// the MTU, they cross whole, B's stack takes them whole (completing their
-// partial checksums, since B verifies what it receives) and every byte
-// arrives.
+// the MTU, they cross whole, B's stack takes them whole (their partial
+// checksums vouched for, as Linux takes CHECKSUM_PARTIAL from a veth) and
+// every byte arrives.
 func TestLinkOffloadsGSO(t *testing.T) {
 	const n = 16 << 20
 	for _, tc := range []struct {
@@ -230,6 +230,10 @@ func TestLinkOffloadsGSO(t *testing.T) {
 			}
 			if cb.RxDropped() != 0 {
 				t.Fatalf("B dropped %d frames: %+v", cb.RxDropped(), cb)
+			}
+			// Every partial checksum is vouched for unless B trusts all.
+			if want := uint64(pa.partial); tc.trust && cb.RxCsumVouched != 0 || !tc.trust && cb.RxCsumVouched != want {
+				t.Fatalf("B vouched for %d checksums, %d frames were partial (trust all: %t)", cb.RxCsumVouched, want, tc.trust)
 			}
 			checkStackClean(t, "B", b)
 		})
@@ -455,41 +459,134 @@ func TestLinkOffloadsMTUDecrease(t *testing.T) {
 	checkStackClean(t, "B", b)
 }
 
-// TestWriteFramesMetaCompletesInCopy: a host that verifies what it
-// receives completes a partial checksum in its own copy, large frame or
-// small; the caller's frame is left as it was, and the stack finds the
-// checksum good.
-func TestWriteFramesMetaCompletesInCopy(t *testing.T) {
-	h, err := New(Config{Addrs: []netip.Prefix{addrB4}})
+// withHopByHop returns an IPv6 TCP frame of tcpFrame's with an empty
+// Hop-by-Hop Options header (PadN) in front of the TCP header: a packet
+// the link does not parse, so it never vouches for its checksum.
+func withHopByHop(f []byte) []byte {
+	const hbhLen = 8
+	l4 := ethernetHeaderLen + header.IPv6MinimumSize
+	out := make([]byte, 0, len(f)+hbhLen)
+	out = append(out, f[:l4]...)
+	out = append(out, byte(header.TCPProtocolNumber), 0, 1, 4, 0, 0, 0, 0)
+	out = append(out, f[l4:]...)
+	ip := header.IPv6(out[ethernetHeaderLen:])
+	ip.SetNextHeader(uint8(header.IPv6HopByHopOptionsExtHdrIdentifier))
+	ip.SetPayloadLength(ip.PayloadLength() + hbhLen)
+	return out
+}
+
+// partialHopByHop is an IPv6 TCP frame behind a Hop-by-Hop header with a
+// partial checksum.
+func partialHopByHop(payload int) ([]byte, offload.Meta) {
+	f := withHopByHop(tcpFrame(true, 1, header.TCPFlagAck, make([]byte, payload)))
+	l4 := ethernetHeaderLen + header.IPv6MinimumSize + 8
+	ip := header.IPv6(f[ethernetHeaderLen:])
+	seed := header.PseudoHeaderChecksum(header.TCPProtocolNumber, ip.SourceAddress(), ip.DestinationAddress(), uint16(len(f)-l4))
+	binary.BigEndian.PutUint16(f[l4+header.TCPChecksumOffset:], seed)
+	return f, offload.Meta{NeedsCsum: true, CsumStart: uint16(l4), CsumOffset: header.TCPChecksumOffset}
+}
+
+// TestWriteFramesMetaVouched checks which received checksums the stack is
+// told to take as good (a partial checksum at the TCP field of a whole
+// packet, DataValid) and that everything else is still verified: the
+// claim holds for the one frame it was made for, an IPv4 header checksum
+// is checked before it is made, and a partial checksum the link does not
+// vouch for is completed in a copy, the caller's frame untouched.
+func TestWriteFramesMetaVouched(t *testing.T) {
+	h, err := New(Config{Addrs: []netip.Prefix{addrB4, addrB6}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	// tcpFrame's segments go to port 5001: a listener there checks them.
+	// tcpFrame's segments go to port 5001; with a listener there the
+	// stack answers every segment it takes with a RST or SYN-ACK, and
+	// counts it valid or not.
 	l, err := h.ListenTCP(5001)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	for _, size := range []int{3000, 100} {
-		f := tcpFrame(false, 1, header.TCPFlagAck, make([]byte, size))
-		copy(f, h.HostMAC())
+	partial := func(f []byte) offload.Meta {
 		hd, err := offload.SetPartial(f, ethernetHeaderLen)
 		if err != nil {
 			t.Fatal(err)
 		}
-		before := bytes.Clone(f)
-		seen := h.Stack().Stats().TCP.ValidSegmentsReceived.Value()
-		m := offload.Meta{NeedsCsum: true, CsumStart: uint16(hd.L4), CsumOffset: 16}
-		if _, err := h.WriteFramesMeta([][]byte{f}, []offload.Meta{m}); err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(f, before) {
-			t.Fatalf("%d-byte payload: the caller's frame was changed", size)
-		}
-		if got := h.Stack().Stats().TCP.ValidSegmentsReceived.Value(); got != seen+1 {
-			t.Fatalf("%d-byte payload: %d valid segments received, want %d", size, got, seen+1)
-		}
-		checkStackClean(t, "host", h)
+		return offload.Meta{NeedsCsum: true, CsumStart: uint16(hd.L4), CsumOffset: 16}
+	}
+	corruptTCPCsum := func(f []byte, l4 int) { f[l4+16] ^= 0x5a }
+	l4v4 := ethernetHeaderLen + header.IPv4MinimumSize
+	l4v6 := ethernetHeaderLen + header.IPv6MinimumSize
+	for _, c := range []struct {
+		name    string
+		frame   func() ([]byte, offload.Meta)
+		vouched bool // RxCsumVouched goes up by one
+		valid   bool // the stack took the segment (else: a checksum error or a malformed packet)
+	}{
+		{"partial v4", func() ([]byte, offload.Meta) {
+			f := tcpFrame(false, 1, header.TCPFlagAck, make([]byte, 3000))
+			return f, partial(f)
+		}, true, true},
+		{"partial v6", func() ([]byte, offload.Meta) {
+			f := tcpFrame(true, 1, header.TCPFlagAck, make([]byte, 3000))
+			return f, partial(f)
+		}, true, true},
+		// Partial means "not computed": the field's content is not
+		// looked at, as Linux does not look at CHECKSUM_PARTIAL's.
+		{"partial v4, field not the seed", func() ([]byte, offload.Meta) {
+			f := tcpFrame(false, 1, header.TCPFlagAck, make([]byte, 100))
+			m := partial(f)
+			corruptTCPCsum(f, l4v4)
+			return f, m
+		}, true, true},
+		{"data valid v6, wrong checksum", func() ([]byte, offload.Meta) {
+			f := tcpFrame(true, 1, header.TCPFlagAck, make([]byte, 100))
+			corruptTCPCsum(f, l4v6)
+			return f, offload.Meta{DataValid: true}
+		}, true, true},
+		{"no meta, wrong checksum", func() ([]byte, offload.Meta) {
+			f := tcpFrame(false, 1, header.TCPFlagAck, make([]byte, 100))
+			corruptTCPCsum(f, l4v4)
+			return f, offload.Meta{}
+		}, false, false},
+		{"partial v4, bad IP header checksum", func() ([]byte, offload.Meta) {
+			f := tcpFrame(false, 1, header.TCPFlagAck, make([]byte, 100))
+			m := partial(f)
+			f[ethernetHeaderLen+10] ^= 0x5a
+			return f, m
+		}, false, false},
+		{"partial v4, offset not the TCP field", func() ([]byte, offload.Meta) {
+			f := tcpFrame(false, 1, header.TCPFlagAck, make([]byte, 100))
+			m := partial(f)
+			m.CsumOffset = 18 // the urgent pointer: completed there, the TCP field stays a seed
+			return f, m
+		}, false, false},
+		{"partial v6 behind hop-by-hop, large", func() ([]byte, offload.Meta) { return partialHopByHop(3000) }, false, true},
+		{"partial v6 behind hop-by-hop, small", func() ([]byte, offload.Meta) { return partialHopByHop(100) }, false, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f, m := c.frame()
+			copy(f, h.HostMAC())
+			before := bytes.Clone(f)
+			st := h.Stack().Stats()
+			valid, bad := st.TCP.ValidSegmentsReceived.Value(), st.TCP.ChecksumErrors.Value()+st.IP.MalformedPacketsReceived.Value()
+			vouched := h.Counters().RxCsumVouched
+			if _, err := h.WriteFramesMeta([][]byte{f}, []offload.Meta{m}); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(f, before) {
+				t.Fatal("the caller's frame was changed")
+			}
+			gotValid := st.TCP.ValidSegmentsReceived.Value() - valid
+			gotBad := st.TCP.ChecksumErrors.Value() + st.IP.MalformedPacketsReceived.Value() - bad
+			if want := map[bool]uint64{true: 1}[c.valid]; gotValid != want || gotBad != 1-want {
+				t.Fatalf("%d valid segments, %d refused (checksum errors, malformed), want valid=%t", gotValid, gotBad, c.valid)
+			}
+			if got, want := h.Counters().RxCsumVouched-vouched, map[bool]uint64{true: 1}[c.vouched]; got != want {
+				t.Fatalf("RxCsumVouched went up by %d, want %d", got, want)
+			}
+			if h.ep.rxVouched.Load() {
+				t.Fatal("the stack is still told checksums are verified after the delivery")
+			}
+		})
 	}
 }

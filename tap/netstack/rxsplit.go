@@ -11,10 +11,6 @@ import (
 // it, the copy gVisor makes (see rxBuffer) costs less than a second chunk.
 const splitMinPayload = 512
 
-// maxHeadersLen bounds what headersLen returns: Ethernet, IPv4 with
-// options and TCP with options.
-const maxHeadersLen = ethernetHeaderLen + 60 + 60
-
 // rxBuffer copies a received frame into a gVisor buffer for the stack.
 //
 // A frame larger than splitMinPayload past its headers is stored as two
@@ -35,57 +31,91 @@ func rxBuffer(frame []byte, proto uint16) buffer.Buffer {
 	return buf
 }
 
+// gatheredBuffer makes a gVisor buffer of frame, which is v's bytes, with
+// the split rxBuffer makes: the headers copied into a small chunk of their
+// own, the payload left where it is, in v (trimmed to it), so the payload
+// is not copied again. It takes v over.
+func gatheredBuffer(v *buffer.View, frame []byte, proto uint16) buffer.Buffer {
+	split := headersLen(frame, proto)
+	if split == 0 || len(frame)-split < splitMinPayload {
+		return buffer.MakeWithView(v)
+	}
+	buf := buffer.MakeWithData(frame[:split])
+	v.TrimFront(split)
+	buf.Append(v)
+	return buf
+}
+
 // headersLen returns the length of the Ethernet, IP and TCP or UDP headers
 // at the front of frame, or 0 when the frame is anything else (a fragment,
 // IPv6 extension headers, another protocol) or its headers are not
 // well-formed: such frames stay in one chunk, and gVisor judges them.
 func headersLen(frame []byte, proto uint16) int {
-	if len(frame) < ethernetHeaderLen {
+	h, ok := parseFrameHeaders(frame, proto)
+	if !ok {
 		return 0
+	}
+	return h.end
+}
+
+// frameHeaders locates the headers of a TCP or UDP frame that is not a
+// fragment and has no IPv6 extension headers.
+type frameHeaders struct {
+	l4        int   // offset of the TCP or UDP header in the frame
+	end       int   // offset of the payload: the length of all headers
+	transport uint8 // header.TCPProtocolNumber or header.UDPProtocolNumber
+}
+
+// parseFrameHeaders parses the Ethernet, IP and TCP or UDP headers at the
+// front of frame; ok is false for anything headersLen leaves whole.
+func parseFrameHeaders(frame []byte, proto uint16) (h frameHeaders, ok bool) {
+	if len(frame) < ethernetHeaderLen {
+		return h, false
 	}
 	ip := frame[ethernetHeaderLen:]
 	var ipLen int
-	var transport uint8
 	switch proto {
 	case uint16(header.IPv4ProtocolNumber):
 		if len(ip) < header.IPv4MinimumSize || ip[0]>>4 != 4 {
-			return 0
+			return h, false
 		}
 		ipLen = int(ip[0]&0x0f) * 4
 		// Any fragment, first included: its transport header is not the
 		// stack's business until reassembly.
 		fragment := binary.BigEndian.Uint16(ip[6:8])&0x3fff != 0
 		if ipLen < header.IPv4MinimumSize || len(ip) < ipLen || fragment {
-			return 0
+			return h, false
 		}
-		transport = ip[9]
+		h.transport = ip[9]
 	case uint16(header.IPv6ProtocolNumber):
 		if len(ip) < header.IPv6MinimumSize || ip[0]>>4 != 6 {
-			return 0
+			return h, false
 		}
 		ipLen = header.IPv6MinimumSize
-		transport = ip[6]
+		h.transport = ip[6]
 	default:
-		return 0
+		return h, false
 	}
+	h.l4 = ethernetHeaderLen + ipLen
 	l4 := ip[ipLen:]
 	var l4Len int
-	switch transport {
+	switch h.transport {
 	case uint8(header.TCPProtocolNumber):
 		if len(l4) < header.TCPMinimumSize {
-			return 0
+			return h, false
 		}
 		l4Len = int(l4[12]>>4) * 4
 		if l4Len < header.TCPMinimumSize || len(l4) < l4Len {
-			return 0
+			return h, false
 		}
 	case uint8(header.UDPProtocolNumber):
 		if len(l4) < header.UDPMinimumSize {
-			return 0
+			return h, false
 		}
 		l4Len = header.UDPMinimumSize
 	default:
-		return 0
+		return h, false
 	}
-	return ethernetHeaderLen + ipLen + l4Len
+	h.end = h.l4 + l4Len
+	return h, true
 }
