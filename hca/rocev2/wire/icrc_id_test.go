@@ -245,3 +245,21 @@ func TestPutICRCSplitMatchesContiguous(t *testing.T) {
 		t.Fatal("head shorter than the BTH accepted")
 	}
 }
+
+// TestUpdateSmallMatchesCRC32: the slicing-by-8 small-buffer CRC is
+// crc32.Update for every length and starting state.
+func TestUpdateSmallMatchesCRC32(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	b := make([]byte, 100)
+	for n := range len(b) {
+		for range 20 {
+			for i := range b[:n] {
+				b[i] = byte(rng.Uint32())
+			}
+			c := rng.Uint32()
+			if got, want := updateSmall(c, b[:n]), crc32.Update(c, crc32.IEEETable, b[:n]); got != want {
+				t.Fatalf("%d bytes from %#x: %#x, crc32 %#x", n, c, got, want)
+			}
+		}
+	}
+}
