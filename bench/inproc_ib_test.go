@@ -30,10 +30,15 @@ func TestInProcIB(t *testing.T) {
 			const n = 8 << 20
 			var sa, sb ipoibcm.Stats
 			stopped := 0
-			link := IBLink(IBLinkConfig{Mode: c.mode, Seed: 3, OnStop: func(a, b ipoibcm.Stats) {
+			var hb *netstack.Host
+			ib := IBLink(IBLinkConfig{Mode: c.mode, Seed: 3, OnStop: func(a, b ipoibcm.Stats) {
 				sa, sb = a, b
 				stopped++
 			}})
+			link := func(a, b *netstack.Host) (func(), error) {
+				hb = b
+				return ib(a, b)
+			}
 			res, err := RunInProcTCP(ctx, InProcConfig{Bytes: n, MTU: c.mtu, Link: link})
 			if err != nil {
 				t.Fatal(err)
@@ -62,6 +67,15 @@ func TestInProcIB(t *testing.T) {
 			case ipoibcm.ModeDatagram:
 				if len(sa.TXConns) != 0 || sa.Reaper.TXConnects != 0 {
 					t.Fatalf("datagram mode initiated connections: %+v", sa.TXConns)
+				}
+				// B's engine merged A's packets (the hosts' GSO is off
+				// here: MTU-sized segments) and handed the super frames
+				// over in pieces, and B's host took their partial
+				// checksums as they were.
+				hc := hb.Counters()
+				if sb.Offloads.RxGROFrames == 0 || hc.RxGathered != sb.Offloads.RxGROFrames || hc.RxCsumVouched < hc.RxGathered {
+					t.Fatalf("offloads unused: B %d GRO frames, B's host %d gathered, %d checksums vouched",
+						sb.Offloads.RxGROFrames, hc.RxGathered, hc.RxCsumVouched)
 				}
 			}
 			if d := sa.Counters.TxDropped + sb.Counters.RxDropped; d != 0 {

@@ -20,6 +20,9 @@ type Counters struct {
 	// messages about packets sent before the link MTU went down (they
 	// report an MTU no smaller than the link's); see isStalePMTU.
 	RxDroppedStalePMTU uint64
+	// RxDroppedOversize counts frames longer than an Ethernet header and
+	// the largest IP packet (65535 bytes).
+	RxDroppedOversize  uint64
 	TxDroppedQueueFull uint64 // the frame queue toward the engine was full
 	TxDroppedLinkDown  uint64 // sent while carrier was down
 	TxDroppedClosed    uint64 // sent after Close
@@ -46,11 +49,14 @@ type Counters struct {
 	// checksum (never computed, as veth passes CHECKSUM_PARTIAL) or
 	// DataValid (verified by the HCA). See WriteFramesMeta.
 	RxCsumVouched uint64
+	// RxGathered counts frames WriteFramesGather received in more than
+	// one piece and copied into one gVisor chunk.
+	RxGathered uint64
 }
 
 // RxDropped sums the receive drop reasons.
 func (c Counters) RxDropped() uint64 {
-	return c.RxDroppedOtherHost + c.RxDroppedRunt + c.RxDroppedEtherType + c.RxDroppedLinkDown + c.RxDroppedClosed + c.RxDroppedStalePMTU + c.RxDroppedOffload
+	return c.RxDroppedOtherHost + c.RxDroppedRunt + c.RxDroppedEtherType + c.RxDroppedLinkDown + c.RxDroppedClosed + c.RxDroppedStalePMTU + c.RxDroppedOversize + c.RxDroppedOffload
 }
 
 // TxDropped sums the transmit drop reasons.
@@ -64,10 +70,11 @@ type counters struct {
 
 	rxDroppedOtherHost, rxDroppedRunt, rxDroppedEtherType  atomic.Uint64
 	rxDroppedLinkDown, rxDroppedClosed, rxDroppedStalePMTU atomic.Uint64
+	rxDroppedOversize                                      atomic.Uint64
 	txDroppedQueueFull, txDroppedLinkDown, txDroppedClosed atomic.Uint64
 	txTruncated, txResegmented, txSuperFrames              atomic.Uint64
 	rxSuperFrames, rxResegmented, rxDroppedOffload         atomic.Uint64
-	rxCsumVouched                                          atomic.Uint64
+	rxCsumVouched, rxGathered                              atomic.Uint64
 }
 
 func (c *counters) snapshot() Counters {
@@ -82,6 +89,7 @@ func (c *counters) snapshot() Counters {
 		RxDroppedLinkDown:  c.rxDroppedLinkDown.Load(),
 		RxDroppedClosed:    c.rxDroppedClosed.Load(),
 		RxDroppedStalePMTU: c.rxDroppedStalePMTU.Load(),
+		RxDroppedOversize:  c.rxDroppedOversize.Load(),
 		TxDroppedQueueFull: c.txDroppedQueueFull.Load(),
 		TxDroppedLinkDown:  c.txDroppedLinkDown.Load(),
 		TxDroppedClosed:    c.txDroppedClosed.Load(),
@@ -92,5 +100,6 @@ func (c *counters) snapshot() Counters {
 		RxResegmented:      c.rxResegmented.Load(),
 		RxDroppedOffload:   c.rxDroppedOffload.Load(),
 		RxCsumVouched:      c.rxCsumVouched.Load(),
+		RxGathered:         c.rxGathered.Load(),
 	}
 }

@@ -50,6 +50,9 @@ type endpoint struct {
 	// segment of a super frame the stack does not take whole; it is
 	// allocated on first use.
 	rxFrame []byte // guarded by writeMu
+	// gathered is the view writeGathered copied the frame being received
+	// into, until rxBuf hands it to the stack.
+	gathered *buffer.View // guarded by writeMu
 	// accept is what the reader of ReadFramesMeta takes (SetOffloads).
 	accept atomic.Pointer[offload.Caps]
 	// rxVouched is set while writeFrames delivers a frame whose checksum
@@ -423,49 +426,128 @@ func (e *endpoint) emitCuts(out *txBatch) {
 // when meta is nil). Each frame is copied into pooled gVisor chunks
 // (rxBuffer), so the caller's slices are free on return.
 func (e *endpoint) writeFrames(frames [][]byte, meta []offload.Meta) (int, error) {
+	dp, err := e.writable(len(frames))
+	if dp == nil {
+		return len(frames), err
+	}
+	e.writeMu.Lock()
+	defer e.writeMu.Unlock()
+	for k, frame := range frames {
+		var m offload.Meta
+		if k < len(meta) {
+			m = meta[k]
+		}
+		e.receive(*dp, frame, m)
+	}
+	return len(frames), nil
+}
+
+// writeGathered is writeFrames for frames given as pieces in order. Each
+// frame's pieces are copied once, into one gVisor view (no chunk of ours
+// in between), and that view becomes the packet's payload chunk
+// (gatheredBuffer): a GRO super frame given as its headers plus each
+// segment's payload where it was received crosses into the stack with a
+// single copy of every byte.
+func (e *endpoint) writeGathered(frames [][][]byte, meta []offload.Meta) (int, error) {
+	dp, err := e.writable(len(frames))
+	if dp == nil {
+		return len(frames), err
+	}
+	e.writeMu.Lock()
+	defer e.writeMu.Unlock()
+	for k, pieces := range frames {
+		var m offload.Meta
+		if k < len(meta) {
+			m = meta[k]
+		}
+		n := 0
+		for _, p := range pieces {
+			n += len(p)
+		}
+		if n > maxFrameSize {
+			// Longer than any Ethernet frame the stack takes: drop it
+			// before allocating for it.
+			e.counters.rxDroppedOversize.Add(1)
+			continue
+		}
+		if len(pieces) == 1 || n < ethernetHeaderLen {
+			e.receive(*dp, pieces[0][:min(len(pieces[0]), n)], m)
+			continue
+		}
+		v := buffer.NewView(n)
+		for _, p := range pieces {
+			v.Write(p)
+		}
+		e.counters.rxGathered.Add(1)
+		e.gathered = v
+		e.receive(*dp, v.AsSlice(), m)
+		if e.gathered != nil {
+			// Dropped, or delivered from a copy of its own (completed,
+			// cut): the view was not handed over.
+			e.gathered.Release()
+			e.gathered = nil
+		}
+	}
+	return len(frames), nil
+}
+
+// writable returns the stack's NIC when the link takes frames; otherwise
+// nil, and the n frames are counted dropped, with an error when closed.
+func (e *endpoint) writable(n int) (*stack.NetworkDispatcher, error) {
 	e.mu.Lock()
 	state := e.state
 	e.mu.Unlock()
 	switch state {
 	case linkClosed:
-		e.counters.rxDroppedClosed.Add(uint64(len(frames)))
-		return 0, fmt.Errorf("netstack write frames: %w", net.ErrClosed)
+		e.counters.rxDroppedClosed.Add(uint64(n))
+		return nil, fmt.Errorf("netstack write frames: %w", net.ErrClosed)
 	case linkDown:
-		e.counters.rxDroppedLinkDown.Add(uint64(len(frames)))
-		return len(frames), nil
+		e.counters.rxDroppedLinkDown.Add(uint64(n))
+		return nil, nil
 	}
-	dp := e.dispatcher.Load()
-	e.writeMu.Lock()
-	defer e.writeMu.Unlock()
-	for k, frame := range frames {
-		proto, kind, err := e.classify(frame)
-		if err != nil {
-			continue
-		}
-		if dp == nil {
-			e.counters.rxDroppedLinkDown.Add(1)
-			continue
-		}
-		if isStalePMTU(frame, int(e.mtu.Load())) {
-			e.counters.rxDroppedStalePMTU.Add(1)
-			continue
-		}
-		var m offload.Meta
-		if meta != nil {
-			m = meta[k]
-		}
-		if m == (offload.Meta{}) {
-			e.deliver(*dp, proto, kind, frame)
-			continue
-		}
-		e.deliverOffloaded(*dp, proto, kind, frame, m)
+	if dp := e.dispatcher.Load(); dp != nil {
+		return dp, nil
 	}
-	return len(frames), nil
+	e.counters.rxDroppedLinkDown.Add(uint64(n))
+	return nil, nil
+}
+
+// receive checks one frame and delivers it with its metadata m. The caller
+// holds writeMu.
+func (e *endpoint) receive(dp stack.NetworkDispatcher, frame []byte, m offload.Meta) {
+	if len(frame) > maxFrameSize {
+		e.counters.rxDroppedOversize.Add(1)
+		return
+	}
+	proto, kind, err := e.classify(frame)
+	if err != nil {
+		return
+	}
+	if isStalePMTU(frame, int(e.mtu.Load())) {
+		e.counters.rxDroppedStalePMTU.Add(1)
+		return
+	}
+	if m == (offload.Meta{}) {
+		e.deliver(dp, proto, kind, frame)
+		return
+	}
+	e.deliverOffloaded(dp, proto, kind, frame, m)
 }
 
 // deliver hands one checked frame to the stack.
 func (e *endpoint) deliver(dp stack.NetworkDispatcher, proto tcpip.NetworkProtocolNumber, kind tcpip.PacketType, frame []byte) {
-	e.deliverBuffer(dp, proto, kind, rxBuffer(frame, uint16(proto)), len(frame))
+	e.deliverBuffer(dp, proto, kind, e.rxBuf(frame, uint16(proto)), len(frame))
+}
+
+// rxBuf returns frame in a gVisor buffer: the view writeGathered copied it
+// into, when frame is that view's bytes (the view is handed over), or else
+// a copy (rxBuffer). The caller holds writeMu.
+func (e *endpoint) rxBuf(frame []byte, proto uint16) buffer.Buffer {
+	if v := e.gathered; v != nil && len(frame) > 0 && v.Size() == len(frame) && &v.AsSlice()[0] == &frame[0] {
+		e.gathered = nil
+		return gatheredBuffer(v, frame, proto)
+	}
+	return rxBuffer(frame, proto)
 }
 
 // deliverBuffer hands one checked frame, already in a gVisor buffer, to the

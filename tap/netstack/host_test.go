@@ -19,6 +19,7 @@ import (
 var (
 	_ ipoibcm.HostPort    = (*Host)(nil)
 	_ ipoibcm.OffloadPort = (*Host)(nil)
+	_ ipoibcm.GatherPort  = (*Host)(nil)
 )
 
 func TestPing(t *testing.T) {

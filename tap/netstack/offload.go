@@ -61,6 +61,16 @@ func (h *Host) WriteFramesMeta(frames [][]byte, meta []offload.Meta) (int, error
 	return h.ep.writeFrames(frames, meta[:min(len(meta), len(frames))])
 }
 
+// WriteFramesGather is WriteFramesMeta for frames each given as pieces in
+// order (a GRO super frame as its rebuilt headers and each segment's
+// payload where it was received: ipoibcm's GatherPort). Each frame's
+// pieces are copied once, straight into the gVisor chunk the stack keeps,
+// and are free on return. A frame longer than 65535 bytes past its
+// Ethernet header is dropped unread (RxDroppedOversize).
+func (h *Host) WriteFramesGather(frames [][][]byte, meta []offload.Meta) (int, error) {
+	return h.ep.writeGathered(frames, meta[:min(len(meta), len(frames))])
+}
+
 // HostOffloads implements ipoibcm.OffloadPort: partial checksums and TCP
 // super frames (TSO4, TSO6); not USO.
 func (h *Host) HostOffloads() offload.Caps { return hostAccepts }

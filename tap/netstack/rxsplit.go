@@ -31,6 +31,21 @@ func rxBuffer(frame []byte, proto uint16) buffer.Buffer {
 	return buf
 }
 
+// gatheredBuffer makes a gVisor buffer of frame, which is v's bytes, with
+// the split rxBuffer makes: the headers copied into a small chunk of their
+// own, the payload left where it is, in v (trimmed to it), so the payload
+// is not copied again. It takes v over.
+func gatheredBuffer(v *buffer.View, frame []byte, proto uint16) buffer.Buffer {
+	split := headersLen(frame, proto)
+	if split == 0 || len(frame)-split < splitMinPayload {
+		return buffer.MakeWithView(v)
+	}
+	buf := buffer.MakeWithData(frame[:split])
+	v.TrimFront(split)
+	buf.Append(v)
+	return buf
+}
+
 // headersLen returns the length of the Ethernet, IP and TCP or UDP headers
 // at the front of frame, or 0 when the frame is anything else (a fragment,
 // IPv6 extension headers, another protocol) or its headers are not
