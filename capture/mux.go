@@ -31,9 +31,13 @@ type Mux struct {
 }
 
 var (
-	_ soft.Tap   = (*Mux)(nil)
-	_ rocev2.Tap = (*Mux)(nil)
+	_ soft.Tap       = (*Mux)(nil)
+	_ rocev2.Tap     = (*Mux)(nil)
+	_ rocev2.IdleTap = (*Mux)(nil)
 )
+
+// Idle implements rocev2.IdleTap: no sink is attached.
+func (x *Mux) Idle() bool { return x.sinks.Load() == nil }
 
 // Datagram implements rocev2.Tap.
 func (x *Mux) Datagram(src, dst netip.AddrPort, pkt []byte) {

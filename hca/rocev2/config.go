@@ -95,6 +95,14 @@ type Tap interface {
 	Datagram(src, dst netip.AddrPort, pkt []byte)
 }
 
+// IdleTap is a Tap that can say nobody is looking (a capture mux with no
+// capture attached). While Idle reports true the device sends without
+// copying payloads; a tapped packet must be one piece, so it is copied.
+type IdleTap interface {
+	Tap
+	Idle() bool
+}
+
 func (c *Config) normalize() error {
 	if !c.Bind.Addr().IsValid() || c.Bind.Addr().IsUnspecified() {
 		return fmt.Errorf("rocev2: bind address %v must be a specific address: %w", c.Bind, hca.ErrInvalidArgument)

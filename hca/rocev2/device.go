@@ -493,7 +493,7 @@ func (d *Device) queueZeroCopy(src *udpSocket, dst netip.Addr, buf []byte, h int
 	pad := int(wire.PadCount(len(payload)))
 	tail := buf[h : h+pad+wire.ICRCLen]
 	clear(tail[:pad])
-	if d.cfg.Tap != nil {
+	if d.tapping() {
 		n := copy(buf[h:], payload)
 		clear(buf[h+n : h+n+pad])
 		d.queuePacket(src, dst, buf[:h+n+pad+wire.ICRCLen])
@@ -508,7 +508,17 @@ func (d *Device) queueZeroCopy(src *udpSocket, dst netip.Addr, buf []byte, h int
 	wire.PutUDPHeader(hdr[n:], src.port, d.local.Port(), udpLen)
 	_ = wire.PutICRCSplit(hdr[:n], hdr[n:n+wire.UDPHeaderLen], buf[:h], payload, tail)
 	d.work.out = append(d.work.out, txPacket{buf: buf[:h+len(tail)], payload: payload, split: h, to: dst, src: src})
+	d.ctr.txZeroCopy.Add(1)
 	return d.workGen
+}
+
+// tapping reports whether a tap looks at the packets.
+func (d *Device) tapping() bool {
+	if d.cfg.Tap == nil {
+		return false
+	}
+	t, ok := d.cfg.Tap.(IdleTap)
+	return !ok || !t.Idle()
 }
 
 // afterTxWC is a send completion waiting for a transmit (afterTx).

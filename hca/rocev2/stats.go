@@ -29,6 +29,10 @@ type Stats struct {
 	// coalesced from several datagrams (UDP_GRO).
 	TxGSOMessages uint64 `json:"tx_gso_messages"`
 	RxGROMessages uint64 `json:"rx_gro_messages"`
+	// TxZeroCopy counts datagrams whose payload went to the socket from
+	// the work request's buffer, not copied (RC packets and UD LSO
+	// segments of 1 KiB and more, while no capture is attached).
+	TxZeroCopy uint64 `json:"tx_zero_copy"`
 	// Drops counts received datagrams dropped, per reason; JSON gives it
 	// as an object keyed by reason name, zero counts included so a
 	// script can rely on every key.
@@ -141,7 +145,7 @@ type counters struct {
 	rxPackets, rxBytes, txPackets, txBytes, txErrors atomic.Uint64
 	txTooBig                                         atomic.Uint64
 	txBatches, rxBatches                             atomic.Uint64
-	txGSOMessages, rxGROMessages                     atomic.Uint64
+	txGSOMessages, rxGROMessages, txZeroCopy         atomic.Uint64
 	drops                                            [wire.NumDropReasons]atomic.Uint64
 	retransmits, timeouts, acksSent                  atomic.Uint64
 	seqNAKsSent, seqNAKsReceived                     atomic.Uint64
@@ -172,7 +176,7 @@ func (c *counters) snapshot() Stats {
 		RxPackets: c.rxPackets.Load(), RxBytes: c.rxBytes.Load(),
 		TxPackets: c.txPackets.Load(), TxBytes: c.txBytes.Load(), TxErrors: c.txErrors.Load(), TxTooBig: c.txTooBig.Load(),
 		TxBatches: c.txBatches.Load(), RxBatches: c.rxBatches.Load(),
-		TxGSOMessages: c.txGSOMessages.Load(), RxGROMessages: c.rxGROMessages.Load(),
+		TxGSOMessages: c.txGSOMessages.Load(), RxGROMessages: c.rxGROMessages.Load(), TxZeroCopy: c.txZeroCopy.Load(),
 		Retransmits: c.retransmits.Load(), Timeouts: c.timeouts.Load(), AcksSent: c.acksSent.Load(),
 		SeqNAKsSent: c.seqNAKsSent.Load(), SeqNAKsReceived: c.seqNAKsReceived.Load(),
 		RNRNAKsSent: c.rnrNAKsSent.Load(), RNRNAKsReceived: c.rnrNAKsReceived.Load(),

@@ -2,6 +2,7 @@ package rocev2
 
 import (
 	"bytes"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -86,8 +87,8 @@ func TestZeroCopyLSOCompletesAfterTransmit(t *testing.T) {
 			t.Fatalf("segment %d: %+v, bytes differ from SegmentInto's", i, wc)
 		}
 	}
-	if s := da.Stats(); s.TxGSOMessages == 0 {
-		t.Fatalf("segments not sent as one GSO message: %+v", s)
+	if s := da.Stats(); s.TxGSOMessages == 0 || s.TxZeroCopy != 15 {
+		t.Fatalf("segments not sent as one GSO message, or not all 15 without a copy: %+v", s)
 	}
 }
 
@@ -129,5 +130,58 @@ func TestZeroCopyRCFlushWaitsForTransmit(t *testing.T) {
 	}
 	if got := a.sendCQ.wait(t, 1)[0]; got.ID != 3 || got.Status != hca.StatusWRFlushErr {
 		t.Fatalf("completion %+v, want WR 3 flushed", got)
+	}
+}
+
+// idleTap records the packets it is shown while not idle.
+type idleTap struct {
+	idle atomic.Bool
+	mu   sync.Mutex
+	sent [][]byte // packets from the device's own address
+	from netip.Addr
+}
+
+func (x *idleTap) Idle() bool { return x.idle.Load() }
+
+func (x *idleTap) Datagram(src, _ netip.AddrPort, pkt []byte) {
+	if x.idle.Load() || src.Addr() != x.from {
+		return
+	}
+	x.mu.Lock()
+	x.sent = append(x.sent, append([]byte(nil), pkt...))
+	x.mu.Unlock()
+}
+
+// TestZeroCopyOnlyWhileTapIdle: RC packets go without a copy while the
+// device's tap (ipoib up always has one, for ipoib capture) is idle; with
+// a capture attached they are copied whole, so the tap sees each packet
+// in one piece.
+func TestZeroCopyOnlyWhileTapIdle(t *testing.T) {
+	f := newTestFabric(t, 64, Faults{})
+	cfg := f.config(t)
+	tap := &idleTap{from: cfg.Bind.Addr()}
+	tap.idle.Store(true)
+	cfg.Tap = tap
+	a, b := newRCEnd(t, f.open(t, cfg), rcOpts{}), newRCEnd(t, f.newDevice(t), rcOpts{})
+	connectRC(t, a, b, rcOpts{}, rcOpts{})
+	sendAndCheck(t, a, b, []int{65520})
+	if n := a.dev.Stats().TxZeroCopy; n != 16 {
+		t.Fatalf("idle tap: %d zero-copy datagrams, want the message's 16", n)
+	}
+	tap.idle.Store(false)
+	sendAndCheck(t, a, b, []int{65520})
+	if n := a.dev.Stats().TxZeroCopy; n != 16 {
+		t.Fatalf("capturing tap: %d zero-copy datagrams, want none more than 16", n)
+	}
+	tap.mu.Lock()
+	defer tap.mu.Unlock()
+	data := 0
+	for _, p := range tap.sent {
+		if len(p) > 1000 {
+			data++
+		}
+	}
+	if data != 16 {
+		t.Fatalf("tap saw %d data packets of the second message, want 16", data)
 	}
 }
