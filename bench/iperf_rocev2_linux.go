@@ -55,6 +55,20 @@ type RoCEv2SuiteConfig struct {
 	// IBOffloads says UpArgs give ib0's TAPs offloads (a virtio header);
 	// the ib0 rows' offloads column shows it. The udp-pipe has none.
 	IBOffloads bool
+	// UpCPUProfile, when set, makes each 'ipoib up' write a CPU profile
+	// of its run to UpCPUProfile.MODE.a and .b (a and b the namespaces'
+	// sides): the engine and the HCA live in those processes, not in the
+	// one running the suite.
+	UpCPUProfile string
+}
+
+// upProfilePath is where the 'ipoib up' of side ("a" or "b") in mode
+// writes its CPU profile; "" when none is asked for.
+func (c *RoCEv2SuiteConfig) upProfilePath(mode, side string) string {
+	if c.UpCPUProfile == "" {
+		return ""
+	}
+	return c.UpCPUProfile + "." + mode + "." + side
 }
 
 func (c *RoCEv2SuiteConfig) defaults() {
@@ -281,12 +295,16 @@ func (c *RoCEv2SuiteConfig) buildIB(ctx context.Context, mode string, mtu int, a
 		return errors.Join(append(errs, os.RemoveAll(dir))...)
 	}
 	for _, side := range []struct {
+		name       string
 		ns         *tap.Netns
 		addr       netip.Prefix
 		local, far netip.Addr
-	}{{a, addrA, c.UnderlayA.Addr(), c.UnderlayB.Addr()}, {b, addrB, c.UnderlayB.Addr(), c.UnderlayA.Addr()}} {
+	}{{"a", a, addrA, c.UnderlayA.Addr(), c.UnderlayB.Addr()}, {"b", b, addrB, c.UnderlayB.Addr(), c.UnderlayA.Addr()}} {
 		args := []string{"--dev", "ib0", "--addr", side.addr.String(), "--bind", side.local.String(), "--peers", side.far.String(),
 			"--mode", mode, "--mtu", strconv.Itoa(mtu), "--ib-mtu", strconv.Itoa(c.IBMTU), "--control-dir", dir}
+		if path := c.upProfilePath(mode, side.name); path != "" {
+			args = append(args, "--cpuprofile", path)
+		}
 		p, err := StartUp(ctx, c.Exe, side.ns.Name(), c.ReadyTimeout, append(args, c.UpArgs...)...)
 		if err != nil {
 			return nil, errors.Join(err, stop())

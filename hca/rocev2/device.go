@@ -9,7 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
-
+	"sync/atomic"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -71,8 +71,13 @@ type Device struct {
 	pkeys  []hca.PKey
 	nextFn int
 	timed  map[*qp]struct{}
-	ackQPs []*qp
-	srqs   int // live SRQs
+	// timerWake is when timerLoop wakes next for a QP timer or a held
+	// completion; zero when it waits for a kick only.
+	timerWake time.Time
+	// timerKicks counts kicks of timerLoop (tests).
+	timerKicks atomic.Uint64
+	ackQPs     []*qp
+	srqs       int // live SRQs
 	// heldCQs are the CQs with completions Faults.HoldCompletion holds
 	// back, heldCompletions how many, holdRng the draws (hold.go).
 	heldCQs         map[*cq]struct{}
@@ -630,6 +635,7 @@ func (d *Device) timerLoop() {
 		if due := d.releaseCompletions(now); !due.IsZero() && (next.IsZero() || due.Before(next)) {
 			next = due
 		}
+		d.timerWake = next
 		d.unlock()
 		if due := d.releaseHeldAt(now); !due.IsZero() && (next.IsZero() || due.Before(next)) {
 			next = due
@@ -644,6 +650,7 @@ func (d *Device) timerLoop() {
 
 // kickTimers makes timerLoop rescan; mu held.
 func (d *Device) kickTimers() {
+	d.timerKicks.Add(1)
 	select {
 	case d.timerKick <- struct{}{}:
 	default:

@@ -461,12 +461,13 @@ func (q *qp) completeRecv(id uint64, st hca.Status, n int, ud *udInfo) {
 
 func (q *qp) armTimer(k timerKind, after time.Duration) {
 	d := q.dev
-	_, was := d.timed[q]
-	old := q.deadline
 	q.timer, q.deadline = k, time.Now().Add(after)
 	d.timed[q] = struct{}{}
-	// A later deadline is found when the loop wakes for the earlier one.
-	if !was || q.deadline.Before(old) {
+	// The loop rescans every armed QP when it wakes: a deadline at or
+	// after its next wake-up is found then. An RC requester re-arms its
+	// retry timer on every burst after going idle, so waking the loop
+	// only for an earlier deadline saves a goroutine hand-off per burst.
+	if d.timerWake.IsZero() || q.deadline.Before(d.timerWake) {
 		d.kickTimers()
 	}
 }

@@ -289,3 +289,26 @@ func TestRCMinRetryCountSurvivesLoss(t *testing.T) {
 		})
 	}
 }
+
+// TestRCTimerKicksPerBurst: a requester that goes idle between messages
+// disarms and re-arms its retry timer on every message; the timer loop
+// is woken only for a deadline earlier than the one it sleeps toward,
+// not once per message (each wake is a goroutine hand-off on the data
+// path).
+func TestRCTimerKicksPerBurst(t *testing.T) {
+	f := newTestFabric(t, 22, Faults{})
+	a, b := newRCEnd(t, f.newDevice(t), rcOpts{}), newRCEnd(t, f.newDevice(t), rcOpts{})
+	connectRC(t, a, b, rcOpts{}, rcOpts{})
+	before := a.dev.timerKicks.Load()
+	const bursts = 100
+	for i := range bursts {
+		sendAndCheck(t, a, b, []int{4096 + i})
+	}
+	kicks := a.dev.timerKicks.Load() - before
+	if kicks > bursts/10 {
+		t.Fatalf("%d timer-loop kicks for %d bursts (250 ms timeout): want one per timeout period, not one per burst", kicks, bursts)
+	}
+	if s := a.dev.Stats(); s.Timeouts != 0 || s.Retransmits != 0 {
+		t.Fatalf("lossless run timed out: %+v", s)
+	}
+}

@@ -38,7 +38,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 	mtu := fs.Int("mtu", defaultConnectedMTU, "in-process: IP MTU of the direct and ib0 connected rows")
 	runs := fs.Int("runs", 1, "in-process: runs per row, the report shows the median")
 	plotFile := fs.String("plot", "", "draw the rows as bars against their baselines, with the ratios, to this SVG file")
-	prof := addProfileFlags(fs)
+	prof := addProfileFlagsUsage(fs, "write a CPU profile of the whole run to this file (go tool pprof); with --hca rocev2 each 'ipoib up' also writes its own, to FILE.MODE.a and FILE.MODE.b")
 	return func(ctx context.Context, args []string) (code int) {
 		if msg := checkBench(args, flagcheck.Set(fs), *iperf, *hcaName, *modes, *duration, *streams, *mtuCM, *mtuUD, *size, *mtu, *runs); msg != "" {
 			return usageError(env, "bench", msg)
@@ -76,6 +76,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 				Duration: *duration, Streams: *streams,
 				Owner: &tap.Owner{MarkerDir: env.MarkerDir}, Progress: env.Stderr,
 				UpArgs: []string{"--offloads", *offloads}, IBOffloads: vnet,
+				UpCPUProfile: *prof.cpuProfile,
 			}, *asJSON, *plotFile)
 		}
 		cfg := bench.IperfSuiteConfig{

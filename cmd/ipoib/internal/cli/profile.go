@@ -22,8 +22,14 @@ type profileFlags struct {
 }
 
 func addProfileFlags(fs *flag.FlagSet) *profileFlags {
+	return addProfileFlagsUsage(fs, "write a CPU profile of the whole run to this file (go tool pprof)")
+}
+
+// addProfileFlagsUsage is addProfileFlags with the command's own words
+// for what --cpuprofile covers.
+func addProfileFlagsUsage(fs *flag.FlagSet, cpuUsage string) *profileFlags {
 	return &profileFlags{
-		cpuProfile: fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)"),
+		cpuProfile: fs.String("cpuprofile", "", cpuUsage),
 		pprofAddr:  fs.String("pprof", "", "serve net/http/pprof on this address (e.g. 127.0.0.1:6060) while running"),
 	}
 }
