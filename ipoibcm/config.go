@@ -140,6 +140,17 @@ type Config struct {
 
 	RXBudget int // completions per RX poll (64)
 	TXBudget int // completions per TX poll (64)
+	// InlineRX polls the RX CQ on the goroutine whose verb call produced
+	// the completion whenever no poll is running (napi.Config.Inline), as
+	// a softirq runs NAPI where the interrupt was raised. On a backend
+	// that delivers completion events inline (hca/soft) the sender, the
+	// peer's host reader, then writes the frame to this host itself: no
+	// wake-up of the RX poller, and the data stays on one core. A batch
+	// arriving while Interface.mu is held (the poster may hold it) goes to
+	// the RX poller. Off by default: a backend that raises completion
+	// events on goroutines of its own (hca/rocev2) would write to the host
+	// from those.
+	InlineRX bool
 
 	// CM configures the connection manager the Interface creates.
 	CM cm.Options

@@ -117,6 +117,16 @@ func (r *rxPath) lock() {
 // receives (SRQ or own ring) and the drain completion.
 func (r *rxPath) handleRX(wcs []hca.WC) {
 	i := r.i
+	if i.rxNAPI.Inline() {
+		// On the poster's goroutine (Config.InlineRX), which may hold
+		// Interface.mu (ours, or a peer's that posts to us while we post
+		// to it): take ours now or leave the batch to the RX poller.
+		if !i.mu.TryLock() {
+			i.rxNAPI.Defer(wcs)
+			return
+		}
+		r.locked = true
+	}
 	for k := range wcs {
 		wc := &wcs[k]
 		if wc.ID == wrDrain {

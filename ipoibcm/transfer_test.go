@@ -105,12 +105,18 @@ func tcpTransfer(t testing.TB, a, b *testNode, dst netip.Addr, n int64, during f
 func TestTCP64MiB(t *testing.T) {
 	const n = 64 << 20
 	for _, tc := range []struct {
-		name string
-		mode Mode
-		v6   bool
-	}{{"connected-v4", ModeConnected, false}, {"datagram-v4", ModeDatagram, false}, {"connected-v6", ModeConnected, true}} {
+		name   string
+		mode   Mode
+		v6     bool
+		inline bool
+	}{
+		{"connected-v4", ModeConnected, false, false}, {"datagram-v4", ModeDatagram, false, false}, {"connected-v6", ModeConnected, true, false},
+		// Config.InlineRX: the sender's goroutine polls the receiver's RX
+		// CQ (the soft fabric raises its completion event inline).
+		{"connected-v4-inline", ModeConnected, false, true}, {"datagram-v6-inline", ModeDatagram, true, true},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tn := newTestNet(t, 2, soft.Config{Seed: 2}, func(k int, c *Config) { c.Mode = tc.mode })
+			tn := newTestNet(t, 2, soft.Config{Seed: 2}, func(k int, c *Config) { c.Mode, c.InlineRX = tc.mode, tc.inline })
 			a, b := tn.nodes[0], tn.nodes[1]
 			dst := b.v4
 			if tc.v6 {
@@ -123,6 +129,11 @@ func TestTCP64MiB(t *testing.T) {
 				t.Fatalf("connected mode without a used TX connection: %+v", st.TXConns)
 			}
 			t.Logf("a: %+v drops %v", st.Counters, st.Drops)
+			rx := b.ifc.Stats().NAPI.RX
+			if tc.inline != (rx.InlinePolls > 0) {
+				t.Fatalf("InlineRX %v, receiver's RX polls %+v", tc.inline, rx)
+			}
+			t.Logf("b rx: %d polls, %d inline, %d completions deferred to the poller", rx.Polls, rx.InlinePolls, rx.Deferred)
 		})
 	}
 }

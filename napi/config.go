@@ -39,6 +39,16 @@ type Config struct {
 	// anything that waits for this Context's poll lock: each would wait
 	// for the poll that is running Handle.
 	Handle func(wcs []hca.WC)
+	// Inline lets Schedule run the poll on the calling goroutine when no
+	// poll is running, as a softirq runs NAPI on the CPU that raised it:
+	// wired to a CQ with hca.CQConfig.InlineCompletion, the goroutine that
+	// posted the send that completed (on the soft fabric, the peer's
+	// sender) then hands the completion to Handle itself, saving the
+	// poll goroutine's wake-up and a trip of the data to another core.
+	// Handle, during such a poll (Context.Inline), must not block on a
+	// lock a poster may hold; it hands what needs one back with
+	// Context.Defer, and the poll goroutine handles it.
+	Inline bool
 }
 
 // withDefaults validates c and fills in the defaults.

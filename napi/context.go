@@ -16,6 +16,12 @@ type Context struct {
 	pollMu sync.Mutex
 	// wcs is the poll buffer, reused for every batch.
 	wcs []hca.WC
+	// inline is true while Schedule runs a poll on its caller's
+	// goroutine; deferred holds the completions that poll's Handle handed
+	// back (Defer), for the poll goroutine to handle first. Both under
+	// pollMu.
+	inline   bool
+	deferred []hca.WC
 
 	// kick holds at most one pending wake-up, which is what coalesces a
 	// burst of Schedule calls into one poll.
@@ -48,11 +54,14 @@ func New(cfg Config) (*Context, error) {
 		return nil, err
 	}
 	return &Context{
-		cfg:    cfg,
-		wcs:    make([]hca.WC, cfg.Batch),
-		kick:   make(chan struct{}, 1),
-		stop:   make(chan struct{}),
-		exited: make(chan struct{}),
+		cfg: cfg,
+		wcs: make([]hca.WC, cfg.Batch),
+		// Defer takes at most the rest of one batch: the inline poll
+		// stops there.
+		deferred: make([]hca.WC, 0, cfg.Batch),
+		kick:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		exited:   make(chan struct{}),
 	}, nil
 }
 
@@ -97,11 +106,48 @@ func (c *Context) Start() {
 // pending, is safe from any goroutine, before Start (the poll then runs once
 // started) and after Stop (it does nothing). Wire it to
 // hca.CQConfig.OnCompletion.
+//
+// With Config.Inline, Schedule runs the poll itself when no poll is
+// running (it never waits for the poll lock): one poll, which re-arms the
+// CQ as the goroutine's would. Whatever that poll leaves (the budget used
+// up, completions that came during the re-arm, completions Handle
+// deferred) goes to the poll goroutine as before.
 func (c *Context) Schedule() {
+	if c.cfg.Inline && c.running.Load() && c.pollMu.TryLock() {
+		r := pollStopped
+		// Not while deferred completions wait for the goroutine: they
+		// come before anything newer.
+		if !c.stopping.Load() && len(c.deferred) == 0 {
+			c.inline = true
+			c.counters.inlinePolls.Add(1)
+			r = c.pollLocked()
+			c.inline = false
+		}
+		idle := (r == pollArmed || r == pollLeftUnarmed) && len(c.deferred) == 0
+		c.pollMu.Unlock()
+		if idle {
+			return
+		}
+	}
 	select {
 	case c.kick <- struct{}{}:
 	default:
 	}
+}
+
+// Inline reports whether the running poll is one Schedule runs on its
+// caller's goroutine (Config.Inline). Call it only from Handle.
+func (c *Context) Inline() bool { return c.inline }
+
+// Defer hands wcs, the completions of the current batch that Handle has
+// not handled, back to the Context: the poll goroutine hands them to
+// Handle again, before anything newer, and the inline poll ends after
+// this batch. Call it only from Handle during an inline poll, for
+// completions whose handling needs a lock the poster may hold; Handle
+// must have done nothing with them.
+func (c *Context) Defer(wcs []hca.WC) {
+	c.deferred = append(c.deferred, wcs...)
+	c.counters.deferred.Add(uint64(len(wcs)))
 }
 
 // Sync runs fn under the poll lock: when fn runs, no poll that began before
@@ -201,6 +247,11 @@ const (
 func (c *Context) poll() pollResult {
 	c.pollMu.Lock()
 	defer c.pollMu.Unlock()
+	return c.pollLocked()
+}
+
+// pollLocked is poll under the poll lock.
+func (c *Context) pollLocked() pollResult {
 	// Counted first so that Handle can tell which poll it is part of.
 	c.counters.polls.Add(1)
 	done, stopped := c.drainLocked()
@@ -227,6 +278,14 @@ func (c *Context) poll() pollResult {
 // the poll lock. It reports how many, and whether Stop interrupted it.
 func (c *Context) drainLocked() (done int, stopped bool) {
 	budget, batch := c.cfg.Budget, c.cfg.Batch
+	if len(c.deferred) > 0 && !c.inline {
+		// What an inline poll handed back comes before anything newer.
+		n := len(c.deferred)
+		c.cfg.Handle(c.deferred)
+		clear(c.deferred)
+		c.deferred = c.deferred[:0]
+		done += n
+	}
 	for done < budget {
 		if c.stopping.Load() {
 			stopped = true
@@ -238,13 +297,17 @@ func (c *Context) drainLocked() (done int, stopped bool) {
 			break
 		}
 		n = min(n, want) // a misbehaving backend must not push us over budget
+		d0 := len(c.deferred)
 		c.cfg.Handle(c.wcs[:n])
 		// Drop the references so a destroyed QP's context is not kept
 		// alive by the poll buffer.
 		clear(c.wcs[:n])
-		done += n
-		if n < want {
-			break // the CQ ran dry; a further Poll would return 0
+		// Deferred completions count when the goroutine handles them.
+		done += n - (len(c.deferred) - d0)
+		if n < want || len(c.deferred) > 0 {
+			// The CQ ran dry (a further Poll would return 0), or Handle
+			// deferred work to the poll goroutine.
+			break
 		}
 	}
 	c.counters.notePoll(done)

@@ -44,5 +44,19 @@
 // polling with completions still to come; the no-lost-wake-up rule then
 // holds as before.
 //
+// With Config.Inline, Schedule polls on its caller's goroutine when the
+// poll lock is free (TryLock: it never waits), as Linux runs the NET_RX
+// softirq on the CPU that raised it, once the poster leaves its critical
+// section: wired to a CQ whose backend raises completion events inside
+// the poster's verb call (hca.CQConfig.InlineCompletion), the poster
+// handles its own completions and the goroutine is not woken. The inline
+// poll is one poll, re-arming as any other; what it leaves (a used-up
+// budget, completions the re-arm reported) goes to the goroutine. Its
+// Handle runs under the poster's locks, whatever they are, so it must not
+// block on a lock: Inline tells it where it runs, and Defer hands the
+// goroutine the completions it cannot handle there, which the goroutine
+// handles first, before anything newer (no inline poll runs while any
+// are deferred).
+//
 // napi does not know what a completion means; Handle does.
 package napi

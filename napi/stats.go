@@ -32,6 +32,11 @@ type Stats struct {
 	LeftUnarmed uint64 `json:"left_unarmed"`
 	// BusyPollEnds counts EndBusyPoll calls that handed re-arming back.
 	BusyPollEnds uint64 `json:"busy_poll_ends"`
+	// InlinePolls counts polls Schedule ran on its caller's goroutine
+	// (Config.Inline); they are in Polls too. Deferred counts the
+	// completions their Handle handed back to the poll goroutine.
+	InlinePolls uint64 `json:"inline_polls"`
+	Deferred    uint64 `json:"deferred"`
 }
 
 // AvgPerPoll is the mean number of completions per poll, 0 before any poll.
@@ -57,6 +62,8 @@ type counters struct {
 	busyContended      atomic.Uint64
 	leftUnarmed        atomic.Uint64
 	busyEnds           atomic.Uint64
+	inlinePolls        atomic.Uint64
+	deferred           atomic.Uint64
 }
 
 func (c *counters) snapshot() Stats {
@@ -72,6 +79,8 @@ func (c *counters) snapshot() Stats {
 		BusyPollsContended: c.busyContended.Load(),
 		LeftUnarmed:        c.leftUnarmed.Load(),
 		BusyPollEnds:       c.busyEnds.Load(),
+		InlinePolls:        c.inlinePolls.Load(),
+		Deferred:           c.deferred.Load(),
 	}
 }
 

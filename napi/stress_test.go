@@ -19,6 +19,7 @@ type stressHandler struct {
 	seen      []uint32 // times each completion id was handled
 	perPoll   map[uint64]int
 	oversized int // batches longer than Batch
+	inline    int // batches handed over by inline polls
 	handled   atomic.Uint64
 	progress  chan struct{} // pinged after each batch; waiters re-check handled
 	// inFlight bounds the producers' completions not yet handled, so the
@@ -32,6 +33,18 @@ type stressHandler struct {
 func (h *stressHandler) handle(wcs []hca.WC) {
 	if len(wcs) > h.batch {
 		h.oversized++
+	}
+	if h.ctx.Inline() {
+		h.inline++
+		// An inline poll hands back every completion from the first id
+		// divisible by 5 on, as a Handle that cannot take a lock would.
+		for k, wc := range wcs {
+			if wc.ID%5 == 0 {
+				h.ctx.Defer(wcs[k:])
+				wcs = wcs[:k]
+				break
+			}
+		}
 	}
 	// Polls is counted when a poll begins, so it names the current poll.
 	h.perPoll[h.ctx.Stats().Polls] += len(wcs)
@@ -54,7 +67,17 @@ func (h *stressHandler) handle(wcs []hca.WC) {
 // spurious events and completions landing between a poll and its re-arm
 // against one Context, then checks nothing was lost or duplicated and no poll
 // went over budget.
+//
+// The inline case runs the same with Config.Inline: producers' completion
+// events poll on the producers' goroutines, and those polls defer part of
+// what they get to the poll goroutine.
 func TestStressEveryCompletionHandledOnce(t *testing.T) {
+	for _, inline := range []bool{false, true} {
+		t.Run(map[bool]string{false: "goroutine", true: "inline"}[inline], func(t *testing.T) { stressOnce(t, inline) })
+	}
+}
+
+func stressOnce(t *testing.T, inline bool) {
 	const (
 		producers   = 4
 		perProducer = 4000
@@ -80,7 +103,7 @@ func TestStressEveryCompletionHandledOnce(t *testing.T) {
 		inFlight:    make(chan struct{}, window),
 		producerIDs: [2]uint64{prefill, prefill + producers*perProducer},
 	}
-	ctx, err := New(Config{Name: "stress", CQ: cq, Budget: budget, Batch: batch, Handle: h.handle})
+	ctx, err := New(Config{Name: "stress", CQ: cq, Budget: budget, Batch: batch, Handle: h.handle, Inline: inline})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,6 +249,12 @@ func TestStressEveryCompletionHandledOnce(t *testing.T) {
 	}
 	if nextInject == uint64(prefill+producers*perProducer) {
 		t.Errorf("no completion injected between poll and re-arm")
+	}
+	if inline && (st.InlinePolls == 0 || st.Deferred == 0 || h.inline == 0) {
+		t.Errorf("inline polls %d (%d batches), deferred %d: the inline path never ran", st.InlinePolls, h.inline, st.Deferred)
+	}
+	if !inline && (st.InlinePolls != 0 || h.inline != 0) {
+		t.Errorf("inline polls without Config.Inline: %+v", st)
 	}
 	t.Logf("posted %d (injected %d), events %d, spurious %d, stats %+v, avg/poll %.2f",
 		want, nextInject-uint64(prefill+producers*perProducer), cq.events.Load(), spurious.Load(), st, st.AvgPerPoll())

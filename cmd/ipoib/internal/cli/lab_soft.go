@@ -64,8 +64,11 @@ func (f *softFabric) AddHost(host, ifname string, ns *tap.Netns, dev *tap.Device
 			Name:   name,
 			Mode:   m,
 			MTU:    mtu,
-			Logger: log,
-			Events: ipoibcm.Observers(f.mux.Observer(host), f.metricsObserver(host)),
+			// The soft fabric delivers completion events on the poster's
+			// goroutine: the peer's sender writes to this host itself.
+			InlineRX: true,
+			Logger:   log,
+			Events:   ipoibcm.Observers(f.mux.Observer(host), f.metricsObserver(host)),
 		}
 	}
 	ifc, err := ipoibcm.New(config(ifname, dev))
