@@ -60,6 +60,25 @@ func fill(frame []byte, h *Headers) {
 	binary.BigEndian.PutUint16(l4[co:], s)
 }
 
+// fillSplit is fill for a packet held as its headers (hdr, h.End bytes)
+// and its L4 payload (pay, h.Len-h.End bytes). The L4 header is a
+// multiple of 4 bytes long, so the sum carries on over pay unshifted.
+func fillSplit(hdr, pay []byte, h *Headers) {
+	if !h.IPv6 {
+		ip := hdr[h.L3:h.L4]
+		ip[10], ip[11] = 0, 0
+		binary.BigEndian.PutUint16(ip[10:], ^checksum.Checksum(ip, 0))
+	}
+	l4 := hdr[h.L4:h.End]
+	co := h.CsumOffset()
+	l4[co], l4[co+1] = 0, 0
+	s := ^checksum.Checksum(pay, checksum.Checksum(l4, pseudoSum(hdr, h, h.Len-h.L4)))
+	if s == 0 && h.Proto == ProtoUDP {
+		s = 0xFFFF
+	}
+	binary.BigEndian.PutUint16(l4[co:], s)
+}
+
 // FillChecksums parses the packet at l3off and writes its IPv4 header
 // checksum and TCP/UDP checksum from scratch: what an HCA does for a send
 // with IP checksum offload (IB_SEND_IP_CSUM). It returns the parsed

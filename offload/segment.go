@@ -87,6 +87,21 @@ func (h Headers) SegmentInto(dst, frame []byte, mss, i int, csum bool) (int, err
 	seg := dst[:size]
 	copy(seg, frame[:h.End])
 	copy(seg[h.End:], chunk)
+	h.rewrite(seg, frame, mss, i, n, size)
+	sh := h
+	sh.Len = size
+	if csum {
+		fill(seg, &sh)
+	} else {
+		fillPartial(seg, &sh)
+	}
+	return size, nil
+}
+
+// rewrite sets segment i's own header fields in seg (whose first h.End
+// bytes are the frame's headers), size bytes in all: IP length, IPv4 ID,
+// TCP sequence and flags, or UDP length.
+func (h Headers) rewrite(seg, frame []byte, mss, i, n, size int) {
 	if h.IPv6 {
 		binary.BigEndian.PutUint16(seg[h.L3+4:], uint16(size-h.L3-40))
 	} else {
@@ -108,12 +123,33 @@ func (h Headers) SegmentInto(dst, frame []byte, mss, i int, csum bool) (int, err
 	} else {
 		binary.BigEndian.PutUint16(seg[h.L4+4:], uint16(size-h.L4))
 	}
+}
+
+// SegmentHeadersInto is SegmentInto for a sender that gathers: it writes
+// only segment i's headers (h.End bytes) into dst, with complete
+// checksums over them and the payload, and returns the payload as a
+// slice of frame, so the segment is dst[:h.End] followed by chunk. It is
+// how an HCA's LSO engine works: headers rebuilt per segment, the
+// payload read where the work request holds it.
+func (h Headers) SegmentHeadersInto(dst, frame []byte, mss, i int) (chunk []byte, err error) {
+	if mss <= 0 {
+		return nil, ErrBadMSS
+	}
+	n := h.Segments(mss)
+	if i < 0 || i >= n {
+		return nil, fmt.Errorf("segment %d of %d: %w", i, n, ErrTooManySegments)
+	}
+	if len(dst) < h.End {
+		return nil, fmt.Errorf("segment %d headers need %d bytes, buffer holds %d: %w", i, h.End, len(dst), ErrSegmentBuffer)
+	}
+	pay := frame[h.End:h.Len]
+	chunk = pay[min(i*mss, len(pay)):min((i+1)*mss, len(pay))]
+	size := h.End + len(chunk)
+	hdr := dst[:h.End]
+	copy(hdr, frame[:h.End])
+	h.rewrite(hdr, frame, mss, i, n, size)
 	sh := h
 	sh.Len = size
-	if csum {
-		fill(seg, &sh)
-	} else {
-		fillPartial(seg, &sh)
-	}
-	return size, nil
+	fillSplit(hdr, chunk, &sh)
+	return chunk, nil
 }

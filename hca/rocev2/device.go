@@ -89,6 +89,15 @@ type Device struct {
 	work     *work
 	freeWork []*work
 	freeBufs [][]byte
+	// workGen numbers the work batches that carry datagrams; work is
+	// batch workGen until unlock hands it to a transmitter, which stores
+	// the number in txDone once the socket has taken every datagram. A
+	// zero-copy datagram reads a send buffer until then, so a send
+	// completion that frees such a buffer waits in afterTx (in order)
+	// until txDone reaches the batch that read it last.
+	workGen uint64
+	txDone  atomic.Uint64
+	afterTx []afterTxWC
 
 	// txMu serialises socket writes in the order work was queued under mu
 	// (it is taken before mu is released), so packets of one QP leave in
@@ -103,12 +112,20 @@ type Device struct {
 }
 
 // txPacket is one datagram waiting for the socket: src is its QP's, the
-// destination port the fabric's.
+// destination port the fabric's. With payload set it is a zero-copy
+// datagram: buf[:split] (headers), payload (in the work request's
+// buffer), buf[split:] (pad and ICRC); else buf is all of it.
 type txPacket struct {
-	buf []byte
-	to  netip.Addr
-	src *udpSocket
+	buf     []byte
+	payload []byte
+	split   int
+	to      netip.Addr
+	src     *udpSocket
 }
+
+// zeroCopyMin is the smallest payload sent without copying: below it an
+// iovec of its own costs more than the copy.
+const zeroCopyMin = 1024
 
 // pendingEvent is an async event to deliver outside the lock.
 type pendingEvent struct {
@@ -138,6 +155,9 @@ type hooks struct {
 	// now replaces time.Now for the rate-limited warnings, so a test
 	// crosses a warning interval without waiting for it.
 	now func() time.Time
+	// beforeTransmit runs in unlock with txMu held, before a batch goes
+	// to the socket: a test holds a transmit in progress with it.
+	beforeTransmit func()
 }
 
 func newDevice(cfg Config, h hooks) (*Device, error) {
@@ -183,6 +203,7 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 		heldCQs:   make(map[*cq]struct{}),
 		holdRng:   rand.New(rand.NewPCG(cfg.Faults.Seed^holdSeedMix, cfg.Faults.Seed+1)),
 		work:      &work{},
+		workGen:   1,
 		timerKick: make(chan struct{}, 1),
 		done:      make(chan struct{}),
 	}
@@ -463,6 +484,70 @@ func (d *Device) queuePacket(src *udpSocket, dst netip.Addr, pkt []byte) {
 	d.work.out = append(d.work.out, txPacket{buf: pkt, to: dst, src: src})
 }
 
+// queueZeroCopy queues a datagram whose payload stays in the caller's
+// send buffer: buf (from getBuf) holds the h header bytes, then room for
+// the pad and the ICRC. It returns the batch number the caller's
+// completion must wait for (completeSendAfter). With a tap the datagram
+// is copied whole (the tap sees packets in one piece). mu held.
+func (d *Device) queueZeroCopy(src *udpSocket, dst netip.Addr, buf []byte, h int, payload []byte) uint64 {
+	pad := int(wire.PadCount(len(payload)))
+	tail := buf[h : h+pad+wire.ICRCLen]
+	clear(tail[:pad])
+	if d.cfg.Tap != nil {
+		n := copy(buf[h:], payload)
+		clear(buf[h+n : h+n+pad])
+		d.queuePacket(src, dst, buf[:h+n+pad+wire.ICRCLen])
+		return 0
+	}
+	if src == nil {
+		src = d.sock
+	}
+	var hdr [wire.IPv6HeaderLen + wire.UDPHeaderLen]byte
+	udpLen := wire.UDPHeaderLen + h + len(payload) + len(tail)
+	n := wire.PutIPHeader(hdr[:], d.local.Addr(), dst, udpLen)
+	wire.PutUDPHeader(hdr[n:], src.port, d.local.Port(), udpLen)
+	_ = wire.PutICRCSplit(hdr[:n], hdr[n:n+wire.UDPHeaderLen], buf[:h], payload, tail)
+	d.work.out = append(d.work.out, txPacket{buf: buf[:h+len(tail)], payload: payload, split: h, to: dst, src: src})
+	return d.workGen
+}
+
+// afterTxWC is a send completion waiting for a transmit (afterTx).
+type afterTxWC struct {
+	q   *qp
+	wc  hca.WC
+	gen uint64
+}
+
+// releaseAfterTx delivers the waiting send completions whose transmits
+// are done, in order; it reports whether it delivered any. mu held.
+func (d *Device) releaseAfterTx() bool {
+	done := d.txDone.Load()
+	i := 0
+	for ; i < len(d.afterTx) && d.afterTx[i].gen <= done; i++ {
+		e := &d.afterTx[i]
+		e.q.sendCQ.push(e.q, &e.wc)
+		*e = afterTxWC{}
+	}
+	if i == 0 {
+		return false
+	}
+	rest := copy(d.afterTx, d.afterTx[i:])
+	clear(d.afterTx[rest:])
+	d.afterTx = d.afterTx[:rest]
+	return true
+}
+
+// waitTx returns once no transmit reads what batch gen referenced, for a
+// QP about to give its send buffers back without completions (reset,
+// destroy). A batch already handed to a transmitter holds txMu until the
+// socket took it (lock order mu, then txMu, as unlock). mu held.
+func (d *Device) waitTx(gen uint64) {
+	if gen > d.txDone.Load() && gen < d.workGen {
+		d.txMu.Lock()
+		d.txMu.Unlock()
+	}
+}
+
 // unlock releases mu and then does the work the critical section queued:
 // socket writes first (in queue order, under txMu), then completion
 // handlers and async events, outside every lock.
@@ -479,9 +564,15 @@ func (d *Device) unlock() {
 		d.work = &work{}
 	}
 	if len(w.out) > 0 {
+		gen := d.workGen
+		d.workGen++
 		d.txMu.Lock()
 		d.mu.Unlock()
+		if d.hooks.beforeTransmit != nil {
+			d.hooks.beforeTransmit()
+		}
 		d.transmit(w.out)
+		d.txDone.Store(gen)
 		d.txMu.Unlock()
 	} else {
 		d.mu.Unlock()
@@ -503,6 +594,10 @@ func (d *Device) unlock() {
 	clear(w.events)
 	w.events = w.events[:0]
 	d.freeWork = append(d.freeWork, w)
+	if d.releaseAfterTx() {
+		d.unlock() // the completion handlers of what was released
+		return
+	}
 	d.mu.Unlock()
 }
 
@@ -514,7 +609,7 @@ const txBatch = 64
 func (d *Device) transmit(out []txPacket) {
 	if !d.cfg.Faults.active() {
 		for i := range out {
-			d.stage(out[i].buf, out[i].to, out[i].src)
+			d.stage(&out[i])
 		}
 		d.flushTx()
 		return
@@ -539,14 +634,14 @@ func (d *Device) transmit(out []txPacket) {
 			}
 			continue
 		case faultDelay:
-			fi.hold(out[i].buf, out[i].to, out[i].src, now)
+			fi.hold(&out[i], now)
 			d.ctr.faultDelayed.Add(1)
 			continue
 		case faultDuplicate:
-			d.stage(out[i].buf, out[i].to, out[i].src)
+			d.stage(&out[i])
 			d.ctr.faultDuplicated.Add(1)
 		}
-		d.stage(out[i].buf, out[i].to, out[i].src)
+		d.stage(&out[i])
 	}
 	d.flushTx()
 	d.releaseHeld(now)
@@ -558,10 +653,10 @@ func (d *Device) transmit(out []txPacket) {
 
 // stage adds a datagram to the write batch, flushing a full batch; txMu
 // held.
-func (d *Device) stage(buf []byte, to netip.Addr, src *udpSocket) {
-	if !d.tx.stage(buf, to, src) {
+func (d *Device) stage(p *txPacket) {
+	if !d.tx.stagePacket(p) {
 		d.flushTx()
-		d.tx.stage(buf, to, src)
+		d.tx.stagePacket(p)
 	}
 }
 

@@ -127,14 +127,20 @@ func (fi *faultInjector) decide() faultAction {
 	return faultNone
 }
 
-// hold copies a datagram into the delay queue, due at now+DelayTime.
-func (fi *faultInjector) hold(buf []byte, to netip.Addr, src *udpSocket, now time.Time) {
+// hold copies a datagram into the delay queue, due at now+DelayTime (a
+// zero-copy one whole: its send buffer is not the queue's to keep).
+func (fi *faultInjector) hold(p *txPacket, now time.Time) {
 	var c []byte
 	if n := len(fi.spare); n > 0 {
 		c = fi.spare[n-1][:0]
 		fi.spare = fi.spare[:n-1]
 	}
-	fi.held = append(fi.held, heldDatagram{buf: append(c, buf...), to: to, src: src, due: now.Add(fi.cfg.DelayTime)})
+	if p.payload == nil {
+		c = append(c, p.buf...)
+	} else {
+		c = append(append(append(c, p.buf[:p.split]...), p.payload...), p.buf[p.split:]...)
+	}
+	fi.held = append(fi.held, heldDatagram{buf: c, to: p.to, src: p.src, due: now.Add(fi.cfg.DelayTime)})
 }
 
 // release stages the held datagrams due by now on s, as many as its

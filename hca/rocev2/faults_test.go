@@ -59,9 +59,13 @@ func TestFaultInjectorHoldReleasesInOrder(t *testing.T) {
 	fi := newFaultInjector(Faults{DelayTime: 10 * time.Millisecond})
 	base := time.Unix(100, 0)
 	src := []byte("first")
-	fi.hold(src, netipAddr(t, "127.0.0.1"), nil, base)
+	fi.hold(&txPacket{buf: src, to: netipAddr(t, "127.0.0.1")}, base)
 	src[0] = 'X' // the held copy must not follow the device's buffer
-	fi.hold([]byte("second"), netipAddr(t, "127.0.0.2"), nil, base.Add(5*time.Millisecond))
+	// A zero-copy datagram is held whole: its payload is the sender's.
+	payload := []byte("eco")
+	fi.hold(&txPacket{buf: []byte("snd"), payload: payload, split: 1, to: netipAddr(t, "127.0.0.2")}, base.Add(5*time.Millisecond))
+	payload[0] = 'X'
+
 	if due := fi.nextDue(); !due.Equal(base.Add(10 * time.Millisecond)) {
 		t.Fatalf("next due %v", due)
 	}
@@ -69,15 +73,15 @@ func TestFaultInjectorHoldReleasesInOrder(t *testing.T) {
 	if n := fi.release(base.Add(9*time.Millisecond), s); n != 0 {
 		t.Fatalf("released %d before due", n)
 	}
-	if n := fi.release(base.Add(12*time.Millisecond), s); n != 1 || string(s.batch.bufs[0]) != "first" {
-		t.Fatalf("released %d, staged %q", n, s.batch.bufs[0])
+	if n := fi.release(base.Add(12*time.Millisecond), s); n != 1 || string(s.datagram(0)) != "first" {
+		t.Fatalf("released %d, staged %q", n, s.datagram(0))
 	}
 	s.reset()
 	fi.recycle(1)
 	if len(fi.held) != 1 || string(fi.held[0].buf) != "second" || len(fi.spare) != 1 {
 		t.Fatalf("after recycle: held %d spare %d", len(fi.held), len(fi.spare))
 	}
-	fi.hold([]byte("third"), netipAddr(t, "127.0.0.3"), nil, base)
+	fi.hold(&txPacket{buf: []byte("third"), to: netipAddr(t, "127.0.0.3")}, base)
 	if len(fi.spare) != 0 {
 		t.Fatal("spare buffer not reused")
 	}

@@ -58,9 +58,12 @@ func fillRCChecksums(wr *hca.SendWR) {
 // sendLSO sends one UD LSO work request as the HCA does: one UD SEND
 // Only packet per segment, each with its own PSN, IP length, IPv4 ID,
 // TCP sequence number and complete checksums. h is PrepareLSO's result.
-// mu held.
-func (q *qp) sendLSO(spec *wire.PacketSpec, wr *hca.SendWR, h *offload.Headers, to []netip.Addr) error {
+// A segment's headers are built in its packet buffer and its payload
+// goes from the work request's buffer without a copy (queueZeroCopy);
+// it returns the work batch the completion must wait for. mu held.
+func (q *qp) sendLSO(spec *wire.PacketSpec, wr *hca.SendWR, h *offload.Headers, to []netip.Addr) (uint64, error) {
 	d := q.dev
+	var gen uint64
 	for i := range h.Segments(wr.MSS) {
 		spec.BTH.PSN = q.udPSN
 		q.udPSN = psnAdd(q.udPSN, 1)
@@ -68,11 +71,21 @@ func (q *qp) sendLSO(spec *wire.PacketSpec, wr *hca.SendWR, h *offload.Headers, 
 		for _, dst := range to {
 			buf := d.getBuf()
 			hl := wire.EncodeHeaders(buf, spec, size)
-			if _, err := h.SegmentInto(buf[hl:hl+size], wr.Data, wr.MSS, i, true); err != nil {
-				return fmt.Errorf("rocev2: send WR %d: LSO segment %d: %w", wr.ID, i, err)
+			if size-h.End < zeroCopyMin {
+				if _, err := h.SegmentInto(buf[hl:hl+size], wr.Data, wr.MSS, i, true); err != nil {
+					return gen, fmt.Errorf("rocev2: send WR %d: LSO segment %d: %w", wr.ID, i, err)
+				}
+				q.queueDatagram(buf, hl, size, dst)
+				continue
 			}
-			q.queueDatagram(buf, hl, size, dst)
+			chunk, err := h.SegmentHeadersInto(buf[hl:hl+h.End], wr.Data, wr.MSS, i)
+			if err != nil {
+				return gen, fmt.Errorf("rocev2: send WR %d: LSO segment %d: %w", wr.ID, i, err)
+			}
+			if g := d.queueZeroCopy(q.src, dst, buf, hl+h.End, chunk); g > 0 {
+				gen, q.zcGen = g, g
+			}
 		}
 	}
-	return nil
+	return gen, nil
 }

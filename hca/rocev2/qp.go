@@ -29,6 +29,9 @@ type sendWQE struct {
 	data     []byte
 	firstPSN uint32
 	npkts    uint32
+	// zcGen is the last work batch that sent part of data without
+	// copying it (Device.workGen); its completion waits for that batch.
+	zcGen uint64
 }
 
 // qp is a queue pair; every field but destroyed is guarded by dev.mu.
@@ -59,6 +62,9 @@ type qp struct {
 	rqHead, rqLen int
 
 	udPSN uint32
+	// zcGen is the last work batch that sent any of the QP's send
+	// buffers without copying them (Device.waitTx).
+	zcGen uint64
 
 	// RC requester.
 	sq            []sendWQE
@@ -253,7 +259,7 @@ func (q *qp) toError() {
 	q.disarmTimer()
 	for q.sqLen > 0 {
 		w := &q.sq[q.sqHead]
-		q.completeSend(w.id, hca.StatusWRFlushErr, 0)
+		q.completeSendAfter(w.id, hca.StatusWRFlushErr, 0, w.zcGen)
 		q.popSend()
 	}
 	q.txIdx, q.txOff = 0, 0
@@ -281,6 +287,7 @@ func (q *qp) toError() {
 // queues). mu held.
 func (q *qp) reset() {
 	q.disarmTimer()
+	q.dev.waitTx(q.zcGen)
 	clear(q.sq)
 	q.sqHead, q.sqLen, q.txIdx, q.txOff = 0, 0, 0, 0
 	clear(q.rq)
@@ -405,6 +412,7 @@ func (q *qp) Destroy() error {
 	}
 	q.destroyed.Store(true)
 	q.disarmTimer()
+	d.waitTx(q.zcGen)
 	d.srcPorts.release(q.src, &d.ctr)
 	q.src = nil
 	if d.qps[q.qpn] == q {
@@ -430,8 +438,23 @@ func (q *qp) errDestroyed(verb string) error {
 	return fmt.Errorf("rocev2: %s QP %#x: %w", verb, q.qpn, hca.ErrDestroyed)
 }
 
-func (q *qp) completeSend(id uint64, st hca.Status, n int) {
-	q.sendCQ.push(q, &hca.WC{ID: id, Status: st, Opcode: hca.WCSend, ByteLen: n, QPN: q.qpn, Context: q.cfg.Context})
+func (q *qp) completeSend(id uint64, st hca.Status, n int) { q.completeSendAfter(id, st, n, 0) }
+
+// completeSendAfter completes a send whose buffer work batch gen (0:
+// none) read without copying: the completion hands the buffer back, so
+// it waits until that batch is on the socket, and every send completion
+// behind a waiting one waits too, so they stay in order.
+func (q *qp) completeSendAfter(id uint64, st hca.Status, n int, gen uint64) {
+	d := q.dev
+	wc := hca.WC{ID: id, Status: st, Opcode: hca.WCSend, ByteLen: n, QPN: q.qpn, Context: q.cfg.Context}
+	if k := len(d.afterTx); k > 0 || gen > d.txDone.Load() {
+		if k > 0 {
+			gen = max(gen, d.afterTx[k-1].gen)
+		}
+		d.afterTx = append(d.afterTx, afterTxWC{q: q, wc: wc, gen: gen})
+		return
+	}
+	q.sendCQ.push(q, &wc)
 }
 
 // udInfo carries the UD-only fields of a receive completion.

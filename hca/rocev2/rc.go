@@ -81,10 +81,17 @@ func (q *qp) pump() {
 		buf := d.getBuf()
 		spec := wire.PacketSpec{BTH: wire.BTH{Opcode: op, PKey: uint16(q.pkey()), DestQP: uint32(q.destQPN), AckReq: ackReq, PSN: q.txPSN}}
 		h := wire.EncodeHeaders(buf, &spec, n)
-		copy(buf[h:], w.data[q.txOff:q.txOff+n])
-		pad := int(wire.PadCount(n))
-		clear(buf[h+n : h+n+pad])
-		d.queuePacket(q.src, q.dest, buf[:h+n+pad+wire.ICRCLen])
+		payload := w.data[q.txOff : q.txOff+n]
+		if n < zeroCopyMin {
+			copy(buf[h:], payload)
+			pad := int(wire.PadCount(n))
+			clear(buf[h+n : h+n+pad])
+			d.queuePacket(q.src, q.dest, buf[:h+n+pad+wire.ICRCLen])
+		} else if gen := d.queueZeroCopy(q.src, q.dest, buf, h, payload); gen > 0 {
+			// The payload stays in the WQE's buffer until the socket took
+			// it: the WQE's completion waits for this batch.
+			w.zcGen, q.zcGen = gen, gen
+		}
 		if psnDiff(q.txPSN, q.sentEnd) < 0 {
 			d.ctr.retransmits.Add(1)
 		}
@@ -130,7 +137,7 @@ func (q *qp) ackThrough(una uint32) bool {
 		if psnDiff(psnAdd(w.firstPSN, int(w.npkts)), una) > 0 {
 			break
 		}
-		q.completeSend(w.id, hca.StatusSuccess, len(w.data))
+		q.completeSendAfter(w.id, hca.StatusSuccess, len(w.data), w.zcGen)
 		q.popSend()
 		done++
 	}
@@ -155,7 +162,7 @@ func (q *qp) ackThrough(una uint32) bool {
 func (q *qp) fail(st hca.Status) {
 	if q.sqLen > 0 {
 		w := &q.sq[q.sqHead]
-		q.completeSend(w.id, st, 0)
+		q.completeSendAfter(w.id, st, 0, w.zcGen)
 		q.popSend()
 	}
 	q.toError()

@@ -28,11 +28,22 @@ const maxGSOPayload = 65535 - wire.IPv4HeaderLen - wire.UDPHeaderLen
 // Datagrams leave from their QP's socket (its UDP source port): a
 // message holds datagrams of one socket, and flush hands each run of
 // messages that share a socket to one sendmmsg on it.
+//
+// A datagram is one buffer, or a zero-copy one (txPacket.payload): its
+// headers, the payload where the work request holds it, then pad and
+// ICRC, as three iovecs that the kernel gathers (and cuts at the GSO
+// segment size, which each whole datagram is).
 type sender struct {
 	sock  *udpSocket // the fabric port's, for datagrams staged without one
 	batch *mmsgBatch
-	dsts  []netip.Addr // per staged datagram
-	srcs  []*udpSocket // per staged datagram
+	// iovs hold up to three iovecs per datagram; iovFirst[i] is datagram
+	// i's first, iovFirst[pending] the number in use.
+	iovs     []unix.Iovec
+	iovFirst []int
+	lens     []int        // per staged datagram: its bytes
+	icrcs    [][]byte     // per staged datagram: its 4 ICRC bytes
+	dsts     []netip.Addr // per staged datagram
+	srcs     []*udpSocket // per staged datagram
 	// msgSrc[m] is message m's socket; end is where the sendmmsg in
 	// progress stops (the end of its socket's run).
 	msgSrc []*udpSocket
@@ -52,7 +63,8 @@ type sender struct {
 }
 
 func newSender(s *udpSocket, size int) *sender {
-	w := &sender{sock: s, batch: newMmsgBatch(size), dsts: make([]netip.Addr, size), srcs: make([]*udpSocket, size),
+	w := &sender{sock: s, batch: newMmsgBatch(size), iovs: make([]unix.Iovec, 3*size), iovFirst: make([]int, size+1),
+		lens: make([]int, size), icrcs: make([][]byte, size), dsts: make([]netip.Addr, size), srcs: make([]*udpSocket, size),
 		msgSrc: make([]*udpSocket, size), msgFirst: make([]int, size+1)}
 	w.writeFn = w.sendmmsg
 	return w
@@ -61,29 +73,59 @@ func newSender(s *udpSocket, size int) *sender {
 // stage adds one datagram from src (nil: the fabric port) to the batch;
 // it reports false when full.
 func (w *sender) stage(buf []byte, to netip.Addr, src *udpSocket) bool {
-	if w.pending == len(w.batch.hdrs) {
+	return w.stagePacket(&txPacket{buf: buf, to: to, src: src})
+}
+
+// stagePacket adds p to the batch; it reports false when full.
+func (w *sender) stagePacket(p *txPacket) bool {
+	i := w.pending
+	if i == len(w.batch.hdrs) {
 		return false
 	}
+	src := p.src
 	if src == nil {
 		src = w.sock
 	}
-	w.batch.setBuf(w.pending, buf)
-	w.dsts[w.pending] = to
-	w.srcs[w.pending] = src
+	k := w.iovFirst[i]
+	if p.payload == nil {
+		k = setIov(w.iovs, k, p.buf)
+	} else {
+		k = setIov(w.iovs, k, p.buf[:p.split])
+		k = setIov(w.iovs, k, p.payload)
+		k = setIov(w.iovs, k, p.buf[p.split:])
+	}
+	w.iovFirst[i+1] = k
+	w.lens[i] = len(p.buf) + len(p.payload)
+	w.icrcs[i] = nil
+	if len(p.buf) >= wire.ICRCLen {
+		w.icrcs[i] = p.buf[len(p.buf)-wire.ICRCLen:]
+	}
+	w.dsts[i] = p.to
+	w.srcs[i] = src
 	w.pending++
 	return true
+}
+
+// setIov points iovs[k] at b and returns the next index; an empty b
+// takes no iovec.
+func setIov(iovs []unix.Iovec, k int, b []byte) int {
+	if len(b) == 0 {
+		return k
+	}
+	iovs[k].Base = &b[0]
+	iovs[k].SetLen(len(b))
+	return k + 1
 }
 
 // runLen is how many datagrams from i can leave as one GSO message: same
 // socket, same destination, same size, except that a shorter one ends the
 // run.
 func (w *sender) runLen(i int) int {
-	b := w.batch
-	seg := len(b.bufs[i])
+	seg := w.lens[i]
 	total := seg
 	j := i + 1
 	for ; j < w.pending && j-i < wire.MaxGSOSegments; j++ {
-		n := len(b.bufs[j])
+		n := w.lens[j]
 		if w.dsts[j] != w.dsts[i] || w.srcs[j] != w.srcs[i] || n > seg || n == 0 || total+n > maxGSOPayload {
 			break
 		}
@@ -108,8 +150,8 @@ func (w *sender) build() {
 		w.msgFirst[m] = i
 		w.msgSrc[m] = w.srcs[i]
 		h := &b.hdrs[m].Hdr
-		h.Iov = &b.iovs[i]
-		h.SetIovlen(n)
+		h.Iov = &w.iovs[w.iovFirst[i]]
+		h.SetIovlen(w.iovFirst[i+n] - w.iovFirst[i])
 		b.setAddr(m, w.dsts[i], w.sock.port, w.sock.v6)
 		if n == 1 {
 			h.Control = nil
@@ -121,12 +163,12 @@ func (w *sender) build() {
 		ch := (*unix.Cmsghdr)(unsafe.Pointer(&c[0]))
 		ch.Level, ch.Type = unix.SOL_UDP, unix.UDP_SEGMENT
 		ch.SetLen(unix.CmsgLen(2))
-		*(*uint16)(unsafe.Pointer(&c[unix.CmsgLen(0)])) = uint16(len(b.bufs[i]))
+		*(*uint16)(unsafe.Pointer(&c[unix.CmsgLen(0)])) = uint16(w.lens[i])
 		h.Control = &c[0]
 		h.SetControllen(unix.CmsgSpace(2))
 		if !w.sock.v6 {
 			for j := 1; j < n; j++ {
-				wire.SetICRCID(b.bufs[i+j], wire.IPv4HeaderLen, uint16(j), &w.shifts)
+				wire.SetICRCIDTail(w.icrcs[i+j], w.lens[i+j], wire.IPv4HeaderLen, uint16(j), &w.shifts)
 			}
 		}
 		i += n
@@ -222,7 +264,7 @@ func (w *sender) count(m int, ctr *counters) {
 	}
 	var bytes uint64
 	for i := lo; i < hi; i++ {
-		bytes += uint64(len(w.batch.bufs[i]))
+		bytes += uint64(w.lens[i])
 	}
 	ctr.txPackets.Add(uint64(hi - lo))
 	ctr.txBytes.Add(bytes)
@@ -230,9 +272,11 @@ func (w *sender) count(m int, ctr *counters) {
 
 // reset forgets the staged buffers so the batch pins no packet memory.
 func (w *sender) reset() {
+	for k := range w.iovFirst[w.pending] {
+		w.iovs[k].Base = nil
+	}
 	for i := range w.pending {
-		w.batch.bufs[i] = nil
-		w.batch.iovs[i].Base = nil
+		w.icrcs[i] = nil
 		w.dsts[i] = netip.Addr{}
 		w.srcs[i] = nil
 	}

@@ -67,8 +67,10 @@ func (q *qp) postSendUD(wrs []hca.SendWR) (int, error) {
 				to = d.members
 			}
 		}
+		var gen uint64
 		if wr.MSS > 0 {
-			if err := q.sendLSO(&spec, wr, &lso, to); err != nil {
+			var err error
+			if gen, err = q.sendLSO(&spec, wr, &lso, to); err != nil {
 				return i, err
 			}
 		} else {
@@ -77,7 +79,7 @@ func (q *qp) postSendUD(wrs []hca.SendWR) (int, error) {
 				q.sendDatagram(&spec, wr, m)
 			}
 		}
-		q.completeSend(wr.ID, hca.StatusSuccess, len(wr.Data))
+		q.completeSendAfter(wr.ID, hca.StatusSuccess, len(wr.Data), gen)
 	}
 	return len(wrs), nil
 }

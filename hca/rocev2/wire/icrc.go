@@ -79,6 +79,25 @@ func PutICRC(ipHdr, udpHdr, pkt []byte) error {
 	return nil
 }
 
+// PutICRCSplit is PutICRC for a packet held in two places, as a
+// zero-copy send posts it: the wire bytes are head, then payload, then
+// tail, whose last 4 bytes are the ICRC field. head holds at least the
+// BTH.
+func PutICRCSplit(ipHdr, udpHdr, head, payload, tail []byte) error {
+	if len(head) < BTHLen || len(tail) < ICRCLen {
+		return DropTruncated
+	}
+	n := len(tail) - ICRCLen
+	c, err := ICRC(ipHdr, udpHdr, head)
+	if err != nil {
+		return err
+	}
+	c = crc32.Update(c, crc32.IEEETable, payload)
+	c = crc32.Update(c, crc32.IEEETable, tail[:n])
+	binary.LittleEndian.PutUint32(tail[n:], c)
+	return nil
+}
+
 // CheckICRC verifies the ICRC of pkt; DropBadICRC on mismatch.
 func CheckICRC(ipHdr, udpHdr, pkt []byte) error {
 	if len(pkt) < BTHLen+ICRCLen {
@@ -95,13 +114,38 @@ func CheckICRC(ipHdr, udpHdr, pkt []byte) error {
 	return nil
 }
 
-// updateSmall continues an IEEE CRC over a few bytes with the byte-wise
-// table. The masked header copies live on the stack; handing them to
-// crc32.Update (an indirect call) would make them escape and allocate.
+// updateSmall continues an IEEE CRC over a few bytes (the masked
+// headers, at most 60 bytes at a time) eight at a time with slicing-by-8
+// tables, the rest byte-wise. The masked header copies live on the
+// stack; handing them to crc32.Update (an indirect call) would make them
+// escape and allocate, and its table walk is byte-wise below 64 bytes
+// anyway: per packet this was a sixth of the ICRC's time.
 func updateSmall(crc uint32, b []byte) uint32 {
 	crc = ^crc
+	t := &slicing8
+	for len(b) >= 8 {
+		crc ^= binary.LittleEndian.Uint32(b)
+		crc = t[0][b[7]] ^ t[1][b[6]] ^ t[2][b[5]] ^ t[3][b[4]] ^
+			t[4][crc>>24] ^ t[5][crc>>16&0xFF] ^ t[6][crc>>8&0xFF] ^ t[7][crc&0xFF]
+		b = b[8:]
+	}
 	for _, v := range b {
-		crc = crc32.IEEETable[byte(crc)^v] ^ crc>>8
+		crc = t[0][byte(crc)^v] ^ crc>>8
 	}
 	return ^crc
 }
+
+// slicing8 are the IEEE slicing-by-8 tables: slicing8[0] is
+// crc32.IEEETable, slicing8[k][i] the CRC of byte i followed by k zero
+// bytes.
+var slicing8 = func() (t [8][256]uint32) {
+	t[0] = *crc32.IEEETable
+	for i := range 256 {
+		c := t[0][i]
+		for k := 1; k < 8; k++ {
+			c = t[0][c&0xFF] ^ c>>8
+			t[k][i] = c
+		}
+	}
+	return t
+}()

@@ -107,12 +107,20 @@ func (c *IDShiftCache) Get(ipHdrLen, pktLen int) *IDShift {
 // SetICRCID rewrites the ICRC of pkt (a whole UDP payload whose ICRC was
 // computed for IPv4 ID 0) for ID id instead.
 func SetICRCID(pkt []byte, ipHdrLen int, id uint16, c *IDShiftCache) {
-	if id == 0 || len(pkt) < ICRCLen {
+	if len(pkt) < ICRCLen {
 		return
 	}
-	n := len(pkt) - ICRCLen
-	icrc := binary.LittleEndian.Uint32(pkt[n:])
-	binary.LittleEndian.PutUint32(pkt[n:], icrc^c.Get(ipHdrLen, len(pkt)).Delta(id))
+	SetICRCIDTail(pkt[len(pkt)-ICRCLen:], len(pkt), ipHdrLen, id, c)
+}
+
+// SetICRCIDTail is SetICRCID for a packet of pktLen bytes whose ICRC
+// field is icrc (its last 4 bytes, wherever they are held).
+func SetICRCIDTail(icrc []byte, pktLen, ipHdrLen int, id uint16, c *IDShiftCache) {
+	if id == 0 || len(icrc) < ICRCLen || pktLen < ICRCLen {
+		return
+	}
+	v := binary.LittleEndian.Uint32(icrc)
+	binary.LittleEndian.PutUint32(icrc, v^c.Get(ipHdrLen, pktLen).Delta(id))
 }
 
 // CheckICRCGSO verifies the ICRC of an IPv4 packet received through a UDP

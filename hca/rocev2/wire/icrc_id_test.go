@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"hash/crc32"
@@ -207,6 +208,58 @@ func BenchmarkCheckICRCGSO(b *testing.B) {
 	for b.Loop() {
 		if _, err := CheckICRCGSO(ip, udp, pkt, &cache); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestPutICRCSplitMatchesContiguous: a packet held as head, payload and
+// tail (a zero-copy send) gets the ICRC the contiguous packet has, for
+// every cut, and SetICRCIDTail shifts it as SetICRCID does.
+func TestPutICRCSplitMatchesContiguous(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	var shifts IDShiftCache
+	for _, n := range []int{0, 1, 3, 100, 4095, 4096} {
+		ip, udp, pkt := gsoPacket(t, rng, n)
+		want := binary.LittleEndian.Uint32(pkt[len(pkt)-ICRCLen:])
+		for range 20 {
+			a := BTHLen + rng.IntN(len(pkt)-BTHLen-ICRCLen+1)
+			b := a + rng.IntN(len(pkt)-ICRCLen-a+1)
+			head := append([]byte(nil), pkt[:a]...)
+			tail := append([]byte(nil), pkt[b:]...)
+			clear(tail[len(tail)-ICRCLen:])
+			if err := PutICRCSplit(ip, udp, head, pkt[a:b], tail); err != nil {
+				t.Fatal(err)
+			}
+			if got := binary.LittleEndian.Uint32(tail[len(tail)-ICRCLen:]); got != want {
+				t.Fatalf("%d bytes cut at %d/%d: ICRC %#x, contiguous %#x", len(pkt), a, b, got, want)
+			}
+			whole := append([]byte(nil), pkt...)
+			SetICRCID(whole, IPv4HeaderLen, 5, &shifts)
+			SetICRCIDTail(tail[len(tail)-ICRCLen:], len(pkt), IPv4HeaderLen, 5, &shifts)
+			if !bytes.Equal(tail[len(tail)-ICRCLen:], whole[len(whole)-ICRCLen:]) {
+				t.Fatalf("ID shift of a split packet differs")
+			}
+		}
+	}
+	if err := PutICRCSplit(nil, nil, make([]byte, BTHLen-1), nil, make([]byte, ICRCLen)); err == nil {
+		t.Fatal("head shorter than the BTH accepted")
+	}
+}
+
+// TestUpdateSmallMatchesCRC32: the slicing-by-8 small-buffer CRC is
+// crc32.Update for every length and starting state.
+func TestUpdateSmallMatchesCRC32(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	b := make([]byte, 100)
+	for n := range len(b) {
+		for range 20 {
+			for i := range b[:n] {
+				b[i] = byte(rng.Uint32())
+			}
+			c := rng.Uint32()
+			if got, want := updateSmall(c, b[:n]), crc32.Update(c, crc32.IEEETable, b[:n]); got != want {
+				t.Fatalf("%d bytes from %#x: %#x, crc32 %#x", n, c, got, want)
+			}
 		}
 	}
 }
