@@ -671,7 +671,7 @@ func TestRacePacketsQueuedDuringConnect(t *testing.T) {
 			for k := range later {
 				batch = append(batch, raceFrame(mac, src, parked+1+k))
 			}
-			w := window{state: tc.state, parked: tc.neigh.nParked}
+			w := window{state: tc.state.load(), parked: tc.neigh.nParked}
 			w.taken = pa.waitTaken(pa.push(batch...))
 			inWindow <- w
 		}

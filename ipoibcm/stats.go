@@ -192,13 +192,13 @@ func (i *Interface) Stats() Stats {
 			ni.CMBackoff = 0
 		}
 		if n.tx != nil {
-			ni.TXConn = n.tx.state.String()
+			ni.TXConn = n.tx.state.load().String()
 		}
 		s.Neighbours = append(s.Neighbours, ni)
 	}
 	for tc := range i.txConns {
 		ci := ConnInfo{
-			Peer: tc.peer.ColonString(), PeerGID: tc.peer.GID().String(), State: tc.state.String(), MTU: tc.mtu,
+			Peer: tc.peer.ColonString(), PeerGID: tc.peer.GID().String(), State: tc.state.load().String(), MTU: tc.mtu,
 			AgeMS: millisSince(now, tc.created), Packets: tc.packets.Load(), Bytes: tc.byts.Load(),
 		}
 		if tc.qp != nil {

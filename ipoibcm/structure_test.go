@@ -153,3 +153,81 @@ func TestRXStateChangesOnlyInTheStateMachine(t *testing.T) {
 		t.Fatal("no rxConn state assignment found at all: the check has gone blind")
 	}
 }
+
+// TestTXStateChangesOnlyInTheStateMachine: an active connection's state
+// is stored only by txTransition (txconn.go), which applies the table of
+// txStep, so every change of a txConn's life is one named event.
+func TestTXStateChangesOnlyInTheStateMachine(t *testing.T) {
+	fset := token.NewFileSet()
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		af, err := parser.ParseFile(fset, f, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range af.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || fd.Body == nil {
+				continue
+			}
+			inTransition := f == "txconn.go" && fd.Name.Name == "txTransition"
+			ast.Inspect(fd.Body, func(n ast.Node) bool {
+				switch n := n.(type) {
+				case *ast.CallExpr:
+					// tc.state.store(...): the one write of a txStateCell.
+					sel, ok := n.Fun.(*ast.SelectorExpr)
+					if !ok || sel.Sel.Name != "store" {
+						return true
+					}
+					if inner, ok := sel.X.(*ast.SelectorExpr); !ok || inner.Sel.Name != "state" {
+						return true
+					}
+					found++
+					if !inTransition {
+						t.Errorf("%s: active connection state stored in %s, not txTransition", fset.Position(n.Pos()), fd.Name.Name)
+					}
+				case *ast.SelectorExpr:
+					// The cell's atomic is the cell's alone.
+					if n.Sel.Name == "v" {
+						if inner, ok := n.X.(*ast.SelectorExpr); ok && inner.Sel.Name == "state" {
+							t.Errorf("%s: %s reaches into a txStateCell", fset.Position(n.Pos()), fd.Name.Name)
+						}
+					}
+				}
+				return true
+			})
+		}
+	}
+	if found != 1 {
+		t.Fatalf("found %d stores of a txConn state, want exactly the one in txTransition: the check has gone blind or been bypassed", found)
+	}
+}
+
+// TestTXStepTable walks every state and event through txStep: the
+// active connection only ever moves forward, and a destroyed one stays.
+func TestTXStepTable(t *testing.T) {
+	want := map[[2]int]txState{
+		{int(txConnecting), int(txEvREP)}:      txUp,
+		{int(txConnecting), int(txEvTeardown)}: txClosing,
+		{int(txUp), int(txEvTeardown)}:         txClosing,
+		{int(txConnecting), int(txEvDestroy)}:  txDestroyed,
+		{int(txUp), int(txEvDestroy)}:          txDestroyed,
+		{int(txClosing), int(txEvDestroy)}:     txDestroyed,
+	}
+	for s := txConnecting; s <= txDestroyed; s++ {
+		for ev := txEvREP; ev <= txEvDestroy; ev++ {
+			to, ok := txStep(s, ev)
+			w, allowed := want[[2]int{int(s), int(ev)}]
+			if ok != allowed || (ok && to != w) || (!ok && to != s) {
+				t.Errorf("txStep(%s, %s) = %s, %v; want %s, %v", s, ev, to, ok, w, allowed)
+			}
+		}
+	}
+}

@@ -250,7 +250,7 @@ func (i *Interface) txNeighLocked(t *txScratch, n *neighbour, bufIdx, size int, 
 			tc = i.startTXLocked(n, now)
 		}
 		if tc != nil {
-			switch tc.state {
+			switch tc.state.load() {
 			case txUp:
 				pathMTU := min(tc.mtu-frame.EncapLen, i.MTU())
 				if tm.gso() {
