@@ -2,6 +2,7 @@ package ipoibcm
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -31,6 +32,13 @@ const (
 	hostLinkDown // down
 )
 
+// hostLinkCounters count the downs and ups the engine followed and what
+// the downs tore down and flushed.
+type hostLinkCounters struct {
+	downs, ups                                         atomic.Uint64
+	downRXTeardowns, downTXTeardowns, downPathsFlushed atomic.Uint64
+}
+
 // hostLinkTransition moves the interface to want (control loop): the one
 // place hostLink changes. Asking for the current state does nothing.
 func (i *Interface) hostLinkTransition(want hostLink) error {
@@ -55,7 +63,7 @@ func (i *Interface) stopForHost() {
 	i.hostLink.Store(int32(hostLinkDown))
 	i.mu.Unlock()
 	i.link.Store(false)
-	i.rs.hostDowns.Add(1)
+	i.hostLinkCtr.downs.Add(1)
 	i.closeListener()
 	rx, tx := i.snapshotConns()
 	for _, rc := range rx {
@@ -64,8 +72,8 @@ func (i *Interface) stopForHost() {
 	for _, tc := range tx {
 		tc.teardown()
 	}
-	i.rs.hostDownRXTeardowns.Add(uint64(len(rx)))
-	i.rs.hostDownTXTeardowns.Add(uint64(len(tx)))
+	i.hostLinkCtr.downRXTeardowns.Add(uint64(len(rx)))
+	i.hostLinkCtr.downTXTeardowns.Add(uint64(len(tx)))
 	i.mu.Lock()
 	paths := i.flushPathsLocked()
 	groups := i.leaveGroupsLocked()
@@ -107,7 +115,7 @@ func (i *Interface) openForHost() error {
 	i.hostLink.Store(int32(hostLinkUp))
 	err := i.rejoinGroupsLocked()
 	i.mu.Unlock()
-	i.rs.hostUps.Add(1)
+	i.hostLinkCtr.ups.Add(1)
 	// Without its P_Key in the table the link stays down (onPKeyChange).
 	i.link.Store(i.pkeyHere)
 	if err != nil {
@@ -146,7 +154,7 @@ func (i *Interface) flushPathsLocked() int {
 		nb.cmBackoffUntil, nb.pathMTU = time.Time{}, 0
 		n++
 	}
-	i.rs.hostDownPathsFlushed.Add(uint64(n))
+	i.hostLinkCtr.downPathsFlushed.Add(uint64(n))
 	return n
 }
 

@@ -142,9 +142,11 @@ type Interface struct {
 		hostDownQuiet func()
 	}
 
-	ctr        counters
-	rs         reaperCounters
-	rxLimitCtr rxLimitCounters
+	ctr         counters
+	ifCtr       interfaceCounters
+	txc         txConnCounters   // txconn.go
+	rxAdmit     rxAdmitCounters  // rxlimit.go
+	hostLinkCtr hostLinkCounters // hostlink.go
 
 	stop     chan struct{} // closed by Close: reader and control loop end
 	readerWG sync.WaitGroup
@@ -311,8 +313,13 @@ func (i *Interface) createQueues() error {
 func (i *Interface) onCQEvent(ev hca.AsyncEvent) {
 	// A CQ overflow loses a completion; the sizing rule should make it
 	// impossible, so it is logged loudly and counted.
-	i.rs.cqErrors.Add(1)
+	i.ifCtr.cqErrors.Add(1)
 	i.log.Error("completion queue error", "event", ev.Type)
+}
+
+// interfaceCounters are the Interface's own: CQ errors and mode switches.
+type interfaceCounters struct {
+	cqErrors, modeSwitches atomic.Uint64
 }
 
 // Start brings the interface up: pollers, control loop, host reader, the

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -79,6 +80,14 @@ type mcastTable struct {
 	host, sendOnly int
 	// scratch collects the changes of one IGMP/MLD report (host reader).
 	scratch [16]mcastChange
+
+	ctr mcastCounters
+}
+
+// mcastCounters count the UD QP's attaches and the groups' changes.
+type mcastCounters struct {
+	joins, leaves, joinErrors            atomic.Uint64
+	sendOnly, sendOnlyExpired, tableFull atomic.Uint64
 }
 
 func newMcastTable() mcastTable { return mcastTable{groups: make(map[hca.GID]*mcastGroup)} }
@@ -130,7 +139,7 @@ func (i *Interface) mcastStepLocked(mgid hca.GID, ev mcastEvent, ip netip.Addr, 
 			return true // a leave of a group never joined here: nothing to undo
 		}
 		if i.mcast.host >= i.cfg.MaxMcastGroups && !(ev == mcastEvJoin && i.evictSendOnlyLocked()) {
-			i.rs.mcastTableFull.Add(1)
+			i.mcast.ctr.tableFull.Add(1)
 			return false
 		}
 		g = &mcastGroup{state: mcastSendOnly, since: now}
@@ -139,7 +148,7 @@ func (i *Interface) mcastStepLocked(mgid hca.GID, ev mcastEvent, ip netip.Addr, 
 		i.mcast.sendOnly++
 		if ev == mcastEvSend {
 			g.dst, g.lastSend = ip, now
-			i.rs.mcastSendOnly.Add(1)
+			i.mcast.ctr.sendOnly.Add(1)
 			return true
 		}
 	}
@@ -157,7 +166,7 @@ func (i *Interface) mcastStepLocked(mgid hca.GID, ev mcastEvent, ip netip.Addr, 
 		if err := i.attachLocked(mgid, g); err != nil {
 			// The group stays full and unattached; the host's next
 			// report or the next list sync tries again.
-			i.rs.mcastJoinErrors.Add(1)
+			i.mcast.ctr.joinErrors.Add(1)
 			i.log.Warn("multicast join", "group", ip, "mgid", mgid, "err", err)
 		}
 	case mcastEvLeave:
@@ -168,7 +177,7 @@ func (i *Interface) mcastStepLocked(mgid hca.GID, ev mcastEvent, ip netip.Addr, 
 		g.members = slices.Delete(g.members, k, k+1)
 		if g.state == mcastFull && len(g.members) == 0 {
 			i.removeGroupLocked(mgid, g)
-			i.rs.mcastLeaves.Add(1)
+			i.mcast.ctr.leaves.Add(1)
 		}
 	case mcastEvSend:
 		g.lastSend = now
@@ -178,7 +187,7 @@ func (i *Interface) mcastStepLocked(mgid hca.GID, ev mcastEvent, ip netip.Addr, 
 	case mcastEvIdle:
 		if g.state == mcastSendOnly && now.Sub(g.lastSend) >= i.cfg.McastSendOnlyTimeout {
 			i.removeGroupLocked(mgid, g)
-			i.rs.mcastSendOnlyExpired.Add(1)
+			i.mcast.ctr.sendOnlyExpired.Add(1)
 		}
 	}
 	return true
@@ -200,7 +209,7 @@ func (i *Interface) attachLocked(mgid hca.GID, g *mcastGroup) error {
 		return fmt.Errorf("attach %s: %w", mgid, err)
 	}
 	g.attached = true
-	i.rs.mcastJoins.Add(1)
+	i.mcast.ctr.joins.Add(1)
 	return nil
 }
 
@@ -246,7 +255,7 @@ func (i *Interface) evictSendOnlyLocked() bool {
 		return false
 	}
 	i.removeGroupLocked(victim, vg)
-	i.rs.mcastSendOnlyExpired.Add(1)
+	i.mcast.ctr.sendOnlyExpired.Add(1)
 	return true
 }
 

@@ -3,6 +3,7 @@ package ipoibcm
 import (
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -63,6 +64,15 @@ type neighbourTable struct {
 	byGID   map[hca.GID]*neighbour
 	byMAC   map[frame.MAC]*neighbour
 	nextMAC uint32
+
+	ctr neighCounters
+}
+
+// neighCounters count the table's changes: peers that restarted (new
+// QPN), connections aged for idleness, neighbours evicted, and ARP
+// re-resolutions the engine sent itself.
+type neighCounters struct {
+	restarts, aged, evicted, reresolves atomic.Uint64
 }
 
 func newNeighbourTable() neighbourTable {
@@ -203,7 +213,7 @@ func (i *Interface) learnLocked(hw frame.HWAddr, ip netip.Addr, now time.Time) *
 		n.hw = hw
 		i.log.Debug("neighbour", "ip", ip, "hw", hw, "was", old, "mac", n.mac)
 		if old.QPN() != hw.QPN() || (old.Connected() && !hw.Connected()) {
-			i.rs.neighRestarts.Add(1)
+			i.neigh.ctr.restarts.Add(1)
 			n.cmBackoffUntil = time.Time{}
 			if tc := n.tx; tc != nil {
 				tc.detachLocked(dropTxNeighFlushed)
@@ -249,7 +259,7 @@ func (i *Interface) reresolve(n *neighbour) {
 			i.tx.pool.put1(idx[0])
 			return
 		}
-		i.rs.reresolves.Add(1)
+		i.neigh.ctr.reresolves.Add(1)
 	}
 }
 
@@ -269,7 +279,7 @@ func (i *Interface) ageNeighbours(now time.Time) {
 		if n.tx != nil {
 			idle = append(idle, n.tx)
 			n.tx.detachLocked(dropTxNeighFlushed)
-			i.rs.neighAged.Add(1)
+			i.neigh.ctr.aged.Add(1)
 		}
 	}
 	i.evictNeighboursLocked(now)
@@ -315,7 +325,7 @@ func (i *Interface) evictNeighboursLocked(now time.Time) {
 			n.ah = nil
 		}
 		i.neigh.remove(n)
-		i.rs.neighEvicted.Add(1)
+		i.neigh.ctr.evicted.Add(1)
 		i.log.Debug("neighbour evicted", "peer", n.hw, "mac", n.mac, "idle", now.Sub(n.idleSince()))
 	}
 }

@@ -359,8 +359,8 @@ func runCompletionAfterDestroy(t *testing.T, mut mutation.Soak) afterDestroyRun 
 	}
 	onControl(t, &testNode{ifc: b}, func() {})
 	run.pendingHeld = fab.Stats().PendingCompletion
-	run.reapedBefore = b.rs.reaped.Load()
-	run.drainsBefore = b.rs.drainsPosted.Load()
+	run.reapedBefore = b.reaper.ctr.reaped.Load()
+	run.drainsBefore = b.reaper.ctr.drainsPosted.Load()
 
 	hold.Release()
 	select {
@@ -514,7 +514,7 @@ func testLastWQEBeforeLive(t *testing.T, reapFirst bool) {
 				res.state = rc.state
 				_, res.inSet = i.rxConns[rc]
 				i.mu.Unlock()
-				res.accepted = i.rs.rxAccepted.Load()
+				res.accepted = i.rxAdmit.accepted.Load()
 				hooked <- res
 			}()
 			if err := rc.qp.Modify(hca.QPAttr{State: hca.QPStateError}); err != nil {

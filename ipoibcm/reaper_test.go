@@ -208,7 +208,7 @@ func TestManyConnectionsReapedAtOnce(t *testing.T) {
 	reaped := make(chan *rxConn, n)
 	hub.ifc.mu.Lock()
 	hub.ifc.hooks.rxReaped = func(rc *rxConn) {
-		inFlightAtReap = append(inFlightAtReap, hub.ifc.rs.drainsPosted.Load()-hub.ifc.rs.drainsCompleted.Load())
+		inFlightAtReap = append(inFlightAtReap, hub.ifc.reaper.ctr.drainsPosted.Load()-hub.ifc.reaper.ctr.drainsCompleted.Load())
 		reaped <- rc
 	}
 	hub.ifc.mu.Unlock()

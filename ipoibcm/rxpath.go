@@ -130,7 +130,7 @@ func (r *rxPath) handleRX(wcs []hca.WC) {
 	for k := range wcs {
 		wc := &wcs[k]
 		if wc.ID == wrDrain {
-			i.rs.drainsCompleted.Add(1)
+			i.reaper.ctr.drainsCompleted.Add(1)
 			i.ctl.post(i.onDrainDone)
 			continue
 		}

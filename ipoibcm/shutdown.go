@@ -167,7 +167,7 @@ func (i *Interface) forceShutdown() {
 		if v := tc.outstanding.Swap(0); v > 0 {
 			i.tx.returnCredits(int(v))
 		}
-		i.rs.forcedAtStop.Add(1)
+		i.txc.forced.Add(1)
 		tc.destroy()
 	}
 	i.reaper.flush, i.reaper.drain = nil, nil

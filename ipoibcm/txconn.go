@@ -105,6 +105,16 @@ type txConn struct {
 	reqAt          atomic.Int64 // unix nanos the REQ was sent, for EventTXEstablished
 }
 
+// txConnCounters count the active connections' lives.
+type txConnCounters struct {
+	connects, established, connectFailures atomic.Uint64
+	teardowns, destroyed                   atomic.Uint64
+	// mtuDowngrades: REQs resent one IB MTU lower after a REJ
+	// INVALID_MTU (cmpathmtu.go); forced: destroyed by Close's
+	// DrainTimeout with sends still outstanding.
+	mtuDowngrades, forced atomic.Uint64
+}
+
 // txTransition applies ev to tc (Interface.mu held): the one place
 // tc.state changes. It reports whether ev applied; what each change does
 // around it is done by its caller, under the same lock where it must be
@@ -184,7 +194,7 @@ func (tc *txConn) connect() {
 	i.mu.Lock()
 	tc.cmConn = conn
 	i.mu.Unlock()
-	i.rs.txConnects.Add(1)
+	i.txc.connects.Add(1)
 	i.emitTX(EventTXConnect, tc, 0, "")
 }
 
@@ -204,7 +214,7 @@ func (tc *txConn) onCMEvent(ev cm.Event) {
 			i.ctl.post(func() { tc.fail(true) })
 		}
 	case cm.EventEstablished:
-		i.rs.txEstablished.Add(1)
+		i.txc.established.Add(1)
 		i.emitTX(EventTXEstablished, tc, time.Duration(time.Now().UnixNano()-tc.reqAt.Load()), "")
 	case cm.EventRejected, cm.EventTimedOut:
 		// A stale-connection REJ is the peer cleaning up after a restart
@@ -304,7 +314,7 @@ func (tc *txConn) fail(backoff bool) {
 			tc.neigh.cmBackoffUntil = time.Now().Add(i.cfg.CMBackoff)
 		}
 		i.mu.Unlock()
-		i.rs.txConnectFailures.Add(1)
+		i.txc.connectFailures.Add(1)
 	}
 	tc.teardown()
 }
@@ -338,7 +348,7 @@ func (tc *txConn) teardown() {
 	}
 	tc.detachLocked(dropTxNeighFlushed)
 	i.mu.Unlock()
-	i.rs.txTeardowns.Add(1)
+	i.txc.teardowns.Add(1)
 	i.emitTX(EventTXTeardown, tc, 0, "")
 	if tc.cmConn != nil {
 		tc.cmConn.Destroy()
@@ -369,7 +379,7 @@ func (tc *txConn) destroy() {
 			i.log.Warn("destroy TX QP", "peer", tc.peer, "err", err)
 		}
 	}
-	i.rs.txDestroyed.Add(1)
+	i.txc.destroyed.Add(1)
 	i.emitTX(EventTXDestroyed, tc, 0, "")
 	if h := i.hooks.txDestroyed; h != nil {
 		h(tc)

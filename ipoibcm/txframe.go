@@ -388,6 +388,6 @@ func (i *Interface) answerTooBig(dst []byte, n *neighbour, pkt []byte, mtu int) 
 	if m == 0 {
 		return nil
 	}
-	i.rs.tooBigSent.Add(1)
+	i.tx.ctr.tooBigSent.Add(1)
 	return dst[:m]
 }
