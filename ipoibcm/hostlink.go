@@ -97,9 +97,6 @@ func (i *Interface) checkHostDownQuiet() {
 	if left == 0 {
 		i.downQuiet = true
 		i.log.Info("host down: every connection is gone")
-		if h := i.hooks.hostDownQuiet; h != nil {
-			h()
-		}
 	}
 }
 

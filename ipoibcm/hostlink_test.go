@@ -2,6 +2,7 @@ package ipoibcm
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -49,10 +50,14 @@ func (c *fabricCounter) sent(dev string) (mads, data int) {
 func TestHostDownStopsAndUpRestarts(t *testing.T) {
 	fc := &fabricCounter{mads: map[string]int{}, data: map[string]int{}}
 	quiet := make(chan struct{}, 1)
-	tn := newTestNet(t, 2, soft.Config{Tap: fc}, nil)
+	tn := newTestNet(t, 2, soft.Config{Tap: fc}, func(k int, c *Config) {
+		if k == 0 {
+			// The engine says when, with the host's ib0 down, its last
+			// connection is gone.
+			c.Logger = slog.New(logSignal{msg: "host down: every connection is gone", ch: quiet})
+		}
+	})
 	a, b := tn.nodes[0], tn.nodes[1]
-	// Set before anything goes down; the control loop reads it only then.
-	a.ifc.hooks.hostDownQuiet = func() { quiet <- struct{}{} }
 
 	tcpTransfer(t, a, b, b.v4, 1<<20, nil)
 	ping(t, b, a.v4, 56)
@@ -170,3 +175,26 @@ func TestHostDownStopsAndUpRestarts(t *testing.T) {
 		t.Errorf("%d TX connections after up and a transfer; want 1 (connected mode again)", n)
 	}
 }
+
+// logSignal is a slog.Handler that signals ch at each record whose
+// message is msg (and drops every record).
+type logSignal struct {
+	msg string
+	ch  chan<- struct{}
+}
+
+func (l logSignal) Enabled(context.Context, slog.Level) bool { return true }
+
+func (l logSignal) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == l.msg {
+		select {
+		case l.ch <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+func (l logSignal) WithAttrs([]slog.Attr) slog.Handler { return l }
+
+func (l logSignal) WithGroup(string) slog.Handler { return l }

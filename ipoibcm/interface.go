@@ -107,41 +107,6 @@ type Interface struct {
 	// device; the zero value everywhere else.
 	mut mutation.Soak
 
-	// hooks let this package's tests observe the engine and wait for its
-	// events instead of polling. Never set outside the tests; set before
-	// Start.
-	hooks struct {
-		// rxPacket runs on the RX poller for every IP packet delivered to
-		// the host: the peer and the payload after the IPoIB header,
-		// valid only during the call.
-		rxPacket func(peer frame.HWAddr, payload []byte)
-		// deadCompletion runs on the RX poller for every receive
-		// completion of a connection already marked dead.
-		deadCompletion func(wc *hca.WC)
-		// rxReaped and txDestroyed run on the control loop.
-		rxReaped    func(rxConn *rxConn)
-		txDestroyed func(tc *txConn)
-		// beforeTXStop runs on the host reader just before it stops the
-		// queue: a test returns completions there, in the window a real
-		// TX poller may hit.
-		beforeTXStop func(why stopReason)
-		// rxAccepting runs on the CM goroutine in acceptREQ once the new
-		// passive QP is in Init, before the connection joins rxConns: a
-		// test errors the QP there (kernel race 3, LAST_WQE before the
-		// connection is live).
-		rxAccepting func(rc *rxConn)
-		// repReceived runs on the CM goroutine when a REP arrives, before
-		// it is applied: a test holds the REP there while frames park.
-		repReceived func(tc *txConn)
-		// repApplying runs in applyREP under mu, after the connection is
-		// marked up and before its parked frames are posted: the window
-		// of the 2018 start_xmit/REP race.
-		repApplying func(tc *txConn)
-		// hostDownQuiet runs on the control loop when, with the host's
-		// ib0 down, the last connection is gone.
-		hostDownQuiet func()
-	}
-
 	ctr         counters
 	ifCtr       interfaceCounters
 	txc         txConnCounters   // txconn.go

@@ -142,9 +142,6 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		i.releaseRX(rc, &i.rxAdmit.rejectedError)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
-	if h := i.hooks.rxAccepting; h != nil {
-		h(rc)
-	}
 	// On the live list before the REP leaves: a LAST_WQE that arrives
 	// before the CM returns finds the connection (Linux checks state in
 	// the REQ handler for the same race). One that arrived earlier may

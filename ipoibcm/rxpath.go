@@ -263,7 +263,7 @@ func (r *rxPath) rxUD(wc *hca.WC) {
 		i.ctr.drop(dropRxBadIP)
 		return
 	}
-	r.deliverIP(b, wc.ByteLen, et, n.mac, src, true, wc.Flags)
+	r.deliverIP(b, wc.ByteLen, et, n.mac, true, wc.Flags)
 }
 
 func (r *rxPath) rxSRQ(wc *hca.WC) {
@@ -279,7 +279,7 @@ func (r *rxPath) rxSRQ(wc *hca.WC) {
 		return
 	}
 	if rc.dead.Load() {
-		r.deadCompletion(wc)
+		r.deadCompletion()
 		return
 	}
 	if wc.Status != hca.StatusSuccess {
@@ -301,7 +301,7 @@ func (r *rxPath) rxConnRing(wc *hca.WC) {
 	}
 	if rc.dead.Load() || wc.Status == hca.StatusWRFlushErr {
 		if rc.dead.Load() {
-			r.deadCompletion(wc)
+			r.deadCompletion()
 		}
 		if !rc.dead.Load() {
 			// Flushed while live: the QP errored under us; tear down.
@@ -326,13 +326,10 @@ func (r *rxPath) ringReceiveGone(rc *rxConn) {
 	}
 }
 
-func (r *rxPath) deadCompletion(wc *hca.WC) {
-	i := r.i
-	i.ctr.rxDeadDropped.Add(1)
-	if h := i.hooks.deadCompletion; h != nil {
-		h(wc)
-	}
-}
+// deadCompletion recycles a completion of a connection marked dead: its
+// buffer goes back (reposted by the caller), its packet never reaches the
+// host.
+func (r *rxPath) deadCompletion() { r.i.ctr.rxDeadDropped.Add(1) }
 
 // rxConnPacket delivers one message received on a passive connection.
 func (r *rxPath) rxConnPacket(rc *rxConn, b []byte, idx, byteLen int, flags hca.WCFlags) {
@@ -366,7 +363,7 @@ func (r *rxPath) rxConnPacket(rc *rxConn, b []byte, idx, byteLen int, flags hca.
 	}
 	rc.packets.Add(1)
 	rc.byts.Add(uint64(byteLen))
-	r.deliverIP(b, byteLen, et, rc.mac, rc.peer, false, flags)
+	r.deliverIP(b, byteLen, et, rc.mac, false, flags)
 }
 
 // deliverIP turns the IPoIB message at b[headroom:headroom+byteLen] into
@@ -374,7 +371,7 @@ func (r *rxPath) rxConnPacket(rc *rxConn, b []byte, idx, byteLen int, flags hca.
 // over the headroom and the IPoIB header), or, for neighbour discovery,
 // translated into a scratch buffer. flags is the HCA's checksum verdict
 // (rxMeta).
-func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, peer frame.HWAddr, ud bool, flags hca.WCFlags) {
+func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, ud bool, flags hca.WCFlags) {
 	i := r.i
 	pkt := b[frame.EthHdrLen : headroom+byteLen]
 	dst := i.hostMACNow()
@@ -394,7 +391,7 @@ func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, p
 			return
 		}
 		if frame.IsND(pkt) {
-			r.deliverND(pkt, byteLen, srcMAC, peer)
+			r.deliverND(pkt, byteLen, srcMAC)
 			return
 		}
 	}
@@ -403,9 +400,6 @@ func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, p
 		if ud {
 			i.ctr.multicast.Add(1)
 		}
-	}
-	if h := i.hooks.rxPacket; h != nil {
-		h(peer, pkt)
 	}
 	frame.PutEthernet(b, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: et})
 	f := b[:headroom+byteLen]
@@ -421,7 +415,7 @@ func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, p
 
 // deliverND rewrites IPoIB link-layer options to the neighbours' MACs,
 // learning the hardware addresses they carry.
-func (r *rxPath) deliverND(pkt []byte, byteLen int, srcMAC frame.MAC, peer frame.HWAddr) {
+func (r *rxPath) deliverND(pkt []byte, byteLen int, srcMAC frame.MAC) {
 	i := r.i
 	out := r.transBuf()
 	if out == nil {
@@ -459,9 +453,6 @@ func (r *rxPath) deliverND(pkt []byte, byteLen int, srcMAC frame.MAC, peer frame
 	dst := i.hostMACNow()
 	if mac, ok := hostMulticastMAC(frame.EtherTypeIPv6, pkt); ok {
 		dst = mac
-	}
-	if h := i.hooks.rxPacket; h != nil {
-		h(peer, pkt)
 	}
 	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: frame.EtherTypeIPv6})
 	r.frames = append(r.frames, out[:frame.EthHdrLen+n])

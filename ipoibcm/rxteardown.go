@@ -272,9 +272,6 @@ func (i *Interface) reapRX(rc *rxConn) {
 		}
 		i.emitRX(EventReaped, rc, elapsed, "")
 	}
-	if h := i.hooks.rxReaped; h != nil {
-		h(rc)
-	}
 }
 
 // staleScan moves passive connections idle longer than StaleAfter to

@@ -206,9 +206,6 @@ func (tc *txConn) onCMEvent(ev cm.Event) {
 	i.log.Debug("CM TX event", "event", ev.Type, "peer", tc.peer, "reject", ev.RejectReason, "err", ev.Err)
 	switch ev.Type {
 	case cm.EventREPReceived:
-		if h := i.hooks.repReceived; h != nil {
-			h(tc)
-		}
 		if !tc.applyREP(ev.PrivateData) {
 			ev.Conn.Reject(cm.RejectConsumerDefined)
 			i.ctl.post(func() { tc.fail(true) })
@@ -265,9 +262,6 @@ func (tc *txConn) applyREP(pd []byte) bool {
 	if n.tx != tc {
 		i.mu.Unlock()
 		return true
-	}
-	if h := i.hooks.repApplying; h != nil {
-		h(tc)
 	}
 	tx := &i.tx
 	p := poster{tx: tx}
@@ -381,9 +375,6 @@ func (tc *txConn) destroy() {
 	}
 	i.txc.destroyed.Add(1)
 	i.emitTX(EventTXDestroyed, tc, 0, "")
-	if h := i.hooks.txDestroyed; h != nil {
-		h(tc)
-	}
 }
 
 // sendDone accounts one completed send of tc (TX poller); it reports

@@ -262,9 +262,6 @@ func (tx *txPath) resumable(why stopReason) bool {
 // stopped and wake. Whoever flips stopped back to false (the re-check here
 // or returnCredits) owns the resumption.
 func (tx *txPath) stopQueue(why stopReason) bool {
-	if h := tx.i.hooks.beforeTXStop; h != nil {
-		h(why)
-	}
 	tx.stopped.Store(true)
 	// A stopped queue waits for completion events: hand re-arming back
 	// to the TX poller (after stopped is set, so the poll that returns
