@@ -9,8 +9,8 @@ import (
 	"log/slog"
 	"strings"
 
-	"github.com/ipoibcm/ipoib/bench"
 	"github.com/ipoibcm/ipoib/internal/flagcheck"
+	"github.com/ipoibcm/ipoib/soak"
 )
 
 // Exit statuses.
@@ -38,7 +38,7 @@ func commands() []command {
 		{name: "show", summary: "show counters, neighbours and connections of running interfaces", flags: showFlags},
 		{name: "mode", summary: "switch running interfaces to connected or datagram mode", flags: modeFlags, positional: "connected|datagram"},
 		{name: "bench", summary: "measure throughput: in-process (default) or iperf3 across namespaces (--iperf, root)", flags: benchFlags},
-		{name: "soak", summary: bench.SoakSummary, flags: soakFlags, positional: "[soak flags]", passthrough: true},
+		{name: "soak", summary: soak.SoakSummary, flags: soakFlags, positional: "[soak flags]", passthrough: true},
 		{name: "up", summary: "bring up ib0 on this host over RoCEv2/UDP to other hosts (root)", flags: upFlags},
 		{name: "child", summary: "add or delete a P_Key child interface (ib0.8001) of a running fabric host or 'ipoib up'", flags: childFlags, positional: "add PKEY | del NAME|PKEY"},
 		{name: "capture", summary: "record a host's HCA traffic and engine events as pcapng (RoCEv2, for tshark)", flags: captureFlags},

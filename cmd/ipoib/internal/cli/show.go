@@ -8,9 +8,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ipoibcm/ipoib/bench"
 	"github.com/ipoibcm/ipoib/control"
 	"github.com/ipoibcm/ipoib/internal/flagcheck"
+	"github.com/ipoibcm/ipoib/soak"
 )
 
 const controlTimeout = 5 * time.Second
@@ -162,9 +162,9 @@ func modeFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 }
 
 func soakFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
-	// The soak parses its own flags (bench.Soak); everything after "soak"
+	// The soak parses its own flags (soak.SoakMain); everything after "soak"
 	// goes to it, so "ipoib soak -h" is answered there.
 	return func(ctx context.Context, args []string) int {
-		return bench.SoakMain(ctx, args, env.Stdout, env.Stderr)
+		return soak.SoakMain(ctx, args, env.Stdout, env.Stderr)
 	}
 }

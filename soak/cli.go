@@ -1,4 +1,4 @@
-package bench
+package soak
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/ipoibcm/ipoib/bench"
 	"github.com/ipoibcm/ipoib/hca/rocev2"
 	"github.com/ipoibcm/ipoib/hca/soft"
 	"github.com/ipoibcm/ipoib/internal/flagcheck"
@@ -156,7 +157,7 @@ func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		err = rep.WriteTable(stdout)
 	}
 	if err == nil && *plotFile != "" {
-		err = WritePlotFile(*plotFile, rep.WritePlot)
+		err = bench.WritePlotFile(*plotFile, rep.WritePlot)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "ipoib soak: %v\n", err)
