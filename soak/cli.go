@@ -26,14 +26,14 @@ const (
 // SoakSummary is the one-line description of 'ipoib soak'.
 const SoakSummary = "stale-connection reaping soak with fault injection"
 
-// soakMaxHosts bounds --hosts as RunSoak does (250 × 250 addresses).
+// soakMaxHosts bounds --hosts as Run does (250 × 250 addresses).
 const soakMaxHosts = 250 * 250
 
 // SoakMain is `ipoib soak`: it parses args, runs the soak with a progress
 // line on stderr (rewritten in place on a terminal), prints the table (or
 // --json) on stdout and returns the exit status: 1 on any violation.
 func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cfg := DefaultSoakConfig()
+	cfg := DefaultConfig()
 	fs := flag.NewFlagSet("ipoib soak", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long traffic runs (the end checks follow)")
@@ -67,7 +67,7 @@ func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.BoolVar(&cfg.Mutations.SkipDeadFlag, "unsafe-skip-dead-flag", false, "mutation: do not mark torn-down connections dead (must fail)")
 	fs.BoolVar(&cfg.Mutations.SkipDrain, "unsafe-skip-drain", false, "mutation: destroy QPs without LAST_WQE and drain (must fail)")
 	fs.StringVar(&cfg.Capture, "capture", "", "keep a ring of the last packets and engine events; write it to this pcapng file if an invariant breaks")
-	fs.IntVar(&cfg.CapturePackets, "capture-packets", DefaultSoakCapturePackets, "--capture: ring size in records (messages and events; at most 32 MiB)")
+	fs.IntVar(&cfg.CapturePackets, "capture-packets", DefaultCapturePackets, "--capture: ring size in records (messages and events; at most 32 MiB)")
 	fs.StringVar(&cfg.Metrics, "metrics", "", "serve Prometheus/OpenMetrics metrics at http://ADDR/metrics while traffic runs (e.g. 127.0.0.1:9101)")
 	plotFile := fs.String("plot", "", "draw the run as a timeline to this SVG file (live, established, reaped, dead-dropped per second, violations)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
@@ -90,7 +90,7 @@ func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	set := make(map[string]bool)
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	maxHosts := soakMaxHosts
-	if cfg.HCA == SoakHCARoCEv2 {
+	if cfg.HCA == HCARoCEv2 {
 		maxHosts = rocev2.MaxLoopbackDevices
 	}
 	msg := flagcheck.First(
@@ -143,10 +143,10 @@ func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if *verbose {
 		cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	rep, err := RunSoak(ctx, cfg)
+	rep, err := Run(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "ipoib soak: %v\n", err)
-		if errors.Is(err, ErrSoakConfig) {
+		if errors.Is(err, ErrConfig) {
 			return SoakExitUsage
 		}
 		return SoakExitViolation
@@ -179,22 +179,22 @@ var (
 // backend, and points the completion hold-back flags at the chosen one:
 // the soft fabric's completion delay or the RoCEv2 devices' held
 // completions. It returns the usage message, "" if none.
-func applyBackendFlags(cfg *SoakConfig, set map[string]bool, delayProb float64, delayMax time.Duration) string {
+func applyBackendFlags(cfg *Config, set map[string]bool, delayProb float64, delayMax time.Duration) string {
 	var other []string
 	switch cfg.HCA {
-	case SoakHCASoft:
+	case HCASoft:
 		other = rocev2OnlyFlags
-	case SoakHCARoCEv2:
+	case HCARoCEv2:
 		other = softOnlyFlags
 	default:
-		return fmt.Sprintf("--hca %q: want %s or %s", cfg.HCA, SoakHCASoft, SoakHCARoCEv2)
+		return fmt.Sprintf("--hca %q: want %s or %s", cfg.HCA, HCASoft, HCARoCEv2)
 	}
 	for _, name := range other {
 		if set[name] {
 			return fmt.Sprintf("--%s does not apply to --hca %s", name, cfg.HCA)
 		}
 	}
-	if cfg.HCA == SoakHCASoft {
+	if cfg.HCA == HCASoft {
 		cfg.Faults.CompletionDelay.Probability, cfg.Faults.CompletionDelay.Max = delayProb, delayMax
 		return ""
 	}

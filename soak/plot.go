@@ -11,9 +11,9 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 )
 
-// SoakSample is the soak at one moment, for the report's timeline and
+// Sample is the soak at one moment, for the report's timeline and
 // --plot: gauges, and counters summed over every interface since start.
-type SoakSample struct {
+type Sample struct {
 	ElapsedSec  float64 `json:"t_s"`
 	Live        int     `json:"live"`
 	Established uint64  `json:"established"`
@@ -25,7 +25,7 @@ type SoakSample struct {
 // WritePlot draws the soak as a timeline: live connections, and
 // established, reaped and dead-dropped per second, with every sample at
 // which the violation count rose marked.
-func (r *SoakReport) WritePlot(w io.Writer) error {
+func (r *Report) WritePlot(w io.Writer) error {
 	p, err := r.plot()
 	if err != nil {
 		return err
@@ -40,7 +40,7 @@ func (r *SoakReport) WritePlot(w io.Writer) error {
 	return nil
 }
 
-func (r *SoakReport) plot() (*plot.Plot, error) {
+func (r *Report) plot() (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("ipoib soak: %d hosts, %v, %s", r.Settings.Hosts, r.Settings.Duration, verdict(r))
 	p.X.Label.Text = "seconds"
@@ -54,7 +54,7 @@ func (r *SoakReport) plot() (*plot.Plot, error) {
 	var viol plotter.XYs
 	for k, s := range tl {
 		live[k] = plotter.XY{X: s.ElapsedSec, Y: float64(s.Live)}
-		prev := SoakSample{}
+		prev := Sample{}
 		if k > 0 {
 			prev = tl[k-1]
 		}
@@ -105,7 +105,7 @@ func (r *SoakReport) plot() (*plot.Plot, error) {
 	return p, nil
 }
 
-func verdict(r *SoakReport) string {
+func verdict(r *Report) string {
 	if r.Failed() {
 		return "FAIL"
 	}

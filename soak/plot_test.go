@@ -13,14 +13,14 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 )
 
-func sampleSoakReport() *SoakReport {
-	r := &SoakReport{Settings: SoakSettings{Hosts: 8, Duration: "3s"}, Violations: 2}
+func sampleSoakReport() *Report {
+	r := &Report{Settings: Settings{Hosts: 8, Duration: "3s"}, Violations: 2}
 	for k := range 4 {
 		v := uint64(0)
 		if k >= 2 {
 			v = 2
 		}
-		r.Timeline = append(r.Timeline, SoakSample{ElapsedSec: float64(k + 1), Live: 10 + k, Established: uint64(100 * (k + 1)),
+		r.Timeline = append(r.Timeline, Sample{ElapsedSec: float64(k + 1), Live: 10 + k, Established: uint64(100 * (k + 1)),
 			Reaped: uint64(90 * (k + 1)), DeadDropped: uint64(5 * k), Violations: v})
 	}
 	return r
@@ -56,7 +56,7 @@ func TestSoakPlotSVGAndPNG(t *testing.T) {
 	if img.Bounds().Dx() < 100 || img.Bounds().Dy() < 50 {
 		t.Fatalf("PNG of %v", img.Bounds())
 	}
-	if err := (&SoakReport{}).WritePlot(io.Discard); err == nil {
+	if err := (&Report{}).WritePlot(io.Discard); err == nil {
 		t.Error("a report without a timeline plotted")
 	}
 }

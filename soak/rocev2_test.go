@@ -10,9 +10,9 @@ import (
 
 // shortRoCEv2Soak is shortSoak on the RoCEv2 loopback backend with its
 // default faults.
-func shortRoCEv2Soak(t *testing.T, until func(SoakProgress) bool) SoakConfig {
+func shortRoCEv2Soak(t *testing.T, until func(Progress) bool) Config {
 	cfg := shortSoak(t, until)
-	cfg.HCA = SoakHCARoCEv2
+	cfg.HCA = HCARoCEv2
 	return cfg
 }
 
@@ -20,13 +20,13 @@ func shortRoCEv2Soak(t *testing.T, until func(SoakProgress) bool) SoakConfig {
 // faults and held completions, and the transport worked for it.
 func TestSoakRoCEv2Short(t *testing.T) {
 	goal := soakReapGoal()
-	rep := runSoakT(t, shortRoCEv2Soak(t, func(p SoakProgress) bool {
+	rep := runSoakT(t, shortRoCEv2Soak(t, func(p Progress) bool {
 		return p.Engine.StaleReaped >= goal && p.Engine.DrainsCompleted >= goal/4
 	}))
 	if rep.Violations != 0 {
 		t.Fatalf("%d violations", rep.Violations)
 	}
-	if rep.Settings.HCA != SoakHCARoCEv2 || rep.Settings.RoCEv2 == nil || rep.Settings.Faults != nil {
+	if rep.Settings.HCA != HCARoCEv2 || rep.Settings.RoCEv2 == nil || rep.Settings.Faults != nil {
 		t.Fatalf("settings do not name the backend: %+v", rep.Settings)
 	}
 	if rep.Engine.StaleReaped < minStaleReaps || rep.Engine.DrainsCompleted == 0 || rep.Engine.LastWQESeen == 0 {
@@ -46,7 +46,7 @@ func TestSoakRoCEv2IPv6(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (CAP_SYS_ADMIN) for a private network namespace with IPv6 addresses on its lo")
 	}
-	cfg := shortRoCEv2Soak(t, func(p SoakProgress) bool { return p.Engine.StaleReaped >= 4*minStaleReaps })
+	cfg := shortRoCEv2Soak(t, func(p Progress) bool { return p.Engine.StaleReaped >= 4*minStaleReaps })
 	cfg.Hosts = 6
 	cfg.RoCEv2.IPv6 = true
 	rep := runSoakT(t, cfg)
@@ -63,11 +63,11 @@ func TestSoakRoCEv2IPv6(t *testing.T) {
 func TestSoakRoCEv2CatchesMutations(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		mutate func(*SoakConfig)
+		mutate func(*Config)
 		want   violKind
 	}{
-		{"skip dead flag", func(c *SoakConfig) { c.Mutations.SkipDeadFlag = true }, violDeadDelivered},
-		{"skip drain", func(c *SoakConfig) { c.Mutations.SkipDrain = true }, violAfterReap},
+		{"skip dead flag", func(c *Config) { c.Mutations.SkipDeadFlag = true }, violDeadDelivered},
+		{"skip drain", func(c *Config) { c.Mutations.SkipDrain = true }, violAfterReap},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := shortRoCEv2Soak(t, untilViolated(tc.want.String()))
@@ -95,7 +95,7 @@ func TestSoakMainBackendFlags(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 		t.Fatalf("JSON report: %v\n%s\nstderr: %s", err, out.String(), errb.String())
 	}
-	if rep.Settings.HCA != SoakHCARoCEv2 || len(rep.Settings.RoCEv2) == 0 {
+	if rep.Settings.HCA != HCARoCEv2 || len(rep.Settings.RoCEv2) == 0 {
 		t.Fatalf("JSON settings do not name the backend: %s", out.String())
 	}
 	if want := map[bool]int{false: SoakExitOK, true: SoakExitViolation}[rep.Violations > 0]; code != want {
