@@ -3,7 +3,6 @@ package bench
 import (
 	"fmt"
 	"io"
-	"os"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -155,22 +154,6 @@ func writeSVG(p *plot.Plot, w io.Writer, width, height vg.Length) error {
 	}
 	if _, err := wt.WriteTo(w); err != nil {
 		return fmt.Errorf("plot: write: %w", err)
-	}
-	return nil
-}
-
-// WritePlotFile writes an SVG made by draw to path.
-func WritePlotFile(path string, draw func(io.Writer) error) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return fmt.Errorf("plot: %w", err)
-	}
-	if err := draw(f); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("plot: %w", err)
 	}
 	return nil
 }

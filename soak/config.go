@@ -177,6 +177,14 @@ func DefaultConfig() Config {
 	}
 }
 
+// Bounds of Config that Run enforces.
+const (
+	// MaxHosts: the hosts' addresses take two bytes of 250 values each.
+	MaxHosts = 250 * 250
+	// MinPacket is the smallest IP packet: IPv4, UDP and the soak header.
+	MinPacket = soakMinIP
+)
+
 // ErrConfig is wrapped by Run for an unusable configuration.
 var ErrConfig = errors.New("invalid soak configuration")
 
@@ -236,8 +244,8 @@ func (c Config) withDefaults() (Config, error) {
 	switch {
 	case c.HCA != HCASoft && c.HCA != HCARoCEv2:
 		return c, fmt.Errorf("%w: HCA %q (%s or %s)", ErrConfig, c.HCA, HCASoft, HCARoCEv2)
-	case c.Hosts < 2 || c.Hosts > 250*250:
-		return c, fmt.Errorf("%w: %d hosts (2..62500)", ErrConfig, c.Hosts)
+	case c.Hosts < 2 || c.Hosts > MaxHosts:
+		return c, fmt.Errorf("%w: %d hosts (2..%d)", ErrConfig, c.Hosts, MaxHosts)
 	case c.HCA == HCARoCEv2 && c.Hosts > rocev2.MaxLoopbackDevices:
 		return c, fmt.Errorf("%w: %d hosts on %s (2..%d)", ErrConfig, c.Hosts, c.HCA, rocev2.MaxLoopbackDevices)
 	case c.MaxPacket < soakMinIP || c.MaxPacket > 65520:

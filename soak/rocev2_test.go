@@ -1,9 +1,6 @@
 package soak
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
 	"os"
 	"testing"
 )
@@ -77,43 +74,5 @@ func TestSoakRoCEv2CatchesMutations(t *testing.T) {
 				t.Fatalf("%s went unnoticed on rocev2 in %v: %d violations", tc.name, rep.Elapsed, rep.Violations)
 			}
 		})
-	}
-}
-
-// TestSoakMainBackendFlags: --json names the backend; a flag of the other
-// backend, or an unknown backend, is a usage error.
-func TestSoakMainBackendFlags(t *testing.T) {
-	var out, errb bytes.Buffer
-	code := SoakMain(context.Background(), []string{"--hca", "rocev2", "--hosts", "3", "--duration", "300ms", "--json", "--quiet"}, &out, &errb)
-	var rep struct {
-		Settings struct {
-			HCA    string          `json:"hca"`
-			RoCEv2 json.RawMessage `json:"rocev2"`
-		} `json:"settings"`
-		Violations uint64 `json:"violations"`
-	}
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatalf("JSON report: %v\n%s\nstderr: %s", err, out.String(), errb.String())
-	}
-	if rep.Settings.HCA != HCARoCEv2 || len(rep.Settings.RoCEv2) == 0 {
-		t.Fatalf("JSON settings do not name the backend: %s", out.String())
-	}
-	if want := map[bool]int{false: SoakExitOK, true: SoakExitViolation}[rep.Violations > 0]; code != want {
-		t.Fatalf("exit %d with %d violations", code, rep.Violations)
-	}
-	for _, args := range [][]string{
-		{"--hca", "rocev2", "--purge"},
-		{"--hca", "rocev2", "--rnr", "0.1"},
-		{"--udp-loss", "0.1"},
-		{"--ipv6"},
-		{"--hca", "ib"},
-	} {
-		errb.Reset()
-		if code := SoakMain(context.Background(), args, &out, &errb); code != SoakExitUsage {
-			t.Fatalf("%v: exit %d, want %d", args, code, SoakExitUsage)
-		}
-		if n := bytes.Count(errb.Bytes(), []byte("\n")); n != 1 {
-			t.Fatalf("%v: want one error line, got %q", args, errb.String())
-		}
 	}
 }

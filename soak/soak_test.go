@@ -3,10 +3,8 @@ package soak
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
-	"strings"
 	"testing"
 	"time"
 )
@@ -196,33 +194,5 @@ func TestSoakUntilEndsEarly(t *testing.T) {
 	}
 	if rep.Violations != 0 {
 		t.Fatalf("%d violations", rep.Violations)
-	}
-}
-
-func TestSoakMainJSONAndExit(t *testing.T) {
-	var out, errb bytes.Buffer
-	code := SoakMain(context.Background(), []string{"--hosts", "4", "--duration", "500ms", "--json"}, &out, &errb)
-	var rep Report
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatalf("JSON report: %v\n%s\nstderr: %s", err, out.String(), errb.String())
-	}
-	if rep.Settings.Hosts != 4 || len(rep.Invariants) != int(numViolKinds) {
-		t.Fatalf("report settings/invariants: %+v", rep.Settings)
-	}
-	want := SoakExitOK
-	if rep.Violations > 0 {
-		want = SoakExitViolation
-	}
-	if code != want {
-		t.Fatalf("exit %d with %d violations", code, rep.Violations)
-	}
-	if !strings.Contains(errb.String(), "soak ") {
-		t.Fatalf("no progress line on stderr: %q", errb.String())
-	}
-	if code := SoakMain(context.Background(), []string{"--hosts", "1"}, &out, &errb); code != SoakExitUsage {
-		t.Fatalf("--hosts 1: exit %d, want %d", code, SoakExitUsage)
-	}
-	if code := SoakMain(context.Background(), []string{"--bogus"}, &out, &errb); code != SoakExitUsage {
-		t.Fatalf("--bogus: exit %d, want %d", code, SoakExitUsage)
 	}
 }

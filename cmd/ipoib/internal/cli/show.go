@@ -10,7 +10,6 @@ import (
 
 	"github.com/ipoibcm/ipoib/control"
 	"github.com/ipoibcm/ipoib/internal/flagcheck"
-	"github.com/ipoibcm/ipoib/soak"
 )
 
 const controlTimeout = 5 * time.Second
@@ -158,13 +157,5 @@ func modeFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 			fmt.Fprintf(env.Stdout, "%s: %s: mode %s mtu %d\n", i.Host, i.Name, i.Mode, i.MTU)
 		}
 		return ExitOK
-	}
-}
-
-func soakFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
-	// The soak parses its own flags (soak.SoakMain); everything after "soak"
-	// goes to it, so "ipoib soak -h" is answered there.
-	return func(ctx context.Context, args []string) int {
-		return soak.SoakMain(ctx, args, env.Stdout, env.Stderr)
 	}
 }
