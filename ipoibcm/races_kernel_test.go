@@ -254,31 +254,26 @@ func raceStart(t *testing.T, fab *soft.Fabric, name string, host HostPort, tweak
 }
 
 // onlyTXConn is ifc's single active connection.
-func onlyTXConn(t *testing.T, ifc *Interface) *txConn {
-	t.Helper()
-	ifc.mu.Lock()
-	defer ifc.mu.Unlock()
-	if len(ifc.txConns) != 1 {
-		t.Fatalf("%s has %d active connections, want 1", ifc.Name(), len(ifc.txConns))
-	}
-	for tc := range ifc.txConns {
-		return tc
-	}
-	return nil
-}
+func onlyTXConn(t *testing.T, ifc *Interface) *txConn { return onlyConn(t, ifc, ifc.txConns, "active") }
 
 // onlyRXConn is ifc's single passive connection.
 func onlyRXConn(t *testing.T, ifc *Interface) *rxConn {
+	return onlyConn(t, ifc, ifc.rxConns, "passive")
+}
+
+// onlyConn is the one member of ifc's connection set conns, read under
+// Interface.mu.
+func onlyConn[C comparable](t *testing.T, ifc *Interface, conns map[C]struct{}, kind string) C {
 	t.Helper()
 	ifc.mu.Lock()
 	defer ifc.mu.Unlock()
-	if len(ifc.rxConns) != 1 {
-		t.Fatalf("%s has %d passive connections, want 1", ifc.Name(), len(ifc.rxConns))
+	if len(conns) != 1 {
+		t.Fatalf("%s has %d %s connections, want 1", ifc.Name(), len(conns), kind)
 	}
-	for rc := range ifc.rxConns {
-		return rc
+	for c := range conns {
+		return c
 	}
-	return nil
+	panic("unreachable")
 }
 
 func recvOne[T any](t *testing.T, ch <-chan T, what string) T {

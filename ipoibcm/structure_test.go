@@ -4,7 +4,6 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,25 +20,10 @@ import (
 // a false alarm means a handler calls something that shares a name with a
 // function that syncs, and the answer is to rename, not to loosen this.
 func TestPollHandlersNeverSyncOrStop(t *testing.T) {
-	fset := token.NewFileSet()
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, files := parseSources(t)
 	calls := map[string]map[string]bool{} // function name -> names it calls
 	syncs := map[string]bool{}            // functions calling Sync/Stop on a napi context
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		src, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		af, err := parser.ParseFile(fset, f, src, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, af := range files {
 		for _, d := range af.Decls {
 			fd, ok := d.(*ast.FuncDecl)
 			if !ok || fd.Body == nil {
@@ -113,20 +97,9 @@ func collectCalls(body ast.Node, into map[string]bool, sync func()) {
 // assigned only in rxteardown.go (rxTransition and the destroy it runs),
 // so the teardown route can be read in one file.
 func TestRXStateChangesOnlyInTheStateMachine(t *testing.T) {
-	fset := token.NewFileSet()
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
+	fset, files := parseSources(t)
 	found := 0
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		af, err := parser.ParseFile(fset, f, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for f, af := range files {
 		ast.Inspect(af, func(n ast.Node) bool {
 			as, ok := n.(*ast.AssignStmt)
 			if !ok {
@@ -158,20 +131,9 @@ func TestRXStateChangesOnlyInTheStateMachine(t *testing.T) {
 // is stored only by txTransition (txconn.go), which applies the table of
 // txStep, so every change of a txConn's life is one named event.
 func TestTXStateChangesOnlyInTheStateMachine(t *testing.T) {
-	fset := token.NewFileSet()
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
+	fset, files := parseSources(t)
 	found := 0
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		af, err := parser.ParseFile(fset, f, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for f, af := range files {
 		for _, d := range af.Decls {
 			fd, ok := d.(*ast.FuncDecl)
 			if !ok || fd.Body == nil {
@@ -230,4 +192,29 @@ func TestTXStepTable(t *testing.T) {
 			}
 		}
 	}
+}
+
+// parseSources parses the package's non-test Go files, by file name.
+func parseSources(t *testing.T) (*token.FileSet, map[string]*ast.File) {
+	t.Helper()
+	fset := token.NewFileSet()
+	names, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := make(map[string]*ast.File)
+	for _, f := range names {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		af, err := parser.ParseFile(fset, f, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[f] = af
+	}
+	if len(files) == 0 {
+		t.Fatal("no source files found")
+	}
+	return fset, files
 }
