@@ -76,7 +76,7 @@ func (i *Interface) stopForHost() {
 	i.hostLinkCtr.downTXTeardowns.Add(uint64(len(tx)))
 	i.mu.Lock()
 	paths := i.flushPathsLocked()
-	groups := i.leaveGroupsLocked()
+	groups := i.mcast.leaveAll()
 	i.mu.Unlock()
 	i.downQuiet = false
 	i.log.Info("host set the interface down: stopped", "rx_conns", len(rx), "tx_conns", len(tx),
@@ -110,7 +110,7 @@ func (i *Interface) openForHost() error {
 	// Up first, under mu (the host reader waits for it): attachLocked
 	// only records joins while the host has ib0 down.
 	i.hostLink.Store(int32(hostLinkUp))
-	err := i.rejoinGroupsLocked()
+	err := i.mcast.rejoin()
 	i.mu.Unlock()
 	i.hostLinkCtr.ups.Add(1)
 	// Without its P_Key in the table the link stays down (onPKeyChange).
@@ -153,42 +153,6 @@ func (i *Interface) flushPathsLocked() int {
 	}
 	i.hostLinkCtr.downPathsFlushed.Add(uint64(n))
 	return n
-}
-
-// leaveGroupsLocked detaches the UD QP from every group it is attached
-// to, as ipoib_mcast_dev_flush does. The entries stay, with their state
-// and members: the host is still a member of its IP groups, and up
-// attaches them again. i.mu held.
-func (i *Interface) leaveGroupsLocked() int {
-	n := 0
-	for mgid, g := range i.mcast.groups {
-		if !g.attached {
-			continue
-		}
-		if err := i.ud.qp.DetachMcast(mgid); err != nil {
-			i.log.Warn("leave multicast group", "mgid", mgid, "err", err)
-			continue
-		}
-		g.attached = false
-		n++
-	}
-	return n
-}
-
-// rejoinGroupsLocked attaches every group the host is a member of again:
-// the default groups (broadcast, all-hosts, all-nodes) and its full
-// joins, including those learnt while down. i.mu held.
-func (i *Interface) rejoinGroupsLocked() error {
-	var first error
-	for mgid, g := range i.mcast.groups {
-		if g.state == mcastSendOnly {
-			continue
-		}
-		if err := i.attachLocked(mgid, g); err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
 }
 
 // listen opens the CM listener on the IPoIB service IDs of our UD QPN,

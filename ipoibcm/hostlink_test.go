@@ -87,11 +87,13 @@ func TestHostDownStopsAndUpRestarts(t *testing.T) {
 			t.Errorf("neighbour %v keeps its path while down: AH %v, TX %v, %d parked", n.hw, n.ah != nil, n.tx != nil, n.nParked)
 		}
 	}
+	a.ifc.mcast.mu.Lock()
 	for mgid, g := range a.ifc.mcast.groups {
 		if g.attached {
 			t.Errorf("still attached to %v while down", mgid)
 		}
 	}
+	a.ifc.mcast.mu.Unlock()
 	a.ifc.mu.Unlock()
 
 	// Node 1 keeps trying; node 0's host (a gVisor stack, which does not
@@ -160,13 +162,13 @@ func TestHostDownStopsAndUpRestarts(t *testing.T) {
 	if up.HostLink != "up" || !up.LinkUp || up.Reaper.HostUps != 1 {
 		t.Fatalf("after up: host_link %q link_up %v host_ups %d", up.HostLink, up.LinkUp, up.Reaper.HostUps)
 	}
-	a.ifc.mu.Lock()
+	a.ifc.mcast.mu.Lock()
 	for mgid, g := range a.ifc.mcast.groups {
 		if g.state != mcastSendOnly && !g.attached {
 			t.Errorf("%s group %v not attached again after up", g.state, mgid)
 		}
 	}
-	a.ifc.mu.Unlock()
+	a.ifc.mcast.mu.Unlock()
 	ping(t, a, b.v4, 56)
 	ping(t, b, a.v4, 56)
 	tcpTransfer(t, a, b, b.v4, 1<<20, nil)

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/cm"
@@ -152,7 +153,6 @@ func New(cfg Config) (_ *Interface, err error) {
 		log:     cfg.Logger.With("if", cfg.Name),
 		port:    cfg.Device.Port(),
 		neigh:   newNeighbourTable(),
-		mcast:   newMcastTable(),
 		txConns: make(map[*txConn]struct{}),
 		rxConns: make(map[*rxConn]struct{}),
 		rng:     newPSNSource(cfg.CM.Seed),
@@ -178,6 +178,7 @@ func New(cfg Config) (_ *Interface, err error) {
 	}
 	i.udMTU = frame.UDMTU(i.port.ActiveMTU)
 	i.bcast = frame.BroadcastMGID(cfg.PKey)
+	i.mcast.init(&i.cfg, i.dev, i.bcast, i.hostDown, i.log)
 	var hm frame.MAC
 	copy(hm[:], cfg.Host.HostMAC())
 	i.hostMAC.Store(packMAC(hm))
@@ -261,6 +262,7 @@ func (i *Interface) createQueues() error {
 	if i.ud, err = newUDPath(i); err != nil {
 		return err
 	}
+	i.mcast.qp = i.ud.qp
 	if useSRQ {
 		if i.srq, err = newSRQRing(i); err != nil {
 			return err
@@ -327,7 +329,10 @@ func (i *Interface) Start() error {
 // linkUp joins the broadcast and default groups and raises the link: at
 // Start, or on the control loop once the P_Key is (back) in the table.
 func (i *Interface) linkUp() error {
-	if err := i.joinDefaultGroups(); err != nil {
+	i.mu.Lock()
+	err := i.mcast.joinDefaults(time.Now())
+	i.mu.Unlock()
+	if err != nil {
 		return err
 	}
 	if err := i.host.SetMTU(i.MTU()); err != nil {

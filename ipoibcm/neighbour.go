@@ -254,7 +254,7 @@ func (i *Interface) reresolve(n *neighbour) {
 		b := i.tx.pool.bufs[idx[0]]
 		req := frame.IPoIBARP{ARP: frame.ARP{Op: arpOpRequest, SenderIP: src, TargetIP: ip}, SenderHW: i.hw}
 		size := frame.EthHdrLen + req.Marshal(b[frame.EthHdrLen:])
-		ah, _, err := i.mcastAHLocked(i.bcast, netip.Addr{}, time.Now())
+		ah, _, err := i.mcast.ah(i.bcast, netip.Addr{}, time.Now())
 		if err != nil || !p.post(sendDest{ah: ah, qpn: hca.QPNMulticast}, idx[0], size, frame.EtherTypeARP, sendOffload{}) {
 			i.tx.pool.put1(idx[0])
 			return
@@ -283,7 +283,7 @@ func (i *Interface) ageNeighbours(now time.Time) {
 		}
 	}
 	i.evictNeighboursLocked(now)
-	i.ageMcastLocked(now)
+	i.mcast.age(now)
 	i.mu.Unlock()
 	for _, tc := range idle {
 		tc.teardown()

@@ -77,16 +77,12 @@ func (i *Interface) destroyResources() {
 	if i.cmm != nil && i.ownCM {
 		i.cmm.Close()
 	}
+	i.mcast.destroy()
 	if i.ud != nil {
 		i.ud.destroy()
 	}
 	if i.srq != nil {
 		i.srq.destroy()
-	}
-	for _, g := range i.mcast.groups {
-		if g.ah != nil {
-			g.ah.Destroy()
-		}
 	}
 	for _, n := range i.neigh.byGID {
 		if n.ah != nil {

@@ -176,11 +176,11 @@ func (i *Interface) Stats() Stats {
 	}
 	now := time.Now()
 	s.Neighbours, s.TXConns, s.RXConns = []NeighbourInfo{}, []ConnInfo{}, []ConnInfo{}
+	s.McastGroups = i.mcast.info(now)
 	i.mu.Lock()
 	if i.srq != nil && i.srq.srq != nil {
 		s.SRQPosted = i.srq.srq.Posted()
 	}
-	s.McastGroups = i.mcastInfoLocked(now)
 	for _, n := range i.neigh.byGID {
 		ni := NeighbourInfo{
 			IPs: append([]netip.Addr{}, n.ips...), HWAddr: n.hw.ColonString(), MAC: n.mac.String(),

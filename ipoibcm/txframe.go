@@ -74,7 +74,8 @@ func (i *Interface) txFrameLocked(t *txScratch, bufIdx, size int, m offload.Meta
 		if !checkMeta() {
 			return false
 		}
-		if !i.hostMcastReportLocked(h.EtherType, payload, now) {
+		if mayBeMcastReport(h.EtherType, payload) && i.mcast.hostReport(h.EtherType, payload, now) == mcastBadReport {
+			i.ctr.drop(dropTxBadMcastReport)
 			return false
 		}
 	case frame.EtherTypeIPv6:
@@ -85,7 +86,8 @@ func (i *Interface) txFrameLocked(t *txScratch, bufIdx, size int, m offload.Meta
 		if !checkMeta() {
 			return false
 		}
-		if !i.hostMcastReportLocked(h.EtherType, payload, now) {
+		if mayBeMcastReport(h.EtherType, payload) && i.mcast.hostReport(h.EtherType, payload, now) == mcastBadReport {
+			i.ctr.drop(dropTxBadMcastReport)
 			return false
 		}
 		if frame.IsND(payload) {
@@ -147,7 +149,7 @@ func (i *Interface) txNDLocked(t *txScratch, payload []byte, now time.Time) (int
 	}
 	if src.IsValid() && !src.IsUnspecified() && !src.IsMulticast() {
 		i.noteHostIPLocked(src)
-		i.hostMembershipLocked(solicitedNode(src), true, now)
+		i.mcast.membership(solicitedNode(src), true, now)
 	}
 	copy(payload[:cap(payload)][:n], t.nd[:n])
 	return n, true
@@ -187,7 +189,7 @@ func (i *Interface) txARPLocked(t *txScratch, bufIdx int, h frame.EthHeader, pay
 			i.ctr.drop(dropTxUnknownNeighbour)
 			return false
 		}
-		ah, _, err := i.mcastAHLocked(i.bcast, netip.Addr{}, now)
+		ah, _, err := i.mcast.ah(i.bcast, netip.Addr{}, now)
 		if err != nil {
 			i.ctr.drop(dropTxNoAH)
 			return false
@@ -219,7 +221,7 @@ func (i *Interface) txMulticastLocked(t *txScratch, bufIdx, size int, etherType 
 		i.ctr.drop(dropTxTooBig)
 		return false
 	}
-	ah, ok, err := i.mcastAHLocked(mgid, dst, now)
+	ah, ok, err := i.mcast.ah(mgid, dst, now)
 	if !ok {
 		i.ctr.drop(dropTxMcastTableFull)
 		return false

@@ -91,14 +91,6 @@ func (u *udPath) destroy() {
 	if u.qp == nil {
 		return
 	}
-	for mgid, g := range u.i.mcast.groups {
-		if g.attached {
-			if err := u.qp.DetachMcast(mgid); err != nil {
-				u.i.log.Warn("detach multicast", "mgid", mgid, "err", err)
-			}
-			g.attached = false
-		}
-	}
 	if err := u.qp.Destroy(); err != nil {
 		u.i.log.Warn("destroy UD QP", "err", err)
 	}
