@@ -85,7 +85,7 @@ func rvFabric(t *testing.T, seed int64) *soft.Fabric {
 func rvLearn(ifc *Interface, hw frame.HWAddr, ip netip.Addr, now time.Time) frame.MAC {
 	ifc.mu.Lock()
 	defer ifc.mu.Unlock()
-	return ifc.learnLocked(hw, ip, now).mac
+	return ifc.neigh.learn(hw, ip, now).mac
 }
 
 // rvIPv4 is an Ethernet frame carrying an IPv4/UDP packet of ipLen bytes.

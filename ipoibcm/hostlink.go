@@ -3,7 +3,6 @@ package ipoibcm
 import (
 	"fmt"
 	"sync/atomic"
-	"time"
 )
 
 // This file is what the engine does when the host sets ib0 down and up
@@ -75,7 +74,8 @@ func (i *Interface) stopForHost() {
 	i.hostLinkCtr.downRXTeardowns.Add(uint64(len(rx)))
 	i.hostLinkCtr.downTXTeardowns.Add(uint64(len(tx)))
 	i.mu.Lock()
-	paths := i.flushPathsLocked()
+	paths := i.neigh.flushPaths(&i.tx)
+	i.hostLinkCtr.downPathsFlushed.Add(uint64(paths))
 	groups := i.mcast.leaveAll()
 	i.mu.Unlock()
 	i.downQuiet = false
@@ -125,35 +125,6 @@ func (i *Interface) openForHost() error {
 
 // hostDown reports whether the host has ib0 down (any goroutine).
 func (i *Interface) hostDown() bool { return hostLink(i.hostLink.Load()) == hostLinkDown }
-
-// flushPathsLocked flushes what every neighbour knows about the path to
-// its port, as ipoib_flush_paths does: parked frames are dropped
-// (tx_neigh_flushed), address handles destroyed, CM back-off and path MTU
-// forgotten. The TX connections were torn down before. Unlike Linux the
-// neighbour itself stays: it is the MAC we handed the host for that
-// port, and keeping it keeps every ARP/ND entry of the host and of its
-// peers valid across down and up (Linux's host neighbours hold the
-// port's 20-byte address itself, which cannot go stale); unused ones age
-// out as always. i.mu held.
-func (i *Interface) flushPathsLocked() int {
-	n := 0
-	for _, nb := range i.neigh.byGID {
-		if nb.tx != nil {
-			nb.tx.detachLocked(dropTxNeighFlushed)
-		}
-		nb.dropParked(&i.tx, dropTxNeighFlushed)
-		if nb.ah != nil {
-			if err := nb.ah.Destroy(); err != nil {
-				i.log.Warn("destroy neighbour AH", "peer", nb.hw, "err", err)
-			}
-			nb.ah = nil
-		}
-		nb.cmBackoffUntil, nb.pathMTU = time.Time{}, 0
-		n++
-	}
-	i.hostLinkCtr.downPathsFlushed.Add(uint64(n))
-	return n
-}
 
 // listen opens the CM listener on the IPoIB service IDs of our UD QPN,
 // in the interface's partition.

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,7 +95,6 @@ type Interface struct {
 	nonSRQ  int // passive connections with their own ring
 	rxLimit rxLimits
 	rng     *rand.Rand
-	hostIPs []netip.Addr // host addresses seen, for re-resolving neighbours
 
 	ctl    control
 	reaper reaper // owned by the control loop
@@ -152,7 +150,6 @@ func New(cfg Config) (_ *Interface, err error) {
 		host:    cfg.Host,
 		log:     cfg.Logger.With("if", cfg.Name),
 		port:    cfg.Device.Port(),
-		neigh:   newNeighbourTable(),
 		txConns: make(map[*txConn]struct{}),
 		rxConns: make(map[*rxConn]struct{}),
 		rng:     newPSNSource(cfg.CM.Seed),
@@ -179,6 +176,10 @@ func New(cfg Config) (_ *Interface, err error) {
 	i.udMTU = frame.UDMTU(i.port.ActiveMTU)
 	i.bcast = frame.BroadcastMGID(cfg.PKey)
 	i.mcast.init(&i.cfg, i.dev, i.bcast, i.hostDown, i.log)
+	i.neigh.init(&i.cfg, i.port.GID, i.dev, i.log, func(tc *txConn) {
+		tc.detachLocked(dropTxNeighFlushed)
+		i.ctl.post(tc.teardown)
+	})
 	var hm frame.MAC
 	copy(hm[:], cfg.Host.HostMAC())
 	i.hostMAC.Store(packMAC(hm))

@@ -98,9 +98,9 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	}
 	var n *neighbour
 	if peerQPN != 0 {
-		n = i.learnLocked(rc.peer, netip.Addr{}, now)
-	} else if n = i.neigh.byGID[req.RemoteGID]; n == nil {
-		n = i.learnLocked(rc.peer, netip.Addr{}, now)
+		n = i.neigh.learn(rc.peer, netip.Addr{}, now)
+	} else if n = i.neigh.lookupGID(req.RemoteGID); n == nil {
+		n = i.neigh.learn(rc.peer, netip.Addr{}, now)
 	}
 	psn := i.rng.Uint32() & 0xffffff
 	if i.srq == nil {

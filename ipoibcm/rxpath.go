@@ -254,11 +254,11 @@ func (r *rxPath) rxUD(wc *hca.WC) {
 	// The UD source names the peer's port; its flags are whatever ARP/ND
 	// taught us.
 	var flags byte
-	if n := i.neigh.byGID[wc.SrcGID]; n != nil {
+	if n := i.neigh.lookupGID(wc.SrcGID); n != nil {
 		flags = n.hw.Flags()
 	}
 	src := frame.NewHWAddr(flags, wc.SrcQPN, wc.SrcGID)
-	n := i.learnLocked(src, ipSrc(et, msg[frame.EncapLen:]), r.clock())
+	n := i.neigh.learn(src, ipSrc(et, msg[frame.EncapLen:]), r.clock())
 	if n == nil {
 		i.ctr.drop(dropRxBadIP)
 		return
@@ -428,7 +428,7 @@ func (r *rxPath) deliverND(pkt []byte, byteLen int, srcMAC frame.MAC) {
 			if hw.GID() == i.hw.GID() {
 				return i.hostMACNow(), true
 			}
-			n := i.learnLocked(hw, netip.Addr{}, r.clock())
+			n := i.neigh.learn(hw, netip.Addr{}, r.clock())
 			if n == nil {
 				return frame.MAC{}, false
 			}
@@ -441,12 +441,12 @@ func (r *rxPath) deliverND(pkt []byte, byteLen int, srcMAC frame.MAC) {
 		return
 	}
 	if info.HasSourceLL {
-		if nb := i.neigh.byGID[info.SourceHW.GID()]; nb != nil {
+		if nb := i.neigh.lookupGID(info.SourceHW.GID()); nb != nil {
 			nb.addIP(ipv6Src(pkt))
 		}
 	}
 	if info.HasTargetLL && info.Target.IsValid() {
-		if nb := i.neigh.byGID[info.TargetHW.GID()]; nb != nil {
+		if nb := i.neigh.lookupGID(info.TargetHW.GID()); nb != nil {
 			nb.addIP(info.Target)
 		}
 	}
@@ -471,7 +471,7 @@ func (r *rxPath) rxARPLocked(body []byte) {
 		i.ctr.drop(dropRxBadARP)
 		return
 	}
-	n := i.learnLocked(a.SenderHW, a.SenderIP, r.clock())
+	n := i.neigh.learn(a.SenderHW, a.SenderIP, r.clock())
 	if n == nil {
 		i.ctr.drop(dropRxBadARP)
 		return
@@ -481,7 +481,7 @@ func (r *rxPath) rxARPLocked(body []byte) {
 	case a.TargetHW.GID() == i.hw.GID() && a.TargetHW.QPN() == i.hw.QPN():
 		target = i.hostMACNow()
 	case !a.TargetHW.IsZero():
-		if t := i.neigh.byGID[a.TargetHW.GID()]; t != nil {
+		if t := i.neigh.lookupGID(a.TargetHW.GID()); t != nil {
 			target = t.mac
 		}
 	}

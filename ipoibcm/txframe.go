@@ -148,7 +148,7 @@ func (i *Interface) txNDLocked(t *txScratch, payload []byte, now time.Time) (int
 		src = info.Target // duplicate address detection: the tentative address
 	}
 	if src.IsValid() && !src.IsUnspecified() && !src.IsMulticast() {
-		i.noteHostIPLocked(src)
+		i.neigh.noteHostIP(src)
 		i.mcast.membership(solicitedNode(src), true, now)
 	}
 	copy(payload[:cap(payload)][:n], t.nd[:n])
@@ -165,7 +165,7 @@ func (i *Interface) txARPLocked(t *txScratch, bufIdx int, h frame.EthHeader, pay
 		i.ctr.drop(dropTxBadARP)
 		return false
 	}
-	i.noteHostIPLocked(a.SenderIP)
+	i.neigh.noteHostIP(a.SenderIP)
 	var target frame.HWAddr
 	if a.TargetMAC != (frame.MAC{}) {
 		if n := i.neigh.lookupMAC(a.TargetMAC); n != nil {
@@ -197,7 +197,7 @@ func (i *Interface) txARPLocked(t *txScratch, bufIdx int, h frame.EthHeader, pay
 		return t.post.post(sendDest{ah: ah, qpn: hca.QPNMulticast}, bufIdx, size, frame.EtherTypeARP, sendOffload{})
 	}
 	n.lastUse = now
-	ah, err := i.neighAHLocked(n)
+	ah, err := i.neigh.ah(n)
 	if err != nil {
 		i.ctr.drop(dropTxNoAH)
 		return false
@@ -289,7 +289,7 @@ func (i *Interface) txNeighLocked(t *txScratch, n *neighbour, bufIdx, size int, 
 	if tm.gso() && !lso {
 		return i.txSegmentLocked(t, n, hca.GID{}, netip.Addr{}, bufIdx, size, etherType, tm, now)
 	}
-	ah, err := i.neighAHLocked(n)
+	ah, err := i.neigh.ah(n)
 	if err != nil {
 		i.ctr.drop(dropTxNoAH)
 		return false

@@ -96,16 +96,3 @@ func (u *udPath) destroy() {
 	}
 	u.qp = nil
 }
-
-// neighAHLocked is the address handle for UD sends to neighbour n,
-// created on first use and kept until the neighbour is reaped.
-func (i *Interface) neighAHLocked(n *neighbour) (hca.AH, error) {
-	if n.ah == nil {
-		ah, err := i.dev.CreateAH(n.hw.GID())
-		if err != nil {
-			return nil, fmt.Errorf("address handle for neighbour %s: %w", n.hw, err)
-		}
-		n.ah = ah
-	}
-	return n.ah, nil
-}
