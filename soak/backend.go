@@ -1,4 +1,4 @@
-package bench
+package soak
 
 import (
 	"fmt"
@@ -8,10 +8,10 @@ import (
 	"github.com/ipoibcm/ipoib/hca/soft"
 )
 
-// The HCA backends a soak runs on (SoakConfig.HCA).
+// The HCA backends a soak runs on (Config.HCA).
 const (
-	SoakHCASoft   = "soft"
-	SoakHCARoCEv2 = "rocev2"
+	HCASoft   = "soft"
+	HCARoCEv2 = "rocev2"
 )
 
 // soakBackend is the HCA under a soak's engines, seen from outside them:
@@ -55,11 +55,11 @@ type backendView struct {
 
 // newSoakBackend opens the backend cfg.HCA names for cfg.Hosts hosts; tap,
 // if not nil, records the soft fabric's packets (--capture).
-func newSoakBackend(cfg *SoakConfig, tap soft.Tap) (soakBackend, error) {
+func newSoakBackend(cfg *Config, tap soft.Tap) (soakBackend, error) {
 	switch cfg.HCA {
-	case SoakHCASoft:
+	case HCASoft:
 		return &softBackend{f: soft.NewFabric(soft.Config{Seed: cfg.Seed, TimerScale: cfg.TimerScale, Faults: cfg.Faults, Tap: tap})}, nil
-	case SoakHCARoCEv2:
+	case HCARoCEv2:
 		r := &cfg.RoCEv2
 		faults := r.Faults
 		faults.Seed = uint64(cfg.Seed)
@@ -74,7 +74,7 @@ func newSoakBackend(cfg *SoakConfig, tap soft.Tap) (soakBackend, error) {
 		}
 		return &rocev2Backend{l: l}, nil
 	}
-	return nil, fmt.Errorf("%w: HCA %q (soft or rocev2)", ErrSoakConfig, cfg.HCA)
+	return nil, fmt.Errorf("%w: HCA %q (soft or rocev2)", ErrConfig, cfg.HCA)
 }
 
 // softBackend is the in-process soft fabric with its fault injection.

@@ -1,4 +1,4 @@
-package bench
+package soak
 
 import (
 	"context"
@@ -54,9 +54,9 @@ func (b *leakyBackend) device(k int) (hca.Device, error) {
 // its close fails the soak's leak invariant.
 func TestSoakCatchesLeakedSocket(t *testing.T) {
 	var lb *leakyBackend
-	cfg := shortSoak(t, func(p SoakProgress) bool { return p.Engine.StaleReaped >= minStaleReaps })
+	cfg := shortSoak(t, func(p Progress) bool { return p.Engine.StaleReaped >= minStaleReaps })
 	cfg.Hosts = 4
-	rep, err := runSoak(context.Background(), cfg, func(c *SoakConfig, tap soft.Tap) (soakBackend, error) {
+	rep, err := runSoak(context.Background(), cfg, func(c *Config, tap soft.Tap) (soakBackend, error) {
 		b, err := newSoakBackend(c, tap)
 		lb = &leakyBackend{soakBackend: b}
 		return lb, err

@@ -1,4 +1,4 @@
-package bench
+package soak
 
 import (
 	"context"
@@ -16,8 +16,8 @@ import (
 // soakRun is one soak: an HCA backend (soak_backend.go) with cfg.Hosts
 // interfaces, each with a soakHost and a traffic generator.
 type soakRun struct {
-	cfg   SoakConfig
-	open  func(*SoakConfig, soft.Tap) (soakBackend, error)
+	cfg   Config
+	open  func(*Config, soft.Tap) (soakBackend, error)
 	hca   soakBackend
 	hosts []*soakHost
 	ifcs  []*ipoibcm.Interface
@@ -37,15 +37,15 @@ type soakRun struct {
 	lastPrint time.Time
 }
 
-// RunSoak runs the stale-connection reaping soak (issue 5): it returns the
+// Run runs the stale-connection reaping soak: it returns the
 // report, whose Violations field is what decides pass or fail. An error
 // means the soak could not run at all.
-func RunSoak(ctx context.Context, cfg SoakConfig) (*SoakReport, error) {
+func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return runSoak(ctx, cfg, newSoakBackend)
 }
 
-// runSoak is RunSoak on the backend open returns.
-func runSoak(ctx context.Context, cfg SoakConfig, open func(*SoakConfig, soft.Tap) (soakBackend, error)) (*SoakReport, error) {
+// runSoak is Run on the backend open returns.
+func runSoak(ctx context.Context, cfg Config, open func(*Config, soft.Tap) (soakBackend, error)) (*Report, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
@@ -56,7 +56,7 @@ func runSoak(ctx context.Context, cfg SoakConfig, open func(*SoakConfig, soft.Ta
 	}
 	s.viol.onFirst = s.observe.violated
 	if err := s.setUp(); err != nil {
-		s.observe.finish(&s.cfg, &SoakReport{})
+		s.observe.finish(&s.cfg, &Report{})
 		s.closeAll()
 		return nil, err
 	}
@@ -121,9 +121,9 @@ func (s *soakRun) watchUntil(ctx context.Context, end context.CancelFunc) {
 	}
 }
 
-// progressNow is the SoakProgress of this moment.
-func (s *soakRun) progressNow() SoakProgress {
-	p := SoakProgress{Elapsed: time.Since(s.start), Violations: make(map[string]uint64)}
+// progressNow is the Progress of this moment.
+func (s *soakRun) progressNow() Progress {
+	p := Progress{Elapsed: time.Since(s.start), Violations: make(map[string]uint64)}
 	for _, ifc := range s.ifcs {
 		r := ifc.Stats().Reaper
 		addReaper(&p.Engine, &r)

@@ -1,4 +1,4 @@
-package bench
+package soak
 
 import (
 	"errors"
@@ -13,10 +13,10 @@ import (
 	"github.com/ipoibcm/ipoib/ipoibcm"
 )
 
-// SoakConfig configures RunSoak. Zero fields take the defaults of
-// DefaultSoakConfig; durations are small so reaping happens many times a
+// Config configures Run. Zero fields take the defaults of
+// DefaultConfig; durations are small so reaping happens many times a
 // second.
-type SoakConfig struct {
+type Config struct {
 	Hosts int
 	// Duration is how long the traffic runs; with Until, the longest.
 	Duration time.Duration
@@ -25,9 +25,9 @@ type SoakConfig struct {
 	// and the soak stops at its first true. Tests use it to run until
 	// enough reaps (or violations) happened instead of for a wall-clock
 	// time that a loaded machine fills with less work.
-	Until func(SoakProgress) bool
+	Until func(Progress) bool
 
-	// HCA is the backend: SoakHCASoft (default) or SoakHCARoCEv2.
+	// HCA is the backend: HCASoft (default) or HCARoCEv2.
 	HCA string
 	// Faults is the soft fabric's fault injection (delayed completions,
 	// completions left after destroy, QPN reuse, RNR, UD loss, LAST_WQE
@@ -36,7 +36,7 @@ type SoakConfig struct {
 	// TimerScale scales the soft fabric's RNR and transport timers.
 	TimerScale float64
 	// RoCEv2 configures the RoCEv2 backend.
-	RoCEv2 SoakRoCEv2
+	RoCEv2 RoCEv2
 
 	// Engine timing: the passive LRU, TX neighbour aging, CM.
 	StaleAfter, StaleScan, StaleUpdate time.Duration
@@ -72,7 +72,7 @@ type SoakConfig struct {
 	CheckEvery time.Duration
 
 	// Capture, if set, keeps a ring of the last CapturePackets messages
-	// and engine events (DefaultSoakCapturePackets if 0) and writes it to
+	// and engine events (DefaultCapturePackets if 0) and writes it to
 	// this pcapng file if an invariant breaks.
 	Capture        string
 	CapturePackets int
@@ -94,14 +94,14 @@ type SoakConfig struct {
 	Logger *slog.Logger
 }
 
-// SoakRoCEv2 configures the RoCEv2 backend of a soak: one device per
+// RoCEv2 configures the RoCEv2 backend of a soak: one device per
 // host on its own loopback address and socket (rocev2.Loopback).
-type SoakRoCEv2 struct {
+type RoCEv2 struct {
 	// IPv6 puts the devices on IPv6 addresses (needs CAP_SYS_ADMIN for a
 	// private network namespace; IPv4 needs no privilege).
 	IPv6 bool `json:"ipv6"`
 	// Faults are every device's UDP-layer faults and held completions;
-	// their seed is derived from SoakConfig.Seed and the host's index.
+	// their seed is derived from Config.Seed and the host's index.
 	Faults rocev2.Faults `json:"faults"`
 	// MinAckTimeout is the floor of the RC transport timeout.
 	MinAckTimeout time.Duration `json:"min_ack_timeout_ns"`
@@ -109,23 +109,23 @@ type SoakRoCEv2 struct {
 	TimeScale float64 `json:"time_scale"`
 }
 
-// SoakProgress is what SoakConfig.Until sees: the engines' reaper
+// Progress is what Config.Until sees: the engines' reaper
 // counters summed over every interface, and the violations so far by
-// invariant name (see SoakReport.Invariants).
-type SoakProgress struct {
+// invariant name (see Report.Invariants).
+type Progress struct {
 	Elapsed    time.Duration
 	Engine     ipoibcm.ReaperStats
 	Violations map[string]uint64
 }
 
-// DefaultSoakConfig is the configuration `ipoib soak` starts from.
-func DefaultSoakConfig() SoakConfig {
-	return SoakConfig{
+// DefaultConfig is the configuration `ipoib soak` starts from.
+func DefaultConfig() Config {
+	return Config{
 		Hosts:    64,
 		Duration: 30 * time.Second,
 		Seed:     1,
-		HCA:      SoakHCASoft,
-		RoCEv2: SoakRoCEv2{
+		HCA:      HCASoft,
+		RoCEv2: RoCEv2{
 			// Loss, duplication, reordering and delay of RC datagrams,
 			// which go-back-N must absorb; UD (ARP, and IP packets while
 			// a peer has no connection) is only lost, as on an IB subnet.
@@ -177,12 +177,20 @@ func DefaultSoakConfig() SoakConfig {
 	}
 }
 
-// ErrSoakConfig is wrapped by RunSoak for an unusable configuration.
-var ErrSoakConfig = errors.New("invalid soak configuration")
+// Bounds of Config that Run enforces.
+const (
+	// MaxHosts: the hosts' addresses take two bytes of 250 values each.
+	MaxHosts = 250 * 250
+	// MinPacket is the smallest IP packet: IPv4, UDP and the soak header.
+	MinPacket = soakMinIP
+)
 
-// withDefaults fills zero fields from DefaultSoakConfig and checks ranges.
-func (c SoakConfig) withDefaults() (SoakConfig, error) {
-	d := DefaultSoakConfig()
+// ErrConfig is wrapped by Run for an unusable configuration.
+var ErrConfig = errors.New("invalid soak configuration")
+
+// withDefaults fills zero fields from DefaultConfig and checks ranges.
+func (c Config) withDefaults() (Config, error) {
+	d := DefaultConfig()
 	fill := func(v *time.Duration, def time.Duration) {
 		if *v <= 0 {
 			*v = def
@@ -234,18 +242,18 @@ func (c SoakConfig) withDefaults() (SoakConfig, error) {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	switch {
-	case c.HCA != SoakHCASoft && c.HCA != SoakHCARoCEv2:
-		return c, fmt.Errorf("%w: HCA %q (%s or %s)", ErrSoakConfig, c.HCA, SoakHCASoft, SoakHCARoCEv2)
-	case c.Hosts < 2 || c.Hosts > 250*250:
-		return c, fmt.Errorf("%w: %d hosts (2..62500)", ErrSoakConfig, c.Hosts)
-	case c.HCA == SoakHCARoCEv2 && c.Hosts > rocev2.MaxLoopbackDevices:
-		return c, fmt.Errorf("%w: %d hosts on %s (2..%d)", ErrSoakConfig, c.Hosts, c.HCA, rocev2.MaxLoopbackDevices)
+	case c.HCA != HCASoft && c.HCA != HCARoCEv2:
+		return c, fmt.Errorf("%w: HCA %q (%s or %s)", ErrConfig, c.HCA, HCASoft, HCARoCEv2)
+	case c.Hosts < 2 || c.Hosts > MaxHosts:
+		return c, fmt.Errorf("%w: %d hosts (2..%d)", ErrConfig, c.Hosts, MaxHosts)
+	case c.HCA == HCARoCEv2 && c.Hosts > rocev2.MaxLoopbackDevices:
+		return c, fmt.Errorf("%w: %d hosts on %s (2..%d)", ErrConfig, c.Hosts, c.HCA, rocev2.MaxLoopbackDevices)
 	case c.MaxPacket < soakMinIP || c.MaxPacket > 65520:
-		return c, fmt.Errorf("%w: max packet %d (%d..65520)", ErrSoakConfig, c.MaxPacket, soakMinIP)
+		return c, fmt.Errorf("%w: max packet %d (%d..65520)", ErrConfig, c.MaxPacket, soakMinIP)
 	case c.RepeatPeer < 0 || c.RepeatPeer > 1 || c.ReARP < 0 || c.ReARP > 1:
-		return c, fmt.Errorf("%w: probabilities must be in [0,1]", ErrSoakConfig)
+		return c, fmt.Errorf("%w: probabilities must be in [0,1]", ErrConfig)
 	case c.SendQueueSize < 4 || c.RecvQueueSize < 4:
-		return c, fmt.Errorf("%w: queue sizes %d/%d below 4", ErrSoakConfig, c.SendQueueSize, c.RecvQueueSize)
+		return c, fmt.Errorf("%w: queue sizes %d/%d below 4", ErrConfig, c.SendQueueSize, c.RecvQueueSize)
 	}
 	return c, nil
 }

@@ -1,4 +1,4 @@
-package bench
+package soak
 
 import (
 	"encoding/json"
@@ -19,10 +19,10 @@ type InvariantResult struct {
 	First       string `json:"first,omitempty"` // detail of the first violation
 }
 
-// SoakTraffic is the packet accounting: every packet the engines read
+// Traffic is the packet accounting: every packet the engines read
 // from a host was delivered to its destination host or dropped under a
 // named reason.
-type SoakTraffic struct {
+type Traffic struct {
 	Sent      uint64            `json:"sent"`
 	Received  uint64            `json:"received"`
 	Lost      uint64            `json:"lost"`
@@ -35,9 +35,9 @@ type SoakTraffic struct {
 	ICMP      uint64            `json:"icmp_from_engine"`
 }
 
-// SoakFabric is the HCA backend's view (counters a backend does not have
+// Fabric is the HCA backend's view (counters a backend does not have
 // stay zero; the transport and UDP ones are the RoCEv2 backend's).
-type SoakFabric struct {
+type Fabric struct {
 	RCMessages              uint64 `json:"rc_messages"`
 	UDMessages              uint64 `json:"ud_messages"`
 	RNRNaks                 uint64 `json:"rnr_naks"`
@@ -63,15 +63,15 @@ type SoakFabric struct {
 	UDPDelayed    uint64 `json:"udp_delayed"`
 }
 
-// SoakHeap is the heap bound.
-type SoakHeap struct {
+// Heap is the heap bound.
+type Heap struct {
 	StartBytes uint64 `json:"start_bytes"`
 	PeakBytes  uint64 `json:"peak_bytes"`
 	LimitBytes uint64 `json:"limit_bytes"`
 }
 
-// SoakSettings echoes what the soak ran with.
-type SoakSettings struct {
+// Settings echoes what the soak ran with.
+type Settings struct {
 	// HCA is the backend the soak ran on: "soft" or "rocev2".
 	HCA              string `json:"hca"`
 	Hosts            int    `json:"hosts"`
@@ -83,31 +83,31 @@ type SoakSettings struct {
 	// Faults are the soft fabric's (soft only); RoCEv2 the RoCEv2
 	// backend's settings (rocev2 only).
 	Faults             *soft.Faults `json:"faults,omitempty"`
-	RoCEv2             *SoakRoCEv2  `json:"rocev2,omitempty"`
+	RoCEv2             *RoCEv2      `json:"rocev2,omitempty"`
 	UnsafeSkipDeadFlag bool         `json:"unsafe_skip_dead_flag"`
 	UnsafeSkipDrain    bool         `json:"unsafe_skip_drain"`
 }
 
-// SoakReport is the outcome of RunSoak.
-type SoakReport struct {
-	Settings   SoakSettings      `json:"settings"`
+// Report is the outcome of Run.
+type Report struct {
+	Settings   Settings          `json:"settings"`
 	Elapsed    time.Duration     `json:"elapsed_ns"`
-	Traffic    SoakTraffic       `json:"traffic"`
-	Engine     SoakEngine        `json:"engine"`
-	Fabric     SoakFabric        `json:"fabric"`
-	Heap       SoakHeap          `json:"heap"`
+	Traffic    Traffic           `json:"traffic"`
+	Engine     Engine            `json:"engine"`
+	Fabric     Fabric            `json:"fabric"`
+	Heap       Heap              `json:"heap"`
 	Invariants []InvariantResult `json:"invariants"`
 	Violations uint64            `json:"violations"`
 	// Timeline samples the run (about every second, finer for short
 	// soaks) for --plot.
-	Timeline []SoakSample `json:"timeline"`
+	Timeline []Sample `json:"timeline"`
 	// CaptureFile is where --capture wrote its ring (an invariant broke).
 	CaptureFile  string `json:"capture_file,omitempty"`
 	CaptureBytes int64  `json:"capture_bytes,omitempty"`
 }
 
-// SoakEngine sums the interfaces' reaper and connection counters.
-type SoakEngine struct {
+// Engine sums the interfaces' reaper and connection counters.
+type Engine struct {
 	TXConnects        uint64 `json:"tx_connects"`
 	TXEstablished     uint64 `json:"tx_established"`
 	TXConnectFailures uint64 `json:"tx_connect_failures"`
@@ -132,7 +132,7 @@ type SoakEngine struct {
 }
 
 // backend names the HCA the soak ran on, with its address family.
-func (s *SoakSettings) backend() string {
+func (s *Settings) backend() string {
 	switch {
 	case s.RoCEv2 != nil && s.RoCEv2.IPv6:
 		return s.HCA + " (IPv6 loopback)"
@@ -143,23 +143,23 @@ func (s *SoakSettings) backend() string {
 }
 
 // Failed reports whether any invariant was violated.
-func (r *SoakReport) Failed() bool { return r.Violations > 0 }
+func (r *Report) Failed() bool { return r.Violations > 0 }
 
-func (s *soakRun) report(elapsed time.Duration, before, after soakTotals, fs backendView, sent, received, lost, explained uint64) *SoakReport {
+func (s *soakRun) report(elapsed time.Duration, before, after soakTotals, fs backendView, sent, received, lost, explained uint64) *Report {
 	cfg := &s.cfg
-	r := &SoakReport{
-		Settings: SoakSettings{
+	r := &Report{
+		Settings: Settings{
 			HCA: cfg.HCA, Hosts: cfg.Hosts, Duration: cfg.Duration.String(), Seed: cfg.Seed,
 			StaleAfter: cfg.StaleAfter.String(), StaleScan: cfg.StaleScan.String(),
 			NeighbourTimeout:   cfg.NeighbourTimeout.String(),
 			UnsafeSkipDeadFlag: cfg.Mutations.SkipDeadFlag, UnsafeSkipDrain: cfg.Mutations.SkipDrain,
 		},
 		Elapsed: elapsed,
-		Traffic: SoakTraffic{
+		Traffic: Traffic{
 			Sent: sent, Received: received, Lost: lost, Explained: explained,
 			Drops: after.Drops, DeadDrops: after.DeadDropped, FabricUD: fs.UDDrops,
 		},
-		Fabric: SoakFabric{
+		Fabric: Fabric{
 			RCMessages: fs.RCMessages, UDMessages: fs.UDMessages, RNRNaks: fs.RNRNaks,
 			DelayedCompletions: fs.DelayedCompletions, CompletionsAfterDestroy: fs.CompletionsAfterDestroy,
 			DestroyedQPOps: fs.DestroyedQPOps, CQOverflows: fs.CQOverflows, LastWQEReached: fs.LastWQEReached,
@@ -167,12 +167,12 @@ func (s *soakRun) report(elapsed time.Duration, before, after soakTotals, fs bac
 			Retransmits: fs.Retransmits, Timeouts: fs.Timeouts, SeqNAKs: fs.SeqNAKs, Duplicates: fs.Duplicate,
 			UDPDropped: fs.UDPDropped, UDPDuplicated: fs.UDPDuplicated, UDPReordered: fs.UDPReordered, UDPDelayed: fs.UDPDelayed,
 		},
-		Heap:       SoakHeap{StartBytes: s.heapStart, PeakBytes: s.heapPeak, LimitBytes: s.heapLimit},
+		Heap:       Heap{StartBytes: s.heapStart, PeakBytes: s.heapPeak, LimitBytes: s.heapLimit},
 		Invariants: s.viol.results(),
 		Violations: s.viol.total(),
 	}
 	switch cfg.HCA {
-	case SoakHCARoCEv2:
+	case HCARoCEv2:
 		r.Settings.RoCEv2 = &cfg.RoCEv2
 	default:
 		r.Settings.Faults = &cfg.Faults
@@ -183,7 +183,7 @@ func (s *soakRun) report(elapsed time.Duration, before, after soakTotals, fs bac
 		r.Traffic.ICMP += h.ctr.icmp.Load()
 	}
 	e := &after.Reaper
-	r.Engine = SoakEngine{
+	r.Engine = Engine{
 		TXConnects: e.TXConnects, TXEstablished: e.TXEstablished, TXConnectFailures: e.TXConnectFailures,
 		TXTeardowns: e.TXTeardowns, RXAccepted: e.RXAccepted, StaleScans: e.StaleScans,
 		StaleReaped: e.StaleReaped, MovedToError: e.MovedToError, LastWQESeen: e.LastWQESeen,
@@ -198,7 +198,7 @@ func (s *soakRun) report(elapsed time.Duration, before, after soakTotals, fs bac
 }
 
 // WriteJSON writes the report as indented JSON.
-func (r *SoakReport) WriteJSON(w io.Writer) error {
+func (r *Report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	if err := enc.Encode(r); err != nil {
@@ -209,7 +209,7 @@ func (r *SoakReport) WriteJSON(w io.Writer) error {
 
 // WriteTable writes the human-readable summary: activity, packet
 // accounting and one line per invariant.
-func (r *SoakReport) WriteTable(w io.Writer) error {
+func (r *Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	s := &r.Settings
 	fmt.Fprintf(tw, "soak\t%d hosts on %s, %s (ran %s), seed %d, stale after %s\n", s.Hosts, s.backend(), s.Duration, r.Elapsed.Round(time.Millisecond), s.Seed, s.StaleAfter)
@@ -224,7 +224,7 @@ func (r *SoakReport) WriteTable(w io.Writer) error {
 	fmt.Fprintf(tw, "dead flag\t%d completions of QPs in teardown seen recycled, %d delivered\n", e.DeadVerified, e.DeliveredAfterTeardown)
 	fmt.Fprintf(tw, "fabric\t%d RC, %d UD messages, %d RNR NAKs, %d delayed completions, %d LAST_WQE, %d retransmits\n",
 		f.RCMessages, f.UDMessages, f.RNRNaks, f.DelayedCompletions, f.LastWQEReached, f.Retransmits)
-	if s.HCA == SoakHCARoCEv2 {
+	if s.HCA == HCARoCEv2 {
 		fmt.Fprintf(tw, "transport\t%d timeouts, %d sequence NAKs, %d duplicates received\n", f.Timeouts, f.SeqNAKs, f.Duplicates)
 		fmt.Fprintf(tw, "UDP faults\t%d dropped, %d duplicated, %d reordered, %d delayed\n", f.UDPDropped, f.UDPDuplicated, f.UDPReordered, f.UDPDelayed)
 	}

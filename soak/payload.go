@@ -1,4 +1,4 @@
-package bench
+package soak
 
 import (
 	"encoding/binary"
@@ -29,10 +29,10 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Errors of parseSoakPacket; the host counts each under its own name.
 var (
-	ErrSoakNotOurs   = errors.New("soak: not a soak packet")
-	ErrSoakTruncated = errors.New("soak: packet truncated")
-	ErrSoakLength    = errors.New("soak: length field does not match")
-	ErrSoakChecksum  = errors.New("soak: payload checksum mismatch")
+	ErrNotOurs   = errors.New("soak: not a soak packet")
+	ErrTruncated = errors.New("soak: packet truncated")
+	ErrLength    = errors.New("soak: length field does not match")
+	ErrChecksum  = errors.New("soak: payload checksum mismatch")
 )
 
 // soakPacket is what a receiver learns from one soak packet.
@@ -117,41 +117,41 @@ func soakCRC(p []byte) uint32 {
 // an error.
 func parseSoakIPv4(ip []byte) (soakPacket, error) {
 	if len(ip) < ipv4HdrLen || ip[0]>>4 != 4 {
-		return soakPacket{}, fmt.Errorf("IPv4 header: %w", ErrSoakNotOurs)
+		return soakPacket{}, fmt.Errorf("IPv4 header: %w", ErrNotOurs)
 	}
 	ihl := int(ip[0]&0xf) * 4
 	total := int(binary.BigEndian.Uint16(ip[2:4]))
 	if ihl < ipv4HdrLen || total < ihl || total > len(ip) {
-		return soakPacket{}, fmt.Errorf("IPv4 lengths ihl %d total %d of %d: %w", ihl, total, len(ip), ErrSoakTruncated)
+		return soakPacket{}, fmt.Errorf("IPv4 lengths ihl %d total %d of %d: %w", ihl, total, len(ip), ErrTruncated)
 	}
 	if ip[9] != 17 {
-		return soakPacket{}, fmt.Errorf("IP protocol %d: %w", ip[9], ErrSoakNotOurs)
+		return soakPacket{}, fmt.Errorf("IP protocol %d: %w", ip[9], ErrNotOurs)
 	}
 	if ipv4Checksum(ip[:ihl]) != 0 {
-		return soakPacket{}, fmt.Errorf("IPv4 header: %w", ErrSoakChecksum)
+		return soakPacket{}, fmt.Errorf("IPv4 header: %w", ErrChecksum)
 	}
 	udp := ip[ihl:total]
 	if len(udp) < udpHdrLen {
-		return soakPacket{}, fmt.Errorf("UDP header: %w", ErrSoakTruncated)
+		return soakPacket{}, fmt.Errorf("UDP header: %w", ErrTruncated)
 	}
 	if binary.BigEndian.Uint16(udp[2:4]) != soakUDPPort {
-		return soakPacket{}, fmt.Errorf("UDP port: %w", ErrSoakNotOurs)
+		return soakPacket{}, fmt.Errorf("UDP port: %w", ErrNotOurs)
 	}
 	if int(binary.BigEndian.Uint16(udp[4:6])) != len(udp) {
-		return soakPacket{}, fmt.Errorf("UDP length %d of %d: %w", binary.BigEndian.Uint16(udp[4:6]), len(udp), ErrSoakLength)
+		return soakPacket{}, fmt.Errorf("UDP length %d of %d: %w", binary.BigEndian.Uint16(udp[4:6]), len(udp), ErrLength)
 	}
 	p := udp[udpHdrLen:]
 	if len(p) < soakHdrLen {
-		return soakPacket{}, fmt.Errorf("soak header: %w", ErrSoakTruncated)
+		return soakPacket{}, fmt.Errorf("soak header: %w", ErrTruncated)
 	}
 	if binary.BigEndian.Uint32(p[0:4]) != soakMagic {
-		return soakPacket{}, fmt.Errorf("magic: %w", ErrSoakNotOurs)
+		return soakPacket{}, fmt.Errorf("magic: %w", ErrNotOurs)
 	}
 	if int(binary.BigEndian.Uint32(p[16:20])) != len(p) {
-		return soakPacket{}, fmt.Errorf("soak length %d of %d: %w", binary.BigEndian.Uint32(p[16:20]), len(p), ErrSoakLength)
+		return soakPacket{}, fmt.Errorf("soak length %d of %d: %w", binary.BigEndian.Uint32(p[16:20]), len(p), ErrLength)
 	}
 	if soakCRC(p) != binary.BigEndian.Uint32(p[20:24]) {
-		return soakPacket{}, fmt.Errorf("soak payload: %w", ErrSoakChecksum)
+		return soakPacket{}, fmt.Errorf("soak payload: %w", ErrChecksum)
 	}
 	return soakPacket{
 		Src:   binary.BigEndian.Uint16(p[4:6]),

@@ -1,4 +1,4 @@
-package bench
+package soak
 
 import (
 	"fmt"
@@ -18,7 +18,7 @@ import (
 //     left;
 //  5. every packet the engines read was delivered or counted under a
 //     named drop reason.
-func (s *soakRun) finish() *SoakReport {
+func (s *soakRun) finish() *Report {
 	elapsed := time.Since(s.start)
 	cfg := &s.cfg
 

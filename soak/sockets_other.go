@@ -1,6 +1,6 @@
 //go:build !linux
 
-package bench
+package soak
 
 // openSockets cannot count sockets here.
 func openSockets() int { return -1 }

@@ -1,4 +1,4 @@
-package bench
+package soak
 
 import (
 	"os"
@@ -23,7 +23,7 @@ func TestSoakCaptureDecodes(t *testing.T) {
 		t.Skip("tshark not installed (apt-get install tshark)")
 	}
 	file := filepath.Join(t.TempDir(), "soak.pcapng")
-	cfg := shortSoak(t, func(p SoakProgress) bool {
+	cfg := shortSoak(t, func(p Progress) bool {
 		return len(p.Violations) > 0 && p.Engine.TXTeardowns > 0 && p.Engine.DrainsCompleted > 0
 	})
 	cfg.Hosts = 6

@@ -1,4 +1,4 @@
-package bench
+package cli
 
 import (
 	"context"
@@ -13,28 +13,18 @@ import (
 	"github.com/ipoibcm/ipoib/hca/rocev2"
 	"github.com/ipoibcm/ipoib/hca/soft"
 	"github.com/ipoibcm/ipoib/internal/flagcheck"
+	"github.com/ipoibcm/ipoib/soak"
 )
 
-// Exit statuses of SoakMain.
-const (
-	SoakExitOK        = 0
-	SoakExitViolation = 1 // violations found, or the soak could not run
-	SoakExitUsage     = 2
-)
+// soakSummary is the one-line description of 'ipoib soak'.
+const soakSummary = "stale-connection reaping soak with fault injection"
 
-// SoakSummary is the one-line description of 'ipoib soak'.
-const SoakSummary = "stale-connection reaping soak with fault injection"
-
-// soakMaxHosts bounds --hosts as RunSoak does (250 × 250 addresses).
-const soakMaxHosts = 250 * 250
-
-// SoakMain is `ipoib soak`: it parses args, runs the soak with a progress
+// soakFlags is `ipoib soak`: it turns the flags into a soak.Config, every
+// value checked before the fabric exists, runs the soak with a progress
 // line on stderr (rewritten in place on a terminal), prints the table (or
-// --json) on stdout and returns the exit status: 1 on any violation.
-func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cfg := DefaultSoakConfig()
-	fs := flag.NewFlagSet("ipoib soak", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// --json) on stdout and exits 1 on any violation.
+func soakFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
+	cfg := soak.DefaultConfig()
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long traffic runs (the end checks follow)")
 	fs.StringVar(&cfg.HCA, "hca", cfg.HCA, "HCA backend: soft (in-process fabric) or rocev2 (one loopback UDP socket per host)")
 	fs.IntVar(&cfg.Hosts, "hosts", cfg.Hosts, "hosts on the fabric")
@@ -66,44 +56,72 @@ func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.BoolVar(&cfg.Mutations.SkipDeadFlag, "unsafe-skip-dead-flag", false, "mutation: do not mark torn-down connections dead (must fail)")
 	fs.BoolVar(&cfg.Mutations.SkipDrain, "unsafe-skip-drain", false, "mutation: destroy QPs without LAST_WQE and drain (must fail)")
 	fs.StringVar(&cfg.Capture, "capture", "", "keep a ring of the last packets and engine events; write it to this pcapng file if an invariant breaks")
-	fs.IntVar(&cfg.CapturePackets, "capture-packets", DefaultSoakCapturePackets, "--capture: ring size in records (messages and events; at most 32 MiB)")
+	fs.IntVar(&cfg.CapturePackets, "capture-packets", soak.DefaultCapturePackets, "--capture: ring size in records (messages and events; at most 32 MiB)")
 	fs.StringVar(&cfg.Metrics, "metrics", "", "serve Prometheus/OpenMetrics metrics at http://ADDR/metrics while traffic runs (e.g. 127.0.0.1:9101)")
 	plotFile := fs.String("plot", "", "draw the run as a timeline to this SVG file (live, established, reaped, dead-dropped per second, violations)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	quiet := fs.Bool("quiet", false, "no progress line")
 	verbose := fs.Bool("v", false, "log engine warnings to stderr")
-	// As every ipoib command: usage on -h to stdout, one line on stderr for
-	// a bad flag, and every value checked before the fabric exists.
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(stdout, "usage: ipoib soak [flags]\n\n%s\n\nflags:\n", SoakSummary)
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
-			return SoakExitOK
+	return func(ctx context.Context, args []string) int {
+		if msg := checkSoak(&cfg, args, flagcheck.Set(fs), *delayProb, *delayMax); msg != "" {
+			return usageError(env, "soak", msg)
 		}
-		fmt.Fprintln(stderr, flagcheck.Usage("soak", err.Error()))
-		return SoakExitUsage
+		if *purge {
+			cfg.Faults.DestroyedQPCompletions = soft.PurgeCompletionsOnDestroy
+		}
+		if !*quiet {
+			cfg.Progress = env.Stderr
+			cfg.ProgressTTY = isTerminal(env.Stderr)
+		}
+		if *verbose {
+			cfg.Logger = slog.New(slog.NewTextHandler(env.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		}
+		rep, err := soak.Run(ctx, cfg)
+		if err != nil {
+			if errors.Is(err, soak.ErrConfig) {
+				fmt.Fprintf(env.Stderr, "ipoib soak: %v\n", err)
+				return ExitUsage
+			}
+			return fail(env, "soak", err)
+		}
+		if *asJSON {
+			err = rep.WriteJSON(env.Stdout)
+		} else {
+			err = rep.WriteTable(env.Stdout)
+		}
+		if err == nil && *plotFile != "" {
+			err = writePlotFile(*plotFile, rep.WritePlot)
+		}
+		if err != nil {
+			return fail(env, "soak", err)
+		}
+		if rep.Failed() {
+			return ExitFail
+		}
+		return ExitOK
 	}
-	set := make(map[string]bool)
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	maxHosts := soakMaxHosts
-	if cfg.HCA == SoakHCARoCEv2 {
+}
+
+// checkSoak checks every value of the command line, points the completion
+// hold-back flags at the chosen backend, and returns the usage message,
+// "" if none.
+func checkSoak(cfg *soak.Config, args []string, set map[string]bool, delayProb float64, delayMax time.Duration) string {
+	maxHosts := soak.MaxHosts
+	if cfg.HCA == soak.HCARoCEv2 {
 		maxHosts = rocev2.MaxLoopbackDevices
 	}
-	msg := flagcheck.First(
+	return flagcheck.First(
 		func() string {
-			if fs.NArg() > 0 {
-				return fmt.Sprintf("unexpected argument %q", fs.Arg(0))
+			if len(args) > 0 {
+				return fmt.Sprintf("unexpected argument %q", args[0])
 			}
 			return ""
 		}(),
-		applyBackendFlags(&cfg, set, *delayProb, *delayMax),
+		applySoakBackendFlags(cfg, set, delayProb, delayMax),
 		flagcheck.Duration("duration", cfg.Duration, time.Millisecond),
 		flagcheck.IntRange("hosts", cfg.Hosts, 2, maxHosts),
-		flagcheck.Probability("delay-prob", *delayProb),
-		flagcheck.Duration("delay-max", *delayMax, 0),
+		flagcheck.Probability("delay-prob", delayProb),
+		flagcheck.Duration("delay-max", delayMax, 0),
 		flagcheck.Probability("udp-loss", cfg.RoCEv2.Faults.Drop),
 		flagcheck.Probability("udp-dup", cfg.RoCEv2.Faults.Duplicate),
 		flagcheck.Probability("udp-reorder", cfg.RoCEv2.Faults.Reorder),
@@ -120,7 +138,7 @@ func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		flagcheck.IntRange("sendq", cfg.SendQueueSize, 4, 1<<16),
 		flagcheck.IntRange("recvq", cfg.RecvQueueSize, 4, 1<<16),
 		flagcheck.IntRange("burst", cfg.BurstMax, 1, 1<<16),
-		flagcheck.IntRange("max-packet", cfg.MaxPacket, soakMinIP, flagcheck.MaxConnectedMTU),
+		flagcheck.IntRange("max-packet", cfg.MaxPacket, soak.MinPacket, flagcheck.MaxConnectedMTU),
 		func() string {
 			if !(cfg.HeapGrowth >= 1) {
 				return fmt.Sprintf("--heap-growth %v: want at least 1", cfg.HeapGrowth)
@@ -128,72 +146,34 @@ func SoakMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			return ""
 		}(),
 	)
-	if msg != "" {
-		fmt.Fprintln(stderr, flagcheck.Usage("soak", msg))
-		return SoakExitUsage
-	}
-	if *purge {
-		cfg.Faults.DestroyedQPCompletions = soft.PurgeCompletionsOnDestroy
-	}
-	if !*quiet {
-		cfg.Progress = stderr
-		cfg.ProgressTTY = isTerminal(stderr)
-	}
-	if *verbose {
-		cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	}
-	rep, err := RunSoak(ctx, cfg)
-	if err != nil {
-		fmt.Fprintf(stderr, "ipoib soak: %v\n", err)
-		if errors.Is(err, ErrSoakConfig) {
-			return SoakExitUsage
-		}
-		return SoakExitViolation
-	}
-	if *asJSON {
-		err = rep.WriteJSON(stdout)
-	} else {
-		err = rep.WriteTable(stdout)
-	}
-	if err == nil && *plotFile != "" {
-		err = WritePlotFile(*plotFile, rep.WritePlot)
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "ipoib soak: %v\n", err)
-		return SoakExitViolation
-	}
-	if rep.Failed() {
-		return SoakExitViolation
-	}
-	return SoakExitOK
 }
 
-// Flags that configure one backend only.
+// Flags that configure one soak backend only.
 var (
-	softOnlyFlags   = []string{"purge", "qpn-reuse", "rnr", "ud-loss", "lastwqe-delay", "spurious"}
-	rocev2OnlyFlags = []string{"ipv6", "udp-loss", "udp-dup", "udp-reorder", "udp-delay", "udp-delay-time"}
+	soakSoftOnlyFlags   = []string{"purge", "qpn-reuse", "rnr", "ud-loss", "lastwqe-delay", "spurious"}
+	soakRoCEv2OnlyFlags = []string{"ipv6", "udp-loss", "udp-dup", "udp-reorder", "udp-delay", "udp-delay-time"}
 )
 
-// applyBackendFlags refuses an unknown backend and flags of the other
+// applySoakBackendFlags refuses an unknown backend and flags of the other
 // backend, and points the completion hold-back flags at the chosen one:
 // the soft fabric's completion delay or the RoCEv2 devices' held
 // completions. It returns the usage message, "" if none.
-func applyBackendFlags(cfg *SoakConfig, set map[string]bool, delayProb float64, delayMax time.Duration) string {
+func applySoakBackendFlags(cfg *soak.Config, set map[string]bool, delayProb float64, delayMax time.Duration) string {
 	var other []string
 	switch cfg.HCA {
-	case SoakHCASoft:
-		other = rocev2OnlyFlags
-	case SoakHCARoCEv2:
-		other = softOnlyFlags
+	case soak.HCASoft:
+		other = soakRoCEv2OnlyFlags
+	case soak.HCARoCEv2:
+		other = soakSoftOnlyFlags
 	default:
-		return fmt.Sprintf("--hca %q: want %s or %s", cfg.HCA, SoakHCASoft, SoakHCARoCEv2)
+		return fmt.Sprintf("--hca %q: want %s or %s", cfg.HCA, soak.HCASoft, soak.HCARoCEv2)
 	}
 	for _, name := range other {
 		if set[name] {
 			return fmt.Sprintf("--%s does not apply to --hca %s", name, cfg.HCA)
 		}
 	}
-	if cfg.HCA == SoakHCASoft {
+	if cfg.HCA == soak.HCASoft {
 		cfg.Faults.CompletionDelay.Probability, cfg.Faults.CompletionDelay.Max = delayProb, delayMax
 		return ""
 	}

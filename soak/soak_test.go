@@ -1,26 +1,24 @@
-package bench
+package soak
 
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
-	"strings"
 	"testing"
 	"time"
 )
 
 // soakDeadline bounds each soak test's traffic; the tests end it earlier,
-// as soon as what they look for happened (SoakConfig.Until), so a fast
+// as soon as what they look for happened (Config.Until), so a fast
 // machine takes a second or two and a loaded one gets the time it needs.
 // With the end-of-soak checks each test stays under ~15 s.
 const soakDeadline = 10 * time.Second
 
 // shortSoak is the configuration of the soak tests: fewer hosts, traffic
 // until the test's goal or soakDeadline.
-func shortSoak(t *testing.T, until func(SoakProgress) bool) SoakConfig {
-	cfg := DefaultSoakConfig()
+func shortSoak(t *testing.T, until func(Progress) bool) Config {
+	cfg := DefaultConfig()
 	cfg.Hosts = 12
 	cfg.Duration = soakDeadline
 	cfg.CheckEvery = 50 * time.Millisecond
@@ -45,11 +43,11 @@ func soakReapGoal() uint64 {
 // reaped to count as having done its job.
 const minStaleReaps = 10
 
-func runSoakT(t *testing.T, cfg SoakConfig) *SoakReport {
+func runSoakT(t *testing.T, cfg Config) *Report {
 	t.Helper()
-	rep, err := RunSoak(context.Background(), cfg)
+	rep, err := Run(context.Background(), cfg)
 	if err != nil {
-		t.Fatalf("RunSoak: %v", err)
+		t.Fatalf("Run: %v", err)
 	}
 	var buf bytes.Buffer
 	if err := rep.WriteTable(&buf); err != nil {
@@ -59,7 +57,7 @@ func runSoakT(t *testing.T, cfg SoakConfig) *SoakReport {
 	return rep
 }
 
-func violations(rep *SoakReport, name string) uint64 {
+func violations(rep *Report, name string) uint64 {
 	for _, inv := range rep.Invariants {
 		if inv.Name == name {
 			return inv.Violations
@@ -70,7 +68,7 @@ func violations(rep *SoakReport, name string) uint64 {
 
 func TestSoakShort(t *testing.T) {
 	goal := soakReapGoal()
-	rep := runSoakT(t, shortSoak(t, func(p SoakProgress) bool {
+	rep := runSoakT(t, shortSoak(t, func(p Progress) bool {
 		return p.Engine.StaleReaped >= goal && p.Engine.DrainsCompleted >= goal/4
 	}))
 	if rep.Violations != 0 {
@@ -100,7 +98,7 @@ func TestSoakShort(t *testing.T) {
 // packets arrive is not among them: it depends on how much CPU the
 // pollers got against the generators (a loaded machine drops more at
 // full queues, each drop counted), not on correctness.
-func soakCarried(rep *SoakReport) error {
+func soakCarried(rep *Report) error {
 	tr := rep.Traffic
 	switch {
 	case tr.Sent == 0 || tr.Received == 0:
@@ -122,20 +120,20 @@ func soakCarried(rep *SoakReport) error {
 func TestSoakCarried(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		tr     SoakTraffic
+		tr     Traffic
 		rc     uint64
 		wantOK bool
 	}{
-		{"no traffic", SoakTraffic{}, 0, false},
-		{"nothing received", SoakTraffic{Sent: 100, Lost: 100, Explained: 100}, 10, false},
-		{"no RC", SoakTraffic{Sent: 100, Received: 100}, 0, false},
-		{"unexplained loss", SoakTraffic{Sent: 100, Received: 90, Lost: 10, Explained: 9}, 90, false},
-		{"loss misreported", SoakTraffic{Sent: 100, Received: 90, Lost: 0}, 90, false},
-		{"more received than sent", SoakTraffic{Sent: 90, Received: 100}, 100, false},
-		{"slow and lossy", SoakTraffic{Sent: 5683, Received: 2275, Lost: 3408, Explained: 3408}, 2275, true},
-		{"all delivered", SoakTraffic{Sent: 100, Received: 100}, 100, true},
+		{"no traffic", Traffic{}, 0, false},
+		{"nothing received", Traffic{Sent: 100, Lost: 100, Explained: 100}, 10, false},
+		{"no RC", Traffic{Sent: 100, Received: 100}, 0, false},
+		{"unexplained loss", Traffic{Sent: 100, Received: 90, Lost: 10, Explained: 9}, 90, false},
+		{"loss misreported", Traffic{Sent: 100, Received: 90, Lost: 0}, 90, false},
+		{"more received than sent", Traffic{Sent: 90, Received: 100}, 100, false},
+		{"slow and lossy", Traffic{Sent: 5683, Received: 2275, Lost: 3408, Explained: 3408}, 2275, true},
+		{"all delivered", Traffic{Sent: 100, Received: 100}, 100, true},
 	} {
-		err := soakCarried(&SoakReport{Traffic: tc.tr, Fabric: SoakFabric{RCMessages: tc.rc}})
+		err := soakCarried(&Report{Traffic: tc.tr, Fabric: Fabric{RCMessages: tc.rc}})
 		if (err == nil) != tc.wantOK {
 			t.Errorf("%s: %v, want ok %v", tc.name, err, tc.wantOK)
 		}
@@ -144,8 +142,8 @@ func TestSoakCarried(t *testing.T) {
 
 // untilViolated ends a mutation soak once invariant name was violated and
 // at least minStaleReaps connections were reaped.
-func untilViolated(name string) func(SoakProgress) bool {
-	return func(p SoakProgress) bool {
+func untilViolated(name string) func(Progress) bool {
+	return func(p Progress) bool {
 		return p.Violations[name] > 0 && p.Engine.StaleReaped >= minStaleReaps
 	}
 }
@@ -171,13 +169,13 @@ func TestSoakCatchesSkipDrain(t *testing.T) {
 // Until ends the traffic at its first true, well before Duration, and
 // sees the counters move.
 func TestSoakUntilEndsEarly(t *testing.T) {
-	cfg := DefaultSoakConfig()
+	cfg := DefaultConfig()
 	cfg.Hosts = 4
 	cfg.Duration = time.Minute
 	cfg.CheckEvery = 20 * time.Millisecond
 	var calls int
-	var last SoakProgress
-	cfg.Until = func(p SoakProgress) bool {
+	var last Progress
+	cfg.Until = func(p Progress) bool {
 		calls++ // only the soak's one Until goroutine calls it
 		last = p
 		return p.Engine.Reaped >= 1
@@ -186,7 +184,7 @@ func TestSoakUntilEndsEarly(t *testing.T) {
 	if rep.Elapsed >= cfg.Duration {
 		t.Fatalf("ran %v: Until did not end the soak", rep.Elapsed)
 	}
-	// RunSoak returned after the Until goroutine ended, which orders its
+	// Run returned after the Until goroutine ended, which orders its
 	// writes before these reads.
 	if calls == 0 || last.Engine.Reaped < 1 || last.Elapsed <= 0 || last.Elapsed > rep.Elapsed {
 		t.Fatalf("Until called %d times, last saw %+v (ran %v)", calls, last, rep.Elapsed)
@@ -196,33 +194,5 @@ func TestSoakUntilEndsEarly(t *testing.T) {
 	}
 	if rep.Violations != 0 {
 		t.Fatalf("%d violations", rep.Violations)
-	}
-}
-
-func TestSoakMainJSONAndExit(t *testing.T) {
-	var out, errb bytes.Buffer
-	code := SoakMain(context.Background(), []string{"--hosts", "4", "--duration", "500ms", "--json"}, &out, &errb)
-	var rep SoakReport
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatalf("JSON report: %v\n%s\nstderr: %s", err, out.String(), errb.String())
-	}
-	if rep.Settings.Hosts != 4 || len(rep.Invariants) != int(numViolKinds) {
-		t.Fatalf("report settings/invariants: %+v", rep.Settings)
-	}
-	want := SoakExitOK
-	if rep.Violations > 0 {
-		want = SoakExitViolation
-	}
-	if code != want {
-		t.Fatalf("exit %d with %d violations", code, rep.Violations)
-	}
-	if !strings.Contains(errb.String(), "soak ") {
-		t.Fatalf("no progress line on stderr: %q", errb.String())
-	}
-	if code := SoakMain(context.Background(), []string{"--hosts", "1"}, &out, &errb); code != SoakExitUsage {
-		t.Fatalf("--hosts 1: exit %d, want %d", code, SoakExitUsage)
-	}
-	if code := SoakMain(context.Background(), []string{"--bogus"}, &out, &errb); code != SoakExitUsage {
-		t.Fatalf("--bogus: exit %d, want %d", code, SoakExitUsage)
 	}
 }

@@ -1,11 +1,11 @@
-package bench
+package soak
 
 import (
 	"sync"
 	"sync/atomic"
 )
 
-// violKind names one invariant of the soak (issue 5 item 5). Each is
+// violKind names one invariant of the soak. Each is
 // checked continuously where it can be, and again at quiescence.
 //
 //go:generate go tool stringer -type=violKind -linecomment

@@ -1,4 +1,4 @@
-package bench
+package soak
 
 import (
 	"errors"
@@ -30,13 +30,13 @@ func TestSoakPacketRejects(t *testing.T) {
 		mutate func(b []byte) []byte
 		want   error
 	}{
-		{"body bit flip", func(b []byte) []byte { b[150] ^= 1; return b }, ErrSoakChecksum},
-		{"seq changed", func(b []byte) []byte { b[soakIPOverhead+15]++; return b }, ErrSoakChecksum},
-		{"ip header bit flip", func(b []byte) []byte { b[8]--; return b }, ErrSoakChecksum},
-		{"truncated", func(b []byte) []byte { return b[:100] }, ErrSoakTruncated},
-		{"not udp", func(b []byte) []byte { b[9] = 6; return b }, ErrSoakNotOurs},
-		{"other port", func(b []byte) []byte { b[ipv4HdrLen+3]++; return b }, ErrSoakNotOurs},
-		{"too short", func(b []byte) []byte { return b[:10] }, ErrSoakNotOurs},
+		{"body bit flip", func(b []byte) []byte { b[150] ^= 1; return b }, ErrChecksum},
+		{"seq changed", func(b []byte) []byte { b[soakIPOverhead+15]++; return b }, ErrChecksum},
+		{"ip header bit flip", func(b []byte) []byte { b[8]--; return b }, ErrChecksum},
+		{"truncated", func(b []byte) []byte { return b[:100] }, ErrTruncated},
+		{"not udp", func(b []byte) []byte { b[9] = 6; return b }, ErrNotOurs},
+		{"other port", func(b []byte) []byte { b[ipv4HdrLen+3]++; return b }, ErrNotOurs},
+		{"too short", func(b []byte) []byte { return b[:10] }, ErrNotOurs},
 	}
 	for _, c := range cases {
 		b := append([]byte(nil), good...)

@@ -1,4 +1,4 @@
-package bench
+package soak
 
 import (
 	"fmt"
@@ -16,8 +16,8 @@ import (
 // seconds of a small soak whole, and bounded well inside the heap
 // invariant's slack.
 const (
-	DefaultSoakCapturePackets = 50000
-	soakCaptureBytes          = 32 << 20
+	DefaultCapturePackets = 50000
+	soakCaptureBytes      = 32 << 20
 )
 
 // soakObserve is what watches a soak from outside the engine: the capture
@@ -30,17 +30,17 @@ type soakObserve struct {
 	server  *metrics.Server
 
 	mu         sync.Mutex
-	timeline   []SoakSample
+	timeline   []Sample
 	lastSample time.Time
 	every      time.Duration
 }
 
-func newSoakObserve(cfg *SoakConfig) (*soakObserve, error) {
+func newSoakObserve(cfg *Config) (*soakObserve, error) {
 	o := &soakObserve{every: sampleEvery(cfg)}
 	if cfg.Capture != "" {
 		n := cfg.CapturePackets
 		if n <= 0 {
-			n = DefaultSoakCapturePackets
+			n = DefaultCapturePackets
 		}
 		o.ring = capture.NewRing(capture.Filter{}, n, soakCaptureBytes)
 		o.mux.Attach(o.ring)
@@ -58,7 +58,7 @@ func newSoakObserve(cfg *SoakConfig) (*soakObserve, error) {
 
 // sampleEvery is the timeline's period: a second, or finer for a short
 // soak so its plot has some fifty points.
-func sampleEvery(cfg *SoakConfig) time.Duration {
+func sampleEvery(cfg *Config) time.Duration {
 	return min(time.Second, max(cfg.CheckEvery, cfg.Duration/50))
 }
 
@@ -108,7 +108,7 @@ func (o *soakObserve) sample(elapsed time.Duration, t soakTotals, violations uin
 		return
 	}
 	o.lastSample = now
-	o.timeline = append(o.timeline, SoakSample{ElapsedSec: elapsed.Seconds(), Live: t.LiveConns,
+	o.timeline = append(o.timeline, Sample{ElapsedSec: elapsed.Seconds(), Live: t.LiveConns,
 		Established: t.Established, Reaped: t.Reaped, DeadDropped: t.DeadDropped, Violations: violations})
 }
 
@@ -124,9 +124,9 @@ func (o *soakObserve) stopMetrics() error {
 
 // finish fills the report's timeline, writes the capture if an invariant
 // broke, and stops the metrics endpoint if still running.
-func (o *soakObserve) finish(cfg *SoakConfig, rep *SoakReport) error {
+func (o *soakObserve) finish(cfg *Config, rep *Report) error {
 	o.mu.Lock()
-	rep.Timeline = append([]SoakSample(nil), o.timeline...)
+	rep.Timeline = append([]Sample(nil), o.timeline...)
 	o.mu.Unlock()
 	err := o.stopMetrics()
 	if o.ring == nil || !rep.Failed() {
