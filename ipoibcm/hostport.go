@@ -1,6 +1,7 @@
 package ipoibcm
 
 import (
+	"log/slog"
 	"net"
 	"sync"
 
@@ -80,15 +81,24 @@ type GatherPort interface {
 // poller, the host reader and the REP handler all write, so writes are
 // serialised.
 type hostWriter struct {
-	i  *Interface
-	mu sync.Mutex
+	mu   sync.Mutex
+	host HostPort
+	off  OffloadPort // host, when it takes offload metadata; nil otherwise
+	// drops counts the frames the host did not take (rx_host_write);
+	// quiet says a write error is expected (the interface is closing).
+	drops *counters
+	quiet func() bool
+	log   *slog.Logger
+}
+
+func (w *hostWriter) init(host HostPort, off OffloadPort, drops *counters, quiet func() bool, log *slog.Logger) {
+	w.host, w.off, w.drops, w.quiet, w.log = host, off, drops, quiet, log
 }
 
 // writeMeta hands frames with their offload metadata to an OffloadPort
 // (to a plain HostPort, rxMeta left every Meta zero).
 func (w *hostWriter) writeMeta(frames [][]byte, meta []offload.Meta) {
-	i := w.i
-	p := i.off.port
+	p := w.off
 	if p == nil {
 		w.write(frames)
 		return
@@ -96,39 +106,32 @@ func (w *hostWriter) writeMeta(frames [][]byte, meta []offload.Meta) {
 	w.mu.Lock()
 	n, err := p.WriteFramesMeta(frames, meta)
 	w.mu.Unlock()
-	for range len(frames) - n {
-		i.ctr.drop(dropRxHostWrite)
-	}
-	if err != nil && ifState(i.state.Load()) == ifRunning {
-		i.log.Debug("host write", "err", err)
-	}
+	w.account(len(frames), n, err)
 }
 
 // writeGather hands frames in pieces with their metadata to a GatherPort.
 func (w *hostWriter) writeGather(p GatherPort, frames [][][]byte, meta []offload.Meta) {
-	i := w.i
 	w.mu.Lock()
 	n, err := p.WriteFramesGather(frames, meta)
 	w.mu.Unlock()
-	for range len(frames) - n {
-		i.ctr.drop(dropRxHostWrite)
-	}
-	if err != nil && ifState(i.state.Load()) == ifRunning {
-		i.log.Debug("host write", "err", err)
-	}
+	w.account(len(frames), n, err)
 }
 
 // write hands frames to the host; the ones it does not take are counted
 // rx_host_write.
 func (w *hostWriter) write(frames [][]byte) {
-	i := w.i
 	w.mu.Lock()
-	n, err := i.host.WriteFrames(frames)
+	n, err := w.host.WriteFrames(frames)
 	w.mu.Unlock()
-	for range len(frames) - n {
-		i.ctr.drop(dropRxHostWrite)
+	w.account(len(frames), n, err)
+}
+
+// account counts the frames of a write of total the host did not take.
+func (w *hostWriter) account(total, n int, err error) {
+	for range total - n {
+		w.drops.drop(dropRxHostWrite)
 	}
-	if err != nil && ifState(i.state.Load()) == ifRunning {
-		i.log.Debug("host write", "err", err)
+	if err != nil && !w.quiet() {
+		w.log.Debug("host write", "err", err)
 	}
 }

@@ -155,8 +155,8 @@ func New(cfg Config) (_ *Interface, err error) {
 	}
 	i.tx = txPath{i: i, wake: make(chan struct{}, 1)}
 	i.rx.i = i
-	i.hostOut.i = i
 	i.off.init(cfg.Host, cfg.Device, cfg.SendQueueSize)
+	i.hostOut.init(cfg.Host, i.off.port, &i.ctr, func() bool { return ifState(i.state.Load()) != ifRunning }, i.log)
 	i.ctl.init()
 	if c, ok := cfg.Device.(mutation.Carrier); ok {
 		i.mut = c.SoakMutations()

@@ -2,6 +2,7 @@ package ipoibcm
 
 import (
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"sync/atomic"
 	"time"
@@ -17,7 +18,12 @@ import (
 // stamp and the counters without a lock; state is changed only by
 // rxTransition (readable under Interface.mu).
 type rxConn struct {
-	i       *Interface
+	// events takes the connection's CM and QP events to its state
+	// machine; lastWQE counts the LAST_WQE_REACHED events it saw.
+	events  rxEventSink
+	lastWQE *atomic.Uint64
+	log     *slog.Logger
+
 	qp      hca.QP
 	cmConn  *cm.Conn
 	peer    frame.HWAddr
@@ -42,6 +48,12 @@ type rxConn struct {
 	ring       [][]byte
 	recvCount  atomic.Int64
 	reapPosted atomic.Bool
+}
+
+// rxEventSink is where a passive connection's events go: the state
+// machine on the control loop (postRX never blocks).
+type rxEventSink interface {
+	postRX(rc *rxConn, ev rxEvent)
 }
 
 func (rc *rxConn) recvWR(idx int) hca.RecvWR {
@@ -81,7 +93,8 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		peerQPN = 0
 	}
 	now := time.Now()
-	rc := &rxConn{i: i, peer: frame.NewHWAddr(frame.FlagRC, peerQPN, req.RemoteGID), created: now, cmConn: req.Conn}
+	rc := &rxConn{events: i, lastWQE: &i.reaper.ctr.lastWQESeen, log: i.log,
+		peer: frame.NewHWAddr(frame.FlagRC, peerQPN, req.RemoteGID), created: now, cmConn: req.Conn}
 	rc.stamp.Store(now.UnixNano())
 
 	i.mu.Lock()
@@ -209,13 +222,13 @@ func (i *Interface) initRXQP(rc *rxConn, pkeyIndex int) error {
 // onCMEvent runs on the CM goroutine: everything but the RTU becomes an
 // event of the connection's state machine, on the control loop.
 func (rc *rxConn) onCMEvent(ev cm.Event) {
-	rc.i.log.Debug("CM RX event", "event", ev.Type, "peer", rc.peer, "reject", ev.RejectReason, "err", ev.Err)
+	rc.log.Debug("CM RX event", "event", ev.Type, "peer", rc.peer, "reject", ev.RejectReason, "err", ev.Err)
 	switch ev.Type {
 	case cm.EventEstablished:
 		rc.established.Store(true)
 	case cm.EventDisconnectRequested, cm.EventRejected, cm.EventStale, cm.EventTimedOut:
 		// DREQ and REJ take the teardown path (docs/linux.md §3.5).
-		rc.i.postRX(rc, rxEvDisconnected)
+		rc.events.postRX(rc, rxEvDisconnected)
 	}
 }
 
@@ -223,9 +236,9 @@ func (rc *rxConn) onCMEvent(ev cm.Event) {
 func (rc *rxConn) onQPEvent(ev hca.AsyncEvent) {
 	switch ev.Type {
 	case hca.EventQPLastWQEReached:
-		rc.i.reaper.ctr.lastWQESeen.Add(1)
-		rc.i.postRX(rc, rxEvLastWQE)
+		rc.lastWQE.Add(1)
+		rc.events.postRX(rc, rxEvLastWQE)
 	case hca.EventQPFatal:
-		rc.i.postRX(rc, rxEvQPFatal)
+		rc.events.postRX(rc, rxEvQPFatal)
 	}
 }

@@ -2,6 +2,7 @@ package ipoibcm
 
 import (
 	"fmt"
+	"log/slog"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
@@ -10,7 +11,7 @@ import (
 // srqRing is the shared receive queue every passive RC connection receives
 // into: RecvQueueSize buffers of 65524 bytes (IPOIB_CM_BUF_SIZE).
 type srqRing struct {
-	i    *Interface
+	log  *slog.Logger
 	srq  hca.SRQ
 	bufs [][]byte
 }
@@ -18,7 +19,7 @@ type srqRing struct {
 // newSRQRing creates the SRQ and posts its buffers; on error it destroys
 // the SRQ again, so New's clean-up finds nothing of it left.
 func newSRQRing(i *Interface) (_ *srqRing, err error) {
-	s := &srqRing{i: i}
+	s := &srqRing{log: i.log}
 	srq, err := i.dev.CreateSRQ(hca.SRQConfig{MaxWR: i.cfg.RecvQueueSize})
 	if err != nil {
 		return nil, fmt.Errorf("create SRQ: %w", err)
@@ -56,7 +57,7 @@ func (s *srqRing) destroy() {
 		return
 	}
 	if err := s.srq.Destroy(); err != nil {
-		s.i.log.Warn("destroy SRQ", "err", err)
+		s.log.Warn("destroy SRQ", "err", err)
 	}
 	s.srq = nil
 }

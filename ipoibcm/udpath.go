@@ -2,6 +2,7 @@ package ipoibcm
 
 import (
 	"fmt"
+	"log/slog"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
@@ -12,9 +13,12 @@ type udQP struct{}
 
 // udPath is the UD QP with its receive ring (RFC 4391).
 type udPath struct {
-	i    *Interface
 	qp   hca.QP
 	bufs [][]byte // UDRecvQueueSize buffers: headroom + IB MTU
+	log  *slog.Logger
+	// psn draws the send queue's starting PSN from the interface's
+	// source, which the CM goroutine draws from too.
+	psn func() uint32
 }
 
 // newUDPath creates the UD QP and its ring, and brings it to RTS if the
@@ -23,7 +27,11 @@ type udPath struct {
 // both CQs busy (the backend refuses to destroy a CQ a QP still uses), so
 // New's clean-up could not release them either.
 func newUDPath(i *Interface) (_ *udPath, err error) {
-	u := &udPath{i: i}
+	u := &udPath{log: i.log, psn: func() uint32 {
+		i.mu.Lock()
+		defer i.mu.Unlock()
+		return i.rng.Uint32() & 0xffffff
+	}}
 	qp, err := i.dev.CreateQP(hca.QPConfig{
 		Type:      hca.QPTypeUD,
 		SendCQ:    i.txCQ,
@@ -64,7 +72,7 @@ func newUDPath(i *Interface) (_ *udPath, err error) {
 // activate moves the UD QP from Reset to RTS on P_Key index pkeyIndex
 // with every ring buffer posted: at New, or once the P_Key appears.
 func (u *udPath) activate(pkeyIndex int) error {
-	i, qp := u.i, u.qp
+	qp := u.qp
 	if err := qp.Modify(hca.QPAttr{State: hca.QPStateInit, PKeyIndex: pkeyIndex, QKey: frame.QKeyIPoIB}); err != nil {
 		return fmt.Errorf("UD QP to Init: %w", err)
 	}
@@ -78,10 +86,7 @@ func (u *udPath) activate(pkeyIndex int) error {
 	if err := qp.Modify(hca.QPAttr{State: hca.QPStateRTR}); err != nil {
 		return fmt.Errorf("UD QP to RTR: %w", err)
 	}
-	i.mu.Lock() // the CM goroutine draws from rng too
-	psn := i.rng.Uint32() & 0xffffff
-	i.mu.Unlock()
-	if err := qp.Modify(hca.QPAttr{State: hca.QPStateRTS, SQPSN: psn}); err != nil {
+	if err := qp.Modify(hca.QPAttr{State: hca.QPStateRTS, SQPSN: u.psn()}); err != nil {
 		return fmt.Errorf("UD QP to RTS: %w", err)
 	}
 	return nil
@@ -92,7 +97,7 @@ func (u *udPath) destroy() {
 		return
 	}
 	if err := u.qp.Destroy(); err != nil {
-		u.i.log.Warn("destroy UD QP", "err", err)
+		u.log.Warn("destroy UD QP", "err", err)
 	}
 	u.qp = nil
 }
