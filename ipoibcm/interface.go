@@ -153,7 +153,7 @@ func New(cfg Config) (_ *Interface, err error) {
 		rng:     newPSNSource(cfg.CM.Seed),
 		stop:    make(chan struct{}),
 	}
-	i.tx = txPath{i: i, wake: make(chan struct{}, 1)}
+	i.tx = txPath{sendq: cfg.SendQueueSize, stop: i.stop, data: &i.ctr, offCtr: &i.off.ctr, wake: make(chan struct{}, 1)}
 	i.rx.i = i
 	i.off.init(cfg.Host, cfg.Device, cfg.SendQueueSize)
 	i.hostOut.init(cfg.Host, i.off.port, &i.ctr, func() bool { return ifState(i.state.Load()) != ifRunning }, i.log)
@@ -262,7 +262,7 @@ func (i *Interface) createQueues() error {
 	if i.ud, err = newUDPath(i); err != nil {
 		return err
 	}
-	i.mcast.qp = i.ud.qp
+	i.mcast.qp, i.tx.ud = i.ud.qp, i.ud.qp
 	if useSRQ {
 		if i.srq, err = newSRQRing(i); err != nil {
 			return err

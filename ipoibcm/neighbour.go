@@ -164,7 +164,7 @@ func (n *neighbour) addIP(a netip.Addr) {
 // timeout) from stopping the reader for everyone else.
 func (n *neighbour) park(tx *txPath, bufIdx, size int) bool {
 	if n.nParked == maxParked || tx.parkedCredits >= tx.parkedCreditCap() {
-		tx.i.ctr.drop(dropTxNeighQueueFull)
+		tx.data.drop(dropTxNeighQueueFull)
 		return false
 	}
 	n.parked[n.nParked] = parkedFrame{buf: bufIdx, n: size}
@@ -185,7 +185,7 @@ func (n *neighbour) unpark(tx *txPath) {
 func (n *neighbour) dropParked(tx *txPath, reason dropReason) {
 	for k := range n.nParked {
 		tx.pool.put1(n.parked[k].buf)
-		tx.i.ctr.drop(reason)
+		tx.data.drop(reason)
 	}
 	cnt := n.nParked
 	n.unpark(tx)

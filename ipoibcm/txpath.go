@@ -21,9 +21,16 @@ import (
 // CQ can overflow, and one stuck peer cannot wedge another's traffic
 // forever (the 2008 "never recovers" bug had one stop flag per ring).
 type txPath struct {
-	i    *Interface
 	napi *napi.Context // the TX poller; the host reader busy-polls it
 	pool *txPool
+	ud   hca.QP // the UD QP, where sends without a connection go
+	// sendq is Config.SendQueueSize, the credits; stop closes when the
+	// interface stops (a stopped reader gives up waiting).
+	sendq int
+	stop  <-chan struct{}
+	// data and offCtr are the data path's and the offloads' counters.
+	data   *counters
+	offCtr *offloadCounters
 
 	// outstanding counts the credits taken: sends posted or parked.
 	outstanding atomic.Int64
@@ -80,11 +87,10 @@ type sendDest struct {
 // GSO skb (the offload counters count its packets).
 func (p *poster) post(d sendDest, bufIdx, size int, etherType uint16, o sendOffload) bool {
 	tx := p.tx
-	i := tx.i
 	b := tx.pool.bufs[bufIdx]
 	frame.PutEncap(b[headroom:], etherType)
 	tx.pool.lens[bufIdx] = size - headroom
-	qp := i.ud.qp
+	qp := tx.ud
 	if d.tc != nil {
 		qp = d.tc.qp
 		p.wr[0] = hca.SendWR{ID: wrID(wrKindSend, bufIdx), Data: b[headroom:size], Flags: o.flags}
@@ -99,11 +105,11 @@ func (p *poster) post(d sendDest, bufIdx, size int, etherType uint16, o sendOffl
 	}
 	if err != nil || n != 1 {
 		tx.outstanding.Add(-1)
-		i.ctr.txErrors.Add(1)
+		tx.data.txErrors.Add(1)
 		if errors.Is(err, hca.ErrLSOTooLarge) {
-			i.ctr.drop(dropTxLSOTooLarge)
+			tx.data.drop(dropTxLSOTooLarge)
 		} else {
-			i.ctr.drop(dropTxPostFailed)
+			tx.data.drop(dropTxPostFailed)
 		}
 		if d.tc != nil {
 			d.tc.outstanding.Add(-1)
@@ -116,10 +122,10 @@ func (p *poster) post(d sendDest, bufIdx, size int, etherType uint16, o sendOffl
 		d.tc.byts.Add(uint64(size - headroom))
 	}
 	if o.mss > 0 {
-		i.off.ctr.txLSOWRs.Add(1)
-		i.off.ctr.txLSOPackets.Add(uint64(o.segs))
+		tx.offCtr.txLSOWRs.Add(1)
+		tx.offCtr.txLSOPackets.Add(uint64(o.segs))
 	} else if o.flags&hca.SendIPCsum != 0 {
-		i.off.ctr.txCsumHW.Add(1)
+		tx.offCtr.txCsumHW.Add(1)
 	}
 	return true
 }
@@ -130,7 +136,6 @@ func (p *poster) post(d sendDest, bufIdx, size int, etherType uint16, o sendOffl
 // other than a flush tears the connection down; the next frame reconnects
 // (Linux ipoib_cm_handle_tx_wc).
 func (tx *txPath) handleTX(wcs []hca.WC) {
-	i := tx.i
 	credits := 0
 	free := tx.free[:0]
 	for k := range wcs {
@@ -145,11 +150,11 @@ func (tx *txPath) handleTX(wcs []hca.WC) {
 		free = append(free, idx)
 		ok := wc.Status == hca.StatusSuccess
 		if ok {
-			i.ctr.txPackets.Add(1)
-			i.ctr.txBytes.Add(uint64(tx.pool.lens[idx]))
+			tx.data.txPackets.Add(1)
+			tx.data.txBytes.Add(uint64(tx.pool.lens[idx]))
 		} else if wc.Status != hca.StatusWRFlushErr {
-			i.ctr.txErrors.Add(1)
-			i.ctr.drop(dropTxSendError)
+			tx.data.txErrors.Add(1)
+			tx.data.drop(dropTxSendError)
 		}
 		switch ctx := wc.Context.(type) {
 		case *udQP:
@@ -160,7 +165,7 @@ func (tx *txPath) handleTX(wcs []hca.WC) {
 			}
 			if !ok {
 				if wc.Status == hca.StatusWRFlushErr {
-					i.ctr.drop(dropTxNeighFlushed)
+					tx.data.drop(dropTxNeighFlushed)
 				} else {
 					ctx.sendFailed()
 				}
@@ -176,13 +181,13 @@ func (tx *txPath) handleTX(wcs []hca.WC) {
 
 // creditsFree is how many frames the reader may take now.
 func (tx *txPath) creditsFree() int {
-	return tx.i.cfg.SendQueueSize - int(tx.outstanding.Load())
+	return tx.sendq - int(tx.outstanding.Load())
 }
 
 // parkedCreditCap is a quarter of the send queue, but never less than
 // one neighbour's worth.
 func (tx *txPath) parkedCreditCap() int {
-	return max(maxParked, tx.i.cfg.SendQueueSize/4)
+	return max(maxParked, tx.sendq/4)
 }
 
 // returnCredits gives n credits back and wakes the reader if it stopped
@@ -202,7 +207,7 @@ func (tx *txPath) handOverParked() { tx.outstanding.Add(-1) }
 // wakeIfResumed wakes the stopped reader once the count (left) is down
 // to half.
 func (tx *txPath) wakeIfResumed(left int64) {
-	if left <= int64(tx.i.cfg.SendQueueSize/2) && tx.stopped.Load() && tx.stopped.CompareAndSwap(true, false) {
+	if left <= int64(tx.sendq/2) && tx.stopped.Load() && tx.stopped.CompareAndSwap(true, false) {
 		tx.ctr.wakes.Add(1)
 		select {
 		case tx.wake <- struct{}{}:
@@ -217,7 +222,7 @@ func (tx *txPath) wakeIfResumed(left int64) {
 // where a stopped queue resumes). It returns false when the interface is
 // stopping.
 func (tx *txPath) waitCredits(reserve int) bool {
-	limit := int64(tx.i.cfg.SendQueueSize - max(1, reserve))
+	limit := int64(tx.sendq - max(1, reserve))
 	if tx.outstanding.Load() < limit {
 		return true
 	}
@@ -250,7 +255,7 @@ func (tx *txPath) resumable(why stopReason) bool {
 	if why == stopForBuffers {
 		return tx.pool.available() > 0
 	}
-	return tx.outstanding.Load() <= int64(tx.i.cfg.SendQueueSize/2)
+	return tx.outstanding.Load() <= int64(tx.sendq/2)
 }
 
 // stopQueue stops the reader until returnCredits wakes it. It returns
@@ -276,7 +281,7 @@ func (tx *txPath) stopQueue(why stopReason) bool {
 			if !tx.stopped.Load() {
 				return true
 			}
-		case <-tx.i.stop:
+		case <-tx.stop:
 			return false
 		}
 	}
