@@ -37,8 +37,8 @@ func (i *Interface) controlLoop() {
 	defer gc.Stop()
 	for {
 		var deadline <-chan time.Time
-		if i.reaper.shutdownTimer != nil {
-			deadline = i.reaper.shutdownTimer.C
+		if i.shut.timer != nil {
+			deadline = i.shut.timer.C
 		}
 		select {
 		case <-i.ctl.q.Wake():
@@ -48,7 +48,7 @@ func (i *Interface) controlLoop() {
 			}
 			i.ctl.q.Recycle(q)
 		case <-stale.C:
-			i.staleScan(time.Now())
+			i.passive.staleScan(time.Now())
 		case <-gc.C:
 			i.ageNeighbours(time.Now())
 		case <-deadline:

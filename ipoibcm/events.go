@@ -106,18 +106,6 @@ func (i *Interface) emit(kind EventKind, qpn, remote hca.QPN, peer hca.GID, elap
 	o.ObserveEvent(Event{Kind: kind, At: time.Now(), QPN: qpn, RemoteQPN: remote, Peer: peer, Elapsed: elapsed, Detail: detail})
 }
 
-// emitRX tells of a passive connection (control loop).
-func (i *Interface) emitRX(kind EventKind, rc *rxConn, elapsed time.Duration, detail string) {
-	if i.cfg.Events == nil {
-		return
-	}
-	var remote hca.QPN
-	if rc.cmConn != nil {
-		remote = rc.cmConn.RemoteQPN()
-	}
-	i.emit(kind, rc.qp.QPN(), remote, rc.peer.GID(), elapsed, detail)
-}
-
 // emitTX tells of an active connection. Its QP and CM id are read under
 // mu: connectTX sets them while Stats and the CM goroutine may look.
 func (i *Interface) emitTX(kind EventKind, tc *txConn, elapsed time.Duration, detail string) {

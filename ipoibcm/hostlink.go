@@ -66,7 +66,7 @@ func (i *Interface) stopForHost() {
 	i.closeListener()
 	rx, tx := i.snapshotConns()
 	for _, rc := range rx {
-		i.rxTransition(rc, rxEvHostDown)
+		i.passive.rxTransition(rc, rxEvHostDown)
 	}
 	for _, tc := range tx {
 		tc.teardown()
@@ -92,7 +92,7 @@ func (i *Interface) checkHostDownQuiet() {
 		return
 	}
 	i.mu.Lock()
-	left := len(i.rxConns) + len(i.txConns)
+	left := len(i.passive.set) + len(i.txConns)
 	i.mu.Unlock()
 	if left == 0 {
 		i.downQuiet = true

@@ -65,7 +65,6 @@ type Interface struct {
 	rxNAPI     *napi.Context // the RX poller; its poll lock orders the dead flag
 	ud         *udPath
 	srq        *srqRing // nil without SRQ
-	drainBuf   []byte
 	cmm        *cm.Manager
 	// listener is the CM listener while the host has ib0 up; closed and
 	// nil while it is down (hostlink.go). listenerMu guards the pointer:
@@ -91,12 +90,11 @@ type Interface struct {
 	neigh   neighbourTable
 	mcast   mcastTable
 	txConns map[*txConn]struct{}
-	rxConns map[*rxConn]struct{}
-	rxLimit rxLimits // the passive connections' admission
+	passive passiveSet // the passive connections (rxteardown.go)
 	rng     *rand.Rand
 
-	ctl    control
-	reaper reaper // owned by the control loop
+	ctl  control
+	shut shutdownState // Close's, on the control loop
 	// hostMTUStale: the last mode switch could not set the host's MTU
 	// (control loop), so SetMode to the same mode tries again.
 	hostMTUStale bool
@@ -149,7 +147,6 @@ func New(cfg Config) (_ *Interface, err error) {
 		log:     cfg.Logger.With("if", cfg.Name),
 		port:    cfg.Device.Port(),
 		txConns: make(map[*txConn]struct{}),
-		rxConns: make(map[*rxConn]struct{}),
 		rng:     newPSNSource(cfg.CM.Seed),
 		stop:    make(chan struct{}),
 	}
@@ -174,7 +171,7 @@ func New(cfg Config) (_ *Interface, err error) {
 	i.udMTU = frame.UDMTU(i.port.ActiveMTU)
 	i.bcast = frame.BroadcastMGID(cfg.PKey)
 	i.mcast.init(&i.cfg, i.dev, i.bcast, i.hostDown, i.log)
-	i.rxLimit.init(&i.cfg, cfg.DisableSRQ || cfg.DisableCM)
+	i.passive.init(&i.mu, &i.cfg, cfg.DisableSRQ || cfg.DisableCM, i.ctl.post, i.mut, i.log)
 	i.neigh.init(&i.cfg, i.port.GID, i.dev, i.log, func(tc *txConn) {
 		tc.detachLocked(dropTxNeighFlushed)
 		i.ctl.post(tc.teardown)
@@ -252,6 +249,7 @@ func (i *Interface) createQueues() error {
 	if err != nil {
 		return fmt.Errorf("rx napi: %w", err)
 	}
+	i.passive.rxNAPI = i.rxNAPI
 	i.tx.napi, err = napi.New(napi.Config{Name: cfg.Name + "-tx", CQ: i.txCQ, Budget: cfg.TXBudget, Handle: i.tx.handleTX})
 	if err != nil {
 		return fmt.Errorf("tx napi: %w", err)
@@ -268,7 +266,7 @@ func (i *Interface) createQueues() error {
 			return err
 		}
 	}
-	if i.drainBuf, err = i.dev.Alloc(64); err != nil {
+	if i.passive.drainBuf, err = i.dev.Alloc(64); err != nil {
 		return fmt.Errorf("drain buffer: %w", err)
 	}
 	if i.tx.pool, err = newTXPool(i.dev, cfg.SendQueueSize+i.host.BatchSize(), txBufSize); err != nil {
@@ -361,7 +359,7 @@ func (i *Interface) linkUp() error {
 // While the host has ib0 down the link stays down whatever the table
 // says; openForHost raises it only with the P_Key here.
 func (i *Interface) onPKeyChange() {
-	if ifState(i.state.Load()) != ifRunning || i.reaper.shuttingDown {
+	if ifState(i.state.Load()) != ifRunning || i.shut.active {
 		return
 	}
 	port := i.dev.Port()

@@ -322,7 +322,7 @@ func (i *Interface) ageNeighbours(now time.Time) {
 			i.neigh.ctr.aged.Add(1)
 		}
 	}
-	i.neigh.evict(now, i.txConns, i.rxConns)
+	i.neigh.evict(now, i.txConns, i.passive.set)
 	i.mcast.age(now)
 	i.mu.Unlock()
 	for _, tc := range idle {

@@ -258,7 +258,7 @@ func onlyTXConn(t *testing.T, ifc *Interface) *txConn { return onlyConn(t, ifc, 
 
 // onlyRXConn is ifc's single passive connection.
 func onlyRXConn(t *testing.T, ifc *Interface) *rxConn {
-	return onlyConn(t, ifc, ifc.rxConns, "passive")
+	return onlyConn(t, ifc, ifc.passive.set, "passive")
 }
 
 // onlyConn is the one member of ifc's connection set conns, read under
@@ -378,8 +378,8 @@ func runCompletionAfterDestroy(t *testing.T, mut mutation.Soak) afterDestroyRun 
 	}
 	onControl(t, &testNode{ifc: b}, func() {})
 	run.pendingHeld = fab.Stats().PendingCompletion
-	run.reapedBefore = b.reaper.ctr.reaped.Load()
-	run.drainsBefore = b.reaper.ctr.drainsPosted.Load()
+	run.reapedBefore = b.passive.reaper.ctr.reaped.Load()
+	run.drainsBefore = b.passive.reaper.ctr.drainsPosted.Load()
 
 	hold.Release()
 	select {
@@ -540,9 +540,9 @@ func testLastWQEBeforeLive(t *testing.T, reapFirst bool) {
 			defer func() {
 				i.mu.Lock()
 				res.state = rc.state
-				_, res.inSet = i.rxConns[rc]
+				_, res.inSet = i.passive.set[rc]
 				i.mu.Unlock()
-				res.accepted = i.rxLimit.ctr.accepted.Load()
+				res.accepted = i.passive.limits.ctr.accepted.Load()
 				hooked <- res
 			}()
 			if err := rc.qp.Modify(hca.QPAttr{State: hca.QPStateError}); err != nil {
@@ -635,7 +635,7 @@ func testLastWQEBeforeLive(t *testing.T, reapFirst bool) {
 		t.Fatalf("passive connections %+v: want the new live one alone (the errored one leaked?)", st.RXConns)
 	}
 	b.mu.Lock()
-	_, leaked := b.rxConns[rc]
+	_, leaked := b.passive.set[rc]
 	b.mu.Unlock()
 	if leaked {
 		t.Fatal("the reaped connection is still in the connection set")

@@ -69,7 +69,7 @@ func onControl(t *testing.T, nd *testNode, fn func()) {
 // read now.
 func staleScanAt(t *testing.T, nd *testNode, now time.Time) {
 	t.Helper()
-	onControl(t, nd, func() { nd.ifc.staleScan(now) })
+	onControl(t, nd, func() { nd.ifc.passive.staleScan(now) })
 }
 
 // eventBarrier is a QP of the test's own on a node's device. The soft
@@ -205,7 +205,7 @@ func TestManyConnectionsReapedAtOnce(t *testing.T) {
 	var inFlightAtReap []uint64
 	reaped := make(chan Event, n)
 	hub.events.on(EventReaped, func(e Event) {
-		inFlightAtReap = append(inFlightAtReap, hub.ifc.reaper.ctr.drainsPosted.Load()-hub.ifc.reaper.ctr.drainsCompleted.Load())
+		inFlightAtReap = append(inFlightAtReap, hub.ifc.passive.reaper.ctr.drainsPosted.Load()-hub.ifc.passive.reaper.ctr.drainsCompleted.Load())
 		reaped <- e
 	})
 	for k := 1; k < n; k++ {
@@ -221,7 +221,7 @@ func TestManyConnectionsReapedAtOnce(t *testing.T) {
 	var passed bool
 	var barrierErr error
 	onControl(t, hub, func() {
-		hub.ifc.staleScan(time.Now().Add(hub.ifc.cfg.StaleAfter + time.Second))
+		hub.ifc.passive.staleScan(time.Now().Add(hub.ifc.cfg.StaleAfter + time.Second))
 		passed, barrierErr = barrier.pass(10 * time.Second)
 	})
 	if barrierErr != nil || !passed {

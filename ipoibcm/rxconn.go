@@ -80,7 +80,7 @@ func (i *Interface) decideREQ(req *cm.Request) cm.Decision {
 func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	i.log.Debug("CM REQ", "from", req.RemoteGID, "qpn", req.RemoteQPN, "path_mtu", req.PathMTU)
 	if ifState(i.state.Load()) != ifRunning || i.hostDown() {
-		i.rxLimit.ctr.rejectedDown.Add(1)
+		i.passive.limits.ctr.rejectedDown.Add(1)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	if req.PathMTU > i.port.ActiveMTU {
@@ -93,13 +93,13 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		peerQPN = 0
 	}
 	now := time.Now()
-	rc := &rxConn{events: i, lastWQE: &i.reaper.ctr.lastWQESeen, log: i.log,
+	rc := &rxConn{events: &i.passive, lastWQE: &i.passive.reaper.ctr.lastWQESeen, log: i.log,
 		peer: frame.NewHWAddr(frame.FlagRC, peerQPN, req.RemoteGID), created: now, cmConn: req.Conn}
 	rc.stamp.Store(now.UnixNano())
 
 	i.mu.Lock()
 	// Limits before anything is learnt or created from the REQ.
-	old, ok := i.rxLimit.admitLocked(rc)
+	old, ok := i.passive.limits.admitLocked(rc)
 	if !ok {
 		i.mu.Unlock()
 		return cm.Decision{Reject: cm.RejectNoQP}
@@ -113,10 +113,10 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	psn := i.rng.Uint32() & 0xffffff
 	i.mu.Unlock()
 	if old != nil {
-		i.replaceRX(old)
+		i.passive.postRX(old, rxEvReplaced)
 	}
 	if n == nil {
-		i.releaseRX(rc, &i.rxLimit.ctr.rejectedError)
+		i.passive.release(rc, &i.passive.limits.ctr.rejectedError)
 		return cm.Decision{Reject: cm.RejectConsumerDefined}
 	}
 	rc.mac = n.mac
@@ -137,14 +137,14 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	qp, err := i.dev.CreateQP(cfg)
 	if err != nil {
 		i.log.Warn("create RX QP", "peer", rc.peer, "err", err)
-		i.releaseRX(rc, &i.rxLimit.ctr.rejectedError)
+		i.passive.release(rc, &i.passive.limits.ctr.rejectedError)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	rc.qp = qp
 	if err := i.initRXQP(rc, req.PKeyIndex); err != nil {
 		i.log.Warn("init RX QP", "peer", rc.peer, "err", err)
 		qp.Destroy()
-		i.releaseRX(rc, &i.rxLimit.ctr.rejectedError)
+		i.passive.release(rc, &i.passive.limits.ctr.rejectedError)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	// On the live list before the REP leaves: a LAST_WQE that arrives
@@ -155,7 +155,7 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	i.mu.Lock()
 	if rc.state == rxDestroyed {
 		i.mu.Unlock()
-		i.rxLimit.ctr.rejectedError.Add(1)
+		i.passive.limits.ctr.rejectedError.Add(1)
 		return cm.Decision{Reject: cm.RejectNoQP}
 	}
 	if i.hostDown() {
@@ -166,12 +166,12 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		if err := qp.Destroy(); err != nil {
 			i.log.Warn("destroy RX QP", "peer", rc.peer, "err", err)
 		}
-		i.releaseRX(rc, &i.rxLimit.ctr.rejectedDown)
+		i.passive.release(rc, &i.passive.limits.ctr.rejectedDown)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
-	i.rxConns[rc] = struct{}{}
+	i.passive.set[rc] = struct{}{}
 	i.mu.Unlock()
-	i.rxLimit.ctr.accepted.Add(1)
+	i.passive.limits.ctr.accepted.Add(1)
 	return cm.Decision{
 		QP:          qp,
 		StartingPSN: psn,
@@ -179,16 +179,6 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		SRQ:         i.srq != nil,
 		Handler:     rc.onCMEvent,
 	}
-}
-
-// releaseRX gives back what acceptREQ reserved for a REQ it then
-// rejected, counted in why: the connection slot and, without SRQ, the
-// ring.
-func (i *Interface) releaseRX(rc *rxConn, why *atomic.Uint64) {
-	why.Add(1)
-	i.mu.Lock()
-	i.rxLimit.releaseLocked(rc)
-	i.mu.Unlock()
 }
 
 // initRXQP moves the QP to Init on the P_Key index the REQ's partition

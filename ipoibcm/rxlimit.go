@@ -142,9 +142,3 @@ func (l *rxLimits) statsLocked() RXLimits {
 		RejectedDown: c.rejectedDown.Load(), RejectedError: c.rejectedError.Load(),
 	}
 }
-
-// replaceRX tears down a connection admitRXLocked chose to replace
-// (control loop).
-func (i *Interface) replaceRX(old *rxConn) {
-	i.postRX(old, rxEvReplaced)
-}

@@ -130,8 +130,8 @@ func (r *rxPath) handleRX(wcs []hca.WC) {
 	for k := range wcs {
 		wc := &wcs[k]
 		if wc.ID == wrDrain {
-			i.reaper.ctr.drainsCompleted.Add(1)
-			i.ctl.post(i.onDrainDone)
+			i.passive.reaper.ctr.drainsCompleted.Add(1)
+			i.ctl.post(i.passive.onDrainDone)
 			continue
 		}
 		switch wrKind(wc.ID) {
@@ -305,7 +305,7 @@ func (r *rxPath) rxConnRing(wc *hca.WC) {
 		}
 		if !rc.dead.Load() {
 			// Flushed while live: the QP errored under us; tear down.
-			i.postRX(rc, rxEvFlushedLive)
+			i.passive.postRX(rc, rxEvFlushedLive)
 		}
 		r.ringReceiveGone(rc)
 		return
@@ -322,7 +322,7 @@ func (r *rxPath) rxConnRing(wc *hca.WC) {
 // zero nothing of it can be in the CQ any more and it is reaped.
 func (r *rxPath) ringReceiveGone(rc *rxConn) {
 	if rc.recvCount.Add(-1) == 0 && rc.reapPosted.CompareAndSwap(false, true) {
-		r.i.postRX(rc, rxEvRingFlushed)
+		r.i.passive.postRX(rc, rxEvRingFlushed)
 	}
 }
 

@@ -2,10 +2,14 @@ package ipoibcm
 
 import (
 	"fmt"
+	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/internal/mutation"
+	"github.com/ipoibcm/ipoib/napi"
 )
 
 // This file is the passive-connection state machine: how a connection the
@@ -88,14 +92,38 @@ const (
 // teardown reports whether ev asks for a live connection to go.
 func (ev rxEvent) teardown() bool { return ev <= rxEvShutdown }
 
+// passiveSet is the owner of the passive connections: the set, their
+// admission (rxLimits), their state machine and its reaper, the stale
+// scan, and the events they emit. The set and the states are guarded by
+// mu, the Interface's lock (the host reader and the RX poller look the
+// connections up under it with the neighbours); the reaper's lists are
+// the control loop's.
+type passiveSet struct {
+	mu     *sync.Mutex
+	set    map[*rxConn]struct{}
+	limits rxLimits
+	reaper reaper
+
+	// What the owner works with, fixed at New.
+	rxNAPI     *napi.Context // the RX poller: its poll lock orders the dead flag
+	post       func(func())  // onto the control loop
+	obs        EventObserver // Config.Events, or nil
+	mut        mutation.Soak
+	drainBuf   []byte // the drain WR's (empty) buffer
+	staleAfter time.Duration
+	log        *slog.Logger
+}
+
+func (p *passiveSet) init(mu *sync.Mutex, cfg *Config, ownRings bool, post func(func()), mut mutation.Soak, log *slog.Logger) {
+	p.mu, p.set, p.post, p.obs, p.mut, p.log = mu, make(map[*rxConn]struct{}), post, cfg.Events, mut, log
+	p.staleAfter = cfg.StaleAfter
+	p.limits.init(cfg, ownRings)
+}
+
 // reaper is the control loop's state of the passive teardown.
 type reaper struct {
 	flush []*rxConn // LAST_WQE seen, waiting for a drain
 	drain []*rxConn // covered by the outstanding drain WR
-
-	shuttingDown  bool
-	shutdownDone  chan struct{}
-	shutdownTimer *time.Timer
 
 	ctr reaperCounters
 }
@@ -111,17 +139,17 @@ type reaperCounters struct {
 
 // postRX hands ev for rc to the control loop; it never blocks (CM
 // goroutine, backend event goroutines, the RX poller).
-func (i *Interface) postRX(rc *rxConn, ev rxEvent) {
-	i.ctl.post(func() { i.rxTransition(rc, ev) })
+func (p *passiveSet) postRX(rc *rxConn, ev rxEvent) {
+	p.post(func() { p.rxTransition(rc, ev) })
 }
 
 // rxTransition applies ev to rc (control loop): the one place rc.state
 // changes. Events that do not apply to the current state are ignored:
 // duplicates, and late ones for a connection already on its way out.
-func (i *Interface) rxTransition(rc *rxConn, ev rxEvent) {
-	i.mu.Lock()
+func (p *passiveSet) rxTransition(rc *rxConn, ev rxEvent) {
+	p.mu.Lock()
 	from := rc.state
-	i.mu.Unlock()
+	p.mu.Unlock()
 	if from == rxDestroyed {
 		return
 	}
@@ -130,17 +158,17 @@ func (i *Interface) rxTransition(rc *rxConn, ev rxEvent) {
 		if from != rxLive {
 			return
 		}
-		i.markDead(rc)
-		i.emitRX(EventDeadSet, rc, 0, fmt.Sprint(ev))
-		i.setRXState(rc, rxError)
-		i.reaper.ctr.movedToError.Add(1)
-		i.log.Debug("passive teardown", "peer", rc.peer, "qpn", rc.qp.QPN(), "why", ev)
+		p.markDead(rc)
+		p.emitRX(EventDeadSet, rc, 0, fmt.Sprint(ev))
+		p.setRXState(rc, rxError)
+		p.reaper.ctr.movedToError.Add(1)
+		p.log.Debug("passive teardown", "peer", rc.peer, "qpn", rc.qp.QPN(), "why", ev)
 		if err := rc.qp.Modify(hca.QPAttr{State: hca.QPStateError}); err != nil {
-			i.log.Warn("RX QP to Error", "peer", rc.peer, "err", err)
+			p.log.Warn("RX QP to Error", "peer", rc.peer, "err", err)
 		}
-		i.emitRX(EventQPError, rc, 0, "")
-		if i.mut.SkipDrain || (i.srq == nil && rc.recvCount.Load() == 0) {
-			i.reapRX(rc)
+		p.emitRX(EventQPError, rc, 0, "")
+		if p.mut.SkipDrain || (p.limits.ownRings && rc.recvCount.Load() == 0) {
+			p.reapRX(rc)
 		}
 
 	case ev == rxEvLastWQE:
@@ -148,144 +176,166 @@ func (i *Interface) rxTransition(rc *rxConn, ev rxEvent) {
 		case rxLive:
 			// The backend errored the QP by itself (or it raced the
 			// REP): dead first.
-			i.reaper.ctr.lateLastWQE.Add(1)
-			i.markDead(rc)
-			i.emitRX(EventDeadSet, rc, 0, "LAST_WQE on a live connection")
+			p.reaper.ctr.lateLastWQE.Add(1)
+			p.markDead(rc)
+			p.emitRX(EventDeadSet, rc, 0, "LAST_WQE on a live connection")
 		case rxError:
 		default:
 			return // a duplicate
 		}
-		i.emitRX(EventLastWQE, rc, 0, "")
-		if i.mut.SkipDrain {
-			i.reapRX(rc)
+		p.emitRX(EventLastWQE, rc, 0, "")
+		if p.mut.SkipDrain {
+			p.reapRX(rc)
 			return
 		}
-		i.setRXState(rc, rxFlush)
-		i.reaper.flush = append(i.reaper.flush, rc)
-		i.startDrain()
+		p.setRXState(rc, rxFlush)
+		p.reaper.flush = append(p.reaper.flush, rc)
+		p.startDrain()
 
 	case ev == rxEvDrainPosted:
 		if from == rxFlush {
-			i.setRXState(rc, rxDrain)
+			p.setRXState(rc, rxDrain)
 		}
 
 	case ev == rxEvDrained:
-		i.emitRX(EventDrainCompleted, rc, 0, "")
-		i.reapRX(rc)
+		p.emitRX(EventDrainCompleted, rc, 0, "")
+		p.reapRX(rc)
 
 	case ev == rxEvRingFlushed:
 		if from == rxLive {
 			// The QP errored without us: dead before reaping.
-			i.markDead(rc)
-			i.emitRX(EventDeadSet, rc, 0, "ring flushed on a live connection")
+			p.markDead(rc)
+			p.emitRX(EventDeadSet, rc, 0, "ring flushed on a live connection")
 		}
-		i.reapRX(rc)
+		p.reapRX(rc)
 
 	case ev == rxEvForce:
-		i.rxNAPI.Sync(func() { rc.dead.Store(true) })
-		i.reaper.ctr.forced.Add(1)
-		i.reapRX(rc)
+		p.rxNAPI.Sync(func() { rc.dead.Store(true) })
+		p.reaper.ctr.forced.Add(1)
+		p.reapRX(rc)
 	}
 }
 
-func (i *Interface) setRXState(rc *rxConn, s rxState) {
-	i.mu.Lock()
+func (p *passiveSet) setRXState(rc *rxConn, s rxState) {
+	p.mu.Lock()
 	rc.state = s
-	i.mu.Unlock()
+	p.mu.Unlock()
+}
+
+// emitRX tells the observer of a passive connection's step (control
+// loop).
+func (p *passiveSet) emitRX(kind EventKind, rc *rxConn, elapsed time.Duration, detail string) {
+	if p.obs == nil {
+		return
+	}
+	var remote hca.QPN
+	if rc.cmConn != nil {
+		remote = rc.cmConn.RemoteQPN()
+	}
+	p.obs.ObserveEvent(Event{Kind: kind, At: time.Now(), QPN: rc.qp.QPN(), RemoteQPN: remote, Peer: rc.peer.GID(), Elapsed: elapsed, Detail: detail})
+}
+
+// release gives back what acceptREQ reserved for a REQ it then rejected,
+// counted in why: the connection slot and, without SRQ, the ring.
+func (p *passiveSet) release(rc *rxConn, why *atomic.Uint64) {
+	why.Add(1)
+	p.mu.Lock()
+	p.limits.releaseLocked(rc)
+	p.mu.Unlock()
 }
 
 // markDead sets rc's dead flag under the RX poll lock: no poll that began
 // before is still running, and every later one sees the flag, so no
 // completion of the connection reaches the host from now on.
-func (i *Interface) markDead(rc *rxConn) {
+func (p *passiveSet) markDead(rc *rxConn) {
 	rc.deadAt = time.Now() // the passive teardown time starts here
-	if i.mut.SkipDeadFlag {
+	if p.mut.SkipDeadFlag {
 		return
 	}
-	i.rxNAPI.Sync(func() { rc.dead.Store(true) })
+	p.rxNAPI.Sync(func() { rc.dead.Store(true) })
 }
 
 // startDrain posts the drain WR for every connection on the flush list,
 // unless one is already outstanding (the RX CQ has one spare slot). The WR
 // goes on one errored QP of the batch; its flush completion lands on the
 // RX CQ behind every earlier completion of every QP in the batch.
-func (i *Interface) startDrain() {
-	r := &i.reaper
+func (p *passiveSet) startDrain() {
+	r := &p.reaper
 	if len(r.drain) > 0 || len(r.flush) == 0 {
 		return
 	}
-	wr := [1]hca.SendWR{{ID: wrDrain, Data: i.drainBuf[:0]}}
+	wr := [1]hca.SendWR{{ID: wrDrain, Data: p.drainBuf[:0]}}
 	for _, rc := range r.flush {
 		if n, err := rc.qp.PostSend(wr[:]); err == nil && n == 1 {
-			i.reaper.ctr.drainsPosted.Add(1)
+			p.reaper.ctr.drainsPosted.Add(1)
 			r.drain, r.flush = r.flush, r.drain[:0]
 			on := fmt.Sprintf("drain WR on qpn 0x%06x, covering %d", uint32(rc.qp.QPN()), len(r.drain))
 			for _, d := range r.drain {
-				i.rxTransition(d, rxEvDrainPosted)
-				i.emitRX(EventDrainPosted, d, 0, on)
+				p.rxTransition(d, rxEvDrainPosted)
+				p.emitRX(EventDrainPosted, d, 0, on)
 			}
 			return
 		}
-		i.reaper.ctr.drainPostFailures.Add(1)
+		p.reaper.ctr.drainPostFailures.Add(1)
 	}
 	// No QP of the batch took the drain WR; Close's deadline forces them.
-	i.log.Warn("drain WR refused by every flushed QP", "count", len(r.flush))
+	p.log.Warn("drain WR refused by every flushed QP", "count", len(r.flush))
 }
 
 // onDrainDone runs when the RX poller polled the drain completion: every
 // connection it covers has no completion left in the RX CQ.
-func (i *Interface) onDrainDone() {
-	r := &i.reaper
+func (p *passiveSet) onDrainDone() {
+	r := &p.reaper
 	covered := r.drain
 	r.drain = nil
 	for _, rc := range covered {
-		i.rxTransition(rc, rxEvDrained)
+		p.rxTransition(rc, rxEvDrained)
 	}
-	i.startDrain()
+	p.startDrain()
 }
 
 // reapRX destroys the QP and the CM id (control loop, never the poller).
-func (i *Interface) reapRX(rc *rxConn) {
-	i.mu.Lock()
+func (p *passiveSet) reapRX(rc *rxConn) {
+	p.mu.Lock()
 	if rc.state == rxDestroyed {
-		i.mu.Unlock()
+		p.mu.Unlock()
 		return
 	}
 	rc.state = rxDestroyed
-	delete(i.rxConns, rc)
-	i.rxLimit.releaseLocked(rc)
-	i.mu.Unlock()
+	delete(p.set, rc)
+	p.limits.releaseLocked(rc)
+	p.mu.Unlock()
 	if rc.cmConn != nil {
 		rc.cmConn.Destroy()
 	}
 	if err := rc.qp.Destroy(); err != nil {
-		i.log.Warn("destroy RX QP", "peer", rc.peer, "err", err)
+		p.log.Warn("destroy RX QP", "peer", rc.peer, "err", err)
 	}
-	i.reaper.ctr.reaped.Add(1)
-	if i.cfg.Events != nil {
+	p.reaper.ctr.reaped.Add(1)
+	if p.obs != nil {
 		var elapsed time.Duration
 		if !rc.deadAt.IsZero() {
 			elapsed = time.Since(rc.deadAt)
 		}
-		i.emitRX(EventReaped, rc, elapsed, "")
+		p.emitRX(EventReaped, rc, elapsed, "")
 	}
 }
 
 // staleScan moves passive connections idle longer than StaleAfter to
 // teardown (Linux ipoib_cm_stale_task).
-func (i *Interface) staleScan(now time.Time) {
-	i.reaper.ctr.staleScans.Add(1)
-	limit := now.Add(-i.cfg.StaleAfter).UnixNano()
+func (p *passiveSet) staleScan(now time.Time) {
+	p.reaper.ctr.staleScans.Add(1)
+	limit := now.Add(-p.staleAfter).UnixNano()
 	var stale []*rxConn
-	i.mu.Lock()
-	for rc := range i.rxConns {
+	p.mu.Lock()
+	for rc := range p.set {
 		if rc.state == rxLive && rc.stamp.Load() < limit {
 			stale = append(stale, rc)
 		}
 	}
-	i.mu.Unlock()
+	p.mu.Unlock()
 	for _, rc := range stale {
-		i.reaper.ctr.staleReaped.Add(1)
-		i.rxTransition(rc, rxEvStale)
+		p.reaper.ctr.staleReaped.Add(1)
+		p.rxTransition(rc, rxEvStale)
 	}
 }

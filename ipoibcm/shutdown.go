@@ -71,6 +71,14 @@ func (i *Interface) closeSelf() error {
 
 var errAlreadyClosed = errors.New("already closed")
 
+// shutdownState is the control loop's part of Close: whether it began,
+// whom to tell when it is done, and the DrainTimeout that forces it.
+type shutdownState struct {
+	active bool
+	done   chan struct{}
+	timer  *time.Timer
+}
+
 // destroyResources releases whatever New created, in dependency order.
 // Connections are gone by now (Close reaped or forced them).
 func (i *Interface) destroyResources() {
@@ -105,13 +113,13 @@ func (i *Interface) destroyResources() {
 // beginShutdown tears everything down through the normal protocol
 // (control loop); done closes when all is reaped or DrainTimeout forced.
 func (i *Interface) beginShutdown(done chan struct{}) {
-	r := &i.reaper
-	r.shuttingDown = true
-	r.shutdownDone = done
-	r.shutdownTimer = time.NewTimer(i.cfg.DrainTimeout)
+	r := &i.shut
+	r.active = true
+	r.done = done
+	r.timer = time.NewTimer(i.cfg.DrainTimeout)
 	rx, tx := i.snapshotConns()
 	for _, rc := range rx {
-		i.rxTransition(rc, rxEvShutdown)
+		i.passive.rxTransition(rc, rxEvShutdown)
 	}
 	for _, tc := range tx {
 		tc.teardown()
@@ -124,8 +132,8 @@ func (i *Interface) beginShutdown(done chan struct{}) {
 func (i *Interface) snapshotConns() ([]*rxConn, []*txConn) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
-	rx := make([]*rxConn, 0, len(i.rxConns))
-	for rc := range i.rxConns {
+	rx := make([]*rxConn, 0, len(i.passive.set))
+	for rc := range i.passive.set {
 		rx = append(rx, rc)
 	}
 	tx := make([]*txConn, 0, len(i.txConns))
@@ -137,12 +145,12 @@ func (i *Interface) snapshotConns() ([]*rxConn, []*txConn) {
 
 // checkShutdown finishes Close once nothing is left.
 func (i *Interface) checkShutdown() {
-	r := &i.reaper
-	if !r.shuttingDown || r.shutdownDone == nil {
+	r := &i.shut
+	if !r.active || r.done == nil {
 		return
 	}
 	i.mu.Lock()
-	left := len(i.rxConns) + len(i.txConns)
+	left := len(i.passive.set) + len(i.txConns)
 	i.mu.Unlock()
 	if left == 0 {
 		i.finishShutdown()
@@ -155,7 +163,7 @@ func (i *Interface) forceShutdown() {
 	rx, tx := i.snapshotConns()
 	i.log.Warn("drain timed out; forcing", "rx", len(rx), "tx", len(tx))
 	for _, rc := range rx {
-		i.rxTransition(rc, rxEvForce)
+		i.passive.rxTransition(rc, rxEvForce)
 	}
 	for _, tc := range tx {
 		// Return the credits its unflushed sends hold; late completions
@@ -166,18 +174,18 @@ func (i *Interface) forceShutdown() {
 		i.txc.forced.Add(1)
 		tc.destroy()
 	}
-	i.reaper.flush, i.reaper.drain = nil, nil
+	i.passive.reaper.flush, i.passive.reaper.drain = nil, nil
 	i.finishShutdown()
 }
 
 func (i *Interface) finishShutdown() {
-	r := &i.reaper
-	if r.shutdownTimer != nil {
-		r.shutdownTimer.Stop()
-		r.shutdownTimer = nil
+	r := &i.shut
+	if r.timer != nil {
+		r.timer.Stop()
+		r.timer = nil
 	}
-	if r.shutdownDone != nil {
-		close(r.shutdownDone)
-		r.shutdownDone = nil
+	if r.done != nil {
+		close(r.done)
+		r.done = nil
 	}
 }

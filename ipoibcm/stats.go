@@ -177,7 +177,7 @@ func (i *Interface) Stats() Stats {
 	s.Neighbours, s.TXConns, s.RXConns = []NeighbourInfo{}, []ConnInfo{}, []ConnInfo{}
 	s.McastGroups = i.mcast.info(now)
 	i.mu.Lock()
-	s.RXLimits = i.rxLimit.statsLocked()
+	s.RXLimits = i.passive.limits.statsLocked()
 	if i.srq != nil && i.srq.srq != nil {
 		s.SRQPosted = i.srq.srq.Posted()
 	}
@@ -208,7 +208,7 @@ func (i *Interface) Stats() Stats {
 		}
 		s.TXConns = append(s.TXConns, ci)
 	}
-	for rc := range i.rxConns {
+	for rc := range i.passive.set {
 		ci := ConnInfo{
 			Peer: rc.peer.ColonString(), PeerGID: rc.peer.GID().String(), LocalQPN: rc.qp.QPN(), State: rc.state.String(),
 			AgeMS: millisSince(now, rc.created), IdleMS: millisSince(now, time.Unix(0, rc.stamp.Load())),
@@ -237,7 +237,7 @@ func millisSince(now, t time.Time) int64 {
 // reaperStats gathers the owners' counters into the one ReaperStats
 // section 'ipoib show' and the metrics have always read.
 func (i *Interface) reaperStats() ReaperStats {
-	r, a, t, p, n, g, h := &i.reaper.ctr, &i.rxLimit.ctr, &i.txc, &i.tx.ctr, &i.neigh.ctr, &i.mcast.ctr, &i.hostLinkCtr
+	r, a, t, p, n, g, h := &i.passive.reaper.ctr, &i.passive.limits.ctr, &i.txc, &i.tx.ctr, &i.neigh.ctr, &i.mcast.ctr, &i.hostLinkCtr
 	return ReaperStats{
 		StaleScans: r.staleScans.Load(), StaleReaped: r.staleReaped.Load(), MovedToError: r.movedToError.Load(),
 		LastWQESeen: r.lastWQESeen.Load(), LateLastWQE: r.lateLastWQE.Load(),

@@ -17,7 +17,7 @@ func killPassive(nd *testNode) <-chan int {
 	nd.ifc.ctl.post(func() {
 		nd.ifc.mu.Lock()
 		var rcs []*rxConn
-		for rc := range nd.ifc.rxConns {
+		for rc := range nd.ifc.passive.set {
 			// Only the control loop moves a connection out of rxLive, and
 			// this runs on it: the count is exact.
 			if rc.state == rxLive {
@@ -26,7 +26,7 @@ func killPassive(nd *testNode) <-chan int {
 		}
 		nd.ifc.mu.Unlock()
 		for _, rc := range rcs {
-			nd.ifc.rxTransition(rc, rxEvShutdown)
+			nd.ifc.passive.rxTransition(rc, rxEvShutdown)
 		}
 		moved <- len(rcs)
 	})
@@ -126,7 +126,7 @@ func TestLastWQEWhileLive(t *testing.T) {
 	ping(t, a, b.v4, 64)
 	b.ifc.mu.Lock()
 	var rc *rxConn
-	for c := range b.ifc.rxConns {
+	for c := range b.ifc.passive.set {
 		rc = c
 	}
 	b.ifc.mu.Unlock()
