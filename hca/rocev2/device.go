@@ -29,6 +29,19 @@ const (
 	localCAACKDelay = 15
 )
 
+// randomFirstQPN is where a new device starts numbering its QPs: a random
+// point of the 24-bit space rather than firstQPN, so a process that
+// restarts on the same address (the same GID) does not hand out the QPNs
+// of its previous life. Its peers tell a restarted port by its new UD QPN
+// in the hardware address (a gratuitous ARP, a UD source, a REQ's
+// private data) and replace their connections to the old QPs at once;
+// with the old numbers they would keep sending to QPs that now belong to
+// other connections, until the RC transport gave up (docs/linux.md, "A
+// restarted peer").
+func randomFirstQPN() hca.QPN {
+	return firstQPN + hca.QPN(rand.N(uint32(hca.QPNMask-firstQPN)/2))
+}
+
 // Device is one RoCEv2 HCA bound to a UDP address. It implements
 // hca.Device.
 type Device struct {
@@ -194,7 +207,7 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 		faults:    newFaultInjector(cfg.Faults),
 		maxPacket: wire.PacketLen(wire.OpUDSendOnly, int(cfg.MTU)),
 		qps:       make(map[hca.QPN]*qp),
-		nextQPN:   firstQPN,
+		nextQPN:   randomFirstQPN(),
 		cqs:       make(map[*cq]struct{}),
 		memberSet: make(map[netip.Addr]struct{}),
 		portFns:   make(map[int]func(hca.AsyncEvent)),
