@@ -24,7 +24,7 @@ func controlDirFlag(fs *flag.FlagSet, env *Env) *string {
 }
 
 func showFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
-	asJSON := fs.Bool("json", false, "print JSON: an array of {interface, stats} sorted by host, every counter present (schema: README, 'show --json')")
+	asJSON := fs.Bool("json", false, "print JSON: an array of {interface, stats} sorted by host, every counter present (schema: docs/counters.md)")
 	host := fs.String("host", "", "show only this host (e.g. ipoib-h1), its children included; default all")
 	dev := fs.String("dev", "", "show only the interface of this name (e.g. a child, ib0.8001)")
 	brief := fs.Bool("brief", false, "one line per interface: mode, MTU, state, packets, drops, connections")
