@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ipoibcm/ipoib/bench"
 	"github.com/ipoibcm/ipoib/control"
 	"github.com/ipoibcm/ipoib/internal/flagcheck"
 )
@@ -158,13 +157,5 @@ func modeFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 			fmt.Fprintf(env.Stdout, "%s: %s: mode %s mtu %d\n", i.Host, i.Name, i.Mode, i.MTU)
 		}
 		return ExitOK
-	}
-}
-
-func soakFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
-	// The soak parses its own flags (bench.Soak); everything after "soak"
-	// goes to it, so "ipoib soak -h" is answered there.
-	return func(ctx context.Context, args []string) int {
-		return bench.SoakMain(ctx, args, env.Stdout, env.Stderr)
 	}
 }
