@@ -39,7 +39,10 @@ type Device struct {
 	nodeGUID uint64
 	local    netip.AddrPort
 	sock     *udpSocket
-	ctr      counters
+	// psock, when set, receives the IPv4 datagrams instead of sock
+	// (packetSocket); closed by Close.
+	psock *packetSocket
+	ctr   counters
 	// srcPorts are the per-QP send sockets; guarded by mu.
 	srcPorts *sourcePorts
 	// maxPacket is the largest UDP payload the device sends or accepts.
@@ -178,6 +181,11 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 			return nil, err
 		}
 	}
+	psock, err := openIPv4Receive(sock, cfg)
+	if err != nil {
+		sock.Close()
+		return nil, err
+	}
 	tx := newSender(sock, txBatch)
 	tx.gso = sock.gso && !cfg.Faults.active()
 	d := &Device{
@@ -187,6 +195,7 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 		nodeGUID:  nodeGUIDFor(cfg.Bind.Addr()),
 		local:     netip.AddrPortFrom(cfg.Bind.Addr(), sock.port),
 		sock:      sock,
+		psock:     psock,
 		tx:        tx,
 		srcPorts:  newSourcePorts(sock, cfg.Bind.Addr(), ifi),
 		ifi:       ifi,
@@ -212,7 +221,11 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 		d.addMember(p.Unmap())
 	}
 	d.wg.Add(2)
-	go d.rxLoop()
+	if psock != nil {
+		go d.rxPacketLoop()
+	} else {
+		go d.rxLoop()
+	}
 	go d.timerLoop()
 	if cfg.Gossip && !cfg.Multicast {
 		now := time.Now()
@@ -287,7 +300,7 @@ func (d *Device) Limits() hca.Limits {
 // Stats returns a snapshot of the device's counters.
 func (d *Device) Stats() Stats {
 	s := d.ctr.snapshot()
-	if n, ok := d.sock.drops(); ok {
+	if n, ok := d.socketDrops(); ok {
 		d.ctr.socketDrops.Store(n)
 	}
 	s.SocketDrops = d.ctr.socketDrops.Load() // the last reading once closed
@@ -423,10 +436,13 @@ func (d *Device) Close() error {
 	gerr := d.closeGroups()
 	d.mu.Unlock()
 	close(d.done)
-	if n, ok := d.sock.drops(); ok {
+	if n, ok := d.socketDrops(); ok {
 		d.ctr.socketDrops.Store(n)
 	}
 	err := d.sock.Close()
+	if d.psock != nil {
+		err = errors.Join(err, d.psock.Close())
+	}
 	d.wg.Wait()
 	if err != nil {
 		return errors.Join(fmt.Errorf("rocev2: close socket: %w", err), gerr)

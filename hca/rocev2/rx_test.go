@@ -3,7 +3,6 @@ package rocev2
 import (
 	"bytes"
 	"math/rand/v2"
-	"net"
 	"net/netip"
 	"runtime"
 	"strings"
@@ -18,10 +17,7 @@ import (
 // port, so the device treats it as a fabric peer.
 func sendRaw(t *testing.T, from netip.AddrPort, to netip.AddrPort, b []byte) {
 	t.Helper()
-	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(from))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := listenDF(t, from)
 	defer c.Close()
 	if _, err := c.WriteToUDPAddrPort(b, to); err != nil {
 		t.Fatal(err)
@@ -124,7 +120,8 @@ func FuzzReceive(f *testing.F) {
 func deviceLoops() (int, string) {
 	buf := make([]byte, 1<<20)
 	s := string(buf[:runtime.Stack(buf, true)])
-	return strings.Count(s, "rocev2.(*Device).rxLoop(") + strings.Count(s, "rocev2.(*Device).timerLoop("), s
+	return strings.Count(s, "rocev2.(*Device).rxLoop(") + strings.Count(s, "rocev2.(*Device).rxPacketLoop(") +
+		strings.Count(s, "rocev2.(*Device).timerLoop("), s
 }
 
 func TestCloseStopsGoroutines(t *testing.T) {
