@@ -111,6 +111,21 @@ func FuzzReceive(f *testing.F) {
 		d.mu.Lock()
 		d.receive(pkt, from, &p)
 		d.unlock()
+		// The same bytes through the packet socket's path, behind the IP
+		// and UDP headers they would have on the wire (a valid ICRC for
+		// those, but for one bit half the time).
+		if frame, err := wire.AppendFrame(nil, from, d.LocalAddr(), b, false); err == nil {
+			if qpn&2 == 2 {
+				frame[len(frame)-1] ^= 0x10
+			}
+			var f packetFrame
+			if parsePacketFrame(rxFrame(frame, 0), 14, &f) == nil {
+				var hdr [68]byte
+				d.mu.Lock()
+				d.receiveFrame(&f, hdr[:], &p)
+				d.unlock()
+			}
+		}
 	})
 }
 
