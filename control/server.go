@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ipoibcm/ipoib/internal/proc"
 )
@@ -43,6 +44,16 @@ type ChildParent interface {
 	DeleteChild(name string) error
 	// Children are the running children, sorted by name.
 	Children() []Endpoint
+}
+
+// Process is the process behind a socket, for the requests that act on
+// it as a whole rather than on one interface.
+type Process interface {
+	// Stop begins an orderly exit and says what will be gone after it.
+	Stop() StopInfo
+	// Reload re-reads the configuration and applies what can change
+	// while running.
+	Reload() (ReloadResult, error)
 }
 
 // SocketPath is the socket the process with the given pid and start time
@@ -127,6 +138,8 @@ type Server struct {
 	ln        *net.UnixListener
 	endpoints []Endpoint
 	log       *slog.Logger
+	// process answers OpStop and OpReload; nil: refused.
+	process atomic.Pointer[processBox]
 
 	// ctx ends at Close: it stops running captures.
 	ctx    context.Context
@@ -203,6 +216,11 @@ func Listen(dir string, endpoints []Endpoint, logger *slog.Logger) (*Server, err
 	return s, nil
 }
 
+type processBox struct{ p Process }
+
+// SetProcess makes the server answer OpStop and OpReload with p.
+func (s *Server) SetProcess(p Process) { s.process.Store(&processBox{p}) }
+
 // Path is the socket's file name.
 func (s *Server) Path() string { return s.path }
 
@@ -268,6 +286,10 @@ func (s *Server) handle(line []byte) Response {
 	if err != nil {
 		return Response{Error: err.Error()}
 	}
+	switch req.Op {
+	case OpStop, OpReload:
+		return s.handleProcess(req)
+	}
 	var eps []Endpoint
 	if req.Op != OpChildAdd && req.Op != OpChildDel {
 		if eps, err = s.selectEndpoints(req.Host, req.Name); err != nil {
@@ -300,6 +322,36 @@ func (s *Server) handle(line []byte) Response {
 			return Response{Error: oneLine(err)}
 		}
 		resp.Interfaces = []InterfaceInfo{info}
+	}
+	return resp
+}
+
+// handleProcess answers OpStop and OpReload. A host or name in the
+// request must be one of the process's interfaces: a client addressing
+// ib0 of one process does not stop another.
+func (s *Server) handleProcess(req Request) Response {
+	if req.Host != "" || req.Name != "" {
+		if _, err := s.selectEndpoints(req.Host, req.Name); err != nil {
+			return Response{Error: err.Error()}
+		}
+	}
+	box := s.process.Load()
+	if box == nil {
+		return Response{Error: fmt.Sprintf("this process does not take %s requests", req.Op)}
+	}
+	resp := Response{PID: os.Getpid()}
+	switch req.Op {
+	case OpStop:
+		info := box.p.Stop()
+		info.Socket = s.path
+		resp.Stopping = &info
+		s.log.Info("stop requested over the control socket")
+	case OpReload:
+		r, err := box.p.Reload()
+		if err != nil {
+			return Response{Error: oneLine(err)}
+		}
+		resp.Reload = &r
 	}
 	return resp
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 
 	"github.com/ipoibcm/ipoib/bench"
@@ -41,6 +42,7 @@ func commands() []command {
 		{name: "soak", summary: bench.SoakSummary, flags: soakFlags, positional: "[soak flags]", passthrough: true},
 		{name: "up", summary: "bring up ib0 on this host over RoCEv2/UDP to other hosts (root)", flags: upFlags},
 		{name: "child", summary: "add or delete a P_Key child interface (ib0.8001) of a running fabric host or 'ipoib up'", flags: childFlags, positional: "add PKEY | del NAME|PKEY"},
+		{name: "config", summary: "check an 'ipoib up' config file without starting anything", flags: configFlags, positional: "check FILE"},
 		{name: "capture", summary: "record a host's HCA traffic and engine events as pcapng (RoCEv2, for tshark)", flags: captureFlags},
 	}
 }
@@ -64,11 +66,29 @@ func Main(ctx context.Context, args []string, env Env) int {
 	}
 	for _, c := range commands() {
 		if c.name == name {
+			if c.name != "up" && env.Hangup != nil {
+				var cancel context.CancelFunc
+				ctx, cancel = stopOnHangup(ctx, env.Hangup)
+				defer cancel()
+			}
 			return runCommand(ctx, c, rest, &env)
 		}
 	}
 	fmt.Fprintf(env.Stderr, "ipoib: unknown command %q (run 'ipoib help')\n", name)
 	return ExitUsage
+}
+
+// stopOnHangup is ctx, ended also by a SIGHUP: the terminal closed.
+func stopOnHangup(ctx context.Context, hup <-chan os.Signal) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-hup:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 func isHelp(arg string) bool {
@@ -160,6 +180,7 @@ func fail(env *Env, cmd string, err error) int {
 type levelFlag struct{ level slog.Level }
 
 func (l *levelFlag) String() string { return strings.ToLower(l.level.String()) }
+func (l *levelFlag) Get() any       { return l.String() }
 func (l *levelFlag) Set(s string) error {
 	return l.level.UnmarshalText([]byte(s))
 }
