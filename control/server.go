@@ -102,14 +102,26 @@ func ownerAlive(pid int, start uint64, legacy bool) bool {
 // socket; its successors do, so the directory does not fill up and no
 // client dials a dead socket.
 func removeStale(dir string) ([]string, error) {
+	live, _, err := sweep(dir)
+	return live, err
+}
+
+// RemoveStale deletes the sockets in dir whose process is gone, as
+// Discover does, and returns their paths ('ipoib cleanup').
+func RemoveStale(dir string) ([]string, error) {
+	_, removed, err := sweep(dir)
+	return removed, err
+}
+
+// sweep is removeStale returning both the live and the removed paths.
+func sweep(dir string) (live, removed []string, _ error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("control: read %s: %w", dir, err)
+		return nil, nil, fmt.Errorf("control: read %s: %w", dir, err)
 	}
-	var live []string
 	var errs []error
 	for _, e := range entries {
 		if e.Type()&fs.ModeSocket == 0 {
@@ -127,9 +139,11 @@ func removeStale(dir string) ([]string, error) {
 		// Another process may have removed it first; that is fine.
 		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("control: remove stale socket: %w", err))
+			continue
 		}
+		removed = append(removed, path)
 	}
-	return live, errors.Join(errs...)
+	return live, removed, errors.Join(errs...)
 }
 
 // Server answers control requests for a fixed set of endpoints.

@@ -42,8 +42,12 @@ func commands() []command {
 		{name: "soak", summary: bench.SoakSummary, flags: soakFlags, positional: "[soak flags]", passthrough: true},
 		{name: "up", summary: "bring up ib0 on this host over RoCEv2/UDP to other hosts (root)", flags: upFlags},
 		{name: "child", summary: "add or delete a P_Key child interface (ib0.8001) of a running fabric host or 'ipoib up'", flags: childFlags, positional: "add PKEY | del NAME|PKEY"},
+		{name: "down", summary: "stop a running 'ipoib up' and wait until its TAPs and socket are gone", flags: downFlags},
+		{name: "reload", summary: "have a running 'ipoib up --config' re-read its file and apply what can change live (as SIGHUP)", flags: reloadFlags},
 		{name: "config", summary: "check an 'ipoib up' config file without starting anything", flags: configFlags, positional: "check FILE"},
 		{name: "capture", summary: "record a host's HCA traffic and engine events as pcapng (RoCEv2, for tshark)", flags: captureFlags},
+		{name: "cleanup", summary: "remove the marked namespaces and control sockets a crashed ipoib left (root)", flags: cleanupFlags},
+		{name: "version", summary: "print the module version, VCS revision and time, and Go version", flags: versionFlags},
 	}
 }
 

@@ -173,7 +173,8 @@ func (s *upService) Reload() (control.ReloadResult, error) {
 		return res, errors.New("reload: this 'ipoib up' has no --config file to re-read")
 	}
 	s.send(sdnotify.Reloading)
-	defer s.send(sdnotify.Ready, sdnotify.Status(s.status()))
+	// READY=1 again ends the reload; the status is the one after it.
+	defer func() { s.send(sdnotify.Ready, sdnotify.Status(s.status())) }()
 	next, err := s.cur.reload()
 	if err != nil {
 		return res, fmt.Errorf("reload: %w (nothing changed)", err)
