@@ -331,6 +331,19 @@ func (d *Device) Members() []netip.Addr {
 	return append([]netip.Addr(nil), d.members...)
 }
 
+// QPRetransmits is how many packets QP qpn has sent again (go-back-N),
+// false if the device has no such QP: 'ipoib show peers' counts them per
+// connection.
+func (d *Device) QPRetransmits(qpn hca.QPN) (uint64, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	q, ok := d.qps[qpn]
+	if !ok {
+		return 0, false
+	}
+	return q.retransmits, true
+}
+
 // Allow is the allow list in force (Config.Allow, then SetAllow).
 func (d *Device) Allow() []netip.Prefix { return slices.Clone(*d.allow.Load()) }
 

@@ -38,6 +38,9 @@ type sendWQE struct {
 type qp struct {
 	dev    *Device
 	qpn    hca.QPN
+	// retransmits counts the packets this QP sent again (dev.mu held);
+	// the device's total is Stats.Retransmits.
+	retransmits uint64
 	typ    hca.QPType
 	cfg    hca.QPConfig
 	sendCQ *cq

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/ipoibcm/ipoib/capture"
 	"github.com/ipoibcm/ipoib/cmd/ipoib/internal/config"
@@ -37,6 +38,8 @@ type upHost struct {
 	view *hostView
 	// kids are the P_Key children (ipoib child add).
 	kids childSet
+	// peers samples the peers' activity; nil: not tracked.
+	peers *peerTracker
 }
 
 // AddChild creates a P_Key child (control.ChildParent), its TAP next to
@@ -72,7 +75,21 @@ func (h *upHost) Info() control.InterfaceInfo {
 // Stats is the engine's snapshot with the RoCEv2 device's counters (per
 // drop reason, retransmits, injected faults) added as "rocev2", so 'ipoib
 // show' prints them with the interface.
-func (h *upHost) Stats() any { return statsWithDevice(h.ifc.Stats(), "rocev2", h.dev.Stats()) }
+//
+// With a peer tracker (a running 'ipoib up') it adds each peer's last
+// receive and retransmits as control.PeerActivityKey.
+func (h *upHost) Stats() any {
+	st := h.ifc.Stats()
+	out := statsWithDevice(st, "rocev2", h.dev.Stats())
+	if h.peers == nil {
+		return out
+	}
+	act := h.peers.activity(time.Now(), st, func(qpn uint32) uint64 {
+		n, _ := h.dev.QPRetransmits(hca.QPN(qpn))
+		return n
+	})
+	return withSection(out, control.PeerActivityKey, act)
+}
 
 func (h *upHost) SetMode(mode string) error { return setInterfaceMode(h.ifc, mode) }
 
@@ -170,7 +187,7 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 		return setup(err)
 	}
 	cleanup = append(cleanup, func() error { view.Close(); return nil })
-	h := &upHost{name: o.Host, ifc: ifc, dev: dev, mux: mux, addrs: []netip.Prefix{o.Addr}, view: view}
+	h := &upHost{name: o.Host, ifc: ifc, dev: dev, mux: mux, addrs: []netip.Prefix{o.Addr}, view: view, peers: newPeerTracker(peerSample)}
 	h.kids = childSet{host: o.Host, parent: ifc, log: log, admit: fixedPKeyTable(dev),
 		config: func(name string, port ipoibcm.HostPort) ipoibcm.Config {
 			c := upInterfaceConfig(o, mode, dev, port, log)

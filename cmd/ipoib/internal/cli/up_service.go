@@ -80,6 +80,8 @@ func (s *upService) run(ctx context.Context) {
 	s.send(sdnotify.Ready, sdnotify.Status(status))
 	tick := time.NewTicker(statusEvery)
 	defer tick.Stop()
+	peerTick := time.NewTicker(s.host.peers.period)
+	defer peerTick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -97,6 +99,9 @@ func (s *upService) run(ctx context.Context) {
 			if _, err := s.Reload(); err != nil {
 				s.log.Error("reload", "err", oneLine(err))
 			}
+		case now := <-peerTick.C:
+			s.host.peers.sample(now, s.host.ifc.Stats())
+			continue
 		case <-tick.C:
 		}
 		if now := s.status(); now != status {
