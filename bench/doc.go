@@ -1,4 +1,4 @@
-// Package bench measures throughput and runs soak harnesses.
+// Package bench measures throughput.
 //
 // In-process (no root): InProcTCP moves bytes over TCP between two gVisor
 // hosts (tap/netstack) joined by a LinkFactory: DirectLink, the in-memory
@@ -7,5 +7,5 @@
 // settings, the median of several interleaved runs, and reports the ratios
 // (connected/direct, connected/datagram). Across namespaces (root,
 // iperf3): RunIperfSuite compares ib0 with veth and a TAP pipe. Reports
-// print as tables or JSON.
+// print as tables or JSON. The reaping soak is package soak.
 package bench

@@ -189,7 +189,7 @@ func (e *emitter) host(host string, s ipoibcm.Stats) {
 	e.emit("neighbours", "Entries in the neighbour table.", prometheus.GaugeValue, float64(len(s.Neighbours)), h, host)
 
 	for _, r := range sortedKeys(s.Drops) {
-		e.emit("drops_total", "Packets dropped, by reason (README 'Counters').", prometheus.CounterValue,
+		e.emit("drops_total", "Packets dropped, by reason (docs/counters.md).", prometheus.CounterValue,
 			float64(s.Drops[r]), []string{"host", "reason"}, host, r)
 	}
 	e.structSeries("napi", "NAPI poll context statistics (napi.Stats), per poller.", host, "poller", "rx", s.NAPI.RX)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
 )
 
 // SetLinkLocal gives the TAP ll (an fe80::/64 address) as its only IPv6
@@ -63,9 +64,13 @@ func (d *Device) applyLinkLocal(l netlink.Link) error {
 	if have {
 		return nil
 	}
-	// No DAD: the address is unique by construction (the port GUID), and
-	// DAD would hold it tentative for a second.
-	a := &netlink.Addr{IPNet: prefixToIPNet(netip.PrefixFrom(d.linkLocal, 64)), Flags: 0x80 /* IFA_F_NODAD */}
+	// No DAD, unlike Linux's addrconf on ib0: the address is the GID's
+	// interface ID, and the GID is the address the fabric itself reaches
+	// this host by, so a duplicate would already have broken far more than
+	// the link-local. DAD would hold the address tentative (unbindable)
+	// for a second after every link up. The kernel adds IFA_F_PERMANENT
+	// itself for an address without a lifetime.
+	a := &netlink.Addr{IPNet: prefixToIPNet(netip.PrefixFrom(d.linkLocal, 64)), Flags: unix.IFA_F_NODAD}
 	if err := d.nl.AddrAdd(l, a); err != nil && !errors.Is(err, syscall.EEXIST) {
 		return fmt.Errorf("tap %s: add link-local %v: %w", d.name, d.linkLocal, err)
 	}

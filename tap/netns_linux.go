@@ -20,7 +20,8 @@ const (
 	// created, named like the namespace.
 	DefaultMarkerDir = "/run/ipoib/netns-owner"
 	// netnsDir is where ip-netns (and netns.NewNamed) bind-mount named
-	// namespaces.
+	// namespaces; Create makes it a shared mount point first
+	// (prepareNetnsDir).
 	netnsDir = "/run/netns"
 )
 
@@ -99,6 +100,10 @@ func (o *Owner) Create(name string) (*Netns, error) {
 	}
 	if err := os.WriteFile(o.markerPath(name), me.marshal(), 0o644); err != nil {
 		return nil, fmt.Errorf("create netns %s: marker: %w", name, err)
+	}
+	if err := prepareNetnsDir(netnsDir); err != nil {
+		os.Remove(o.markerPath(name))
+		return nil, fmt.Errorf("create netns %s: %w", name, err)
 	}
 	var h netns.NsHandle
 	err = onLockedThread(func() error {

@@ -511,21 +511,32 @@ func TestBinaryModeSwitchesAllOrNothing(t *testing.T) {
 	checkGone(t, nsPrefix, ctl, "t12m0")
 }
 
-// TestBinaryREADMECommands: README's commands section is 'ipoib <cmd> -h'
-// of every command. IPOIB_UPDATE_README=1 rewrites it.
-func TestBinaryREADMECommands(t *testing.T) {
+// TestBinaryCommandsDoc: docs/commands.md's flag reference is 'ipoib <cmd> -h'
+// of every command 'ipoib help' lists, and README's command table has a
+// row for each. IPOIB_UPDATE_DOCS=1 rewrites the flag reference.
+func TestBinaryCommandsDoc(t *testing.T) {
 	const begin, end = "<!-- commands:begin (generated from ipoib <cmd> -h) -->\n", "<!-- commands:end -->"
-	readme := filepath.Join("..", "..", "README.md")
-	b, err := os.ReadFile(readme)
+	names := helpCommands(t)
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range append(names, "help") {
+		if !bytes.Contains(readme, []byte("| `ipoib "+c)) {
+			t.Errorf("README.md's command table has no row for 'ipoib %s' (a line: | `ipoib %s ...` | what it does |)", c, c)
+		}
+	}
+	path := filepath.Join("..", "..", "docs", "commands.md")
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	i, j := bytes.Index(b, []byte(begin)), bytes.Index(b, []byte(end))
 	if i < 0 || j < i {
-		t.Fatalf("README.md has no %q ... %q section", begin, end)
+		t.Fatalf("docs/commands.md has no %q ... %q section", begin, end)
 	}
 	var gen strings.Builder
-	for k, c := range []string{"fabric", "up", "show", "mode", "bench", "soak", "capture", "child"} {
+	for k, c := range names {
 		r := runIpoib(t, c, "-h")
 		if r.code != 0 {
 			t.Fatalf("%s -h: exit %d", c, r.code)
@@ -539,14 +550,41 @@ func TestBinaryREADMECommands(t *testing.T) {
 	if got == gen.String() {
 		return
 	}
-	if os.Getenv("IPOIB_UPDATE_README") == "1" {
+	if os.Getenv("IPOIB_UPDATE_DOCS") == "1" {
 		out := append(append(append([]byte{}, b[:i+len(begin)]...), gen.String()...), b[j:]...)
-		if err := os.WriteFile(readme, out, 0o644); err != nil {
+		if err := os.WriteFile(path, out, 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return
 	}
-	t.Errorf("README.md commands section differs from 'ipoib <cmd> -h'; run IPOIB_UPDATE_README=1 go test -run TestBinaryREADMECommands ./cmd/ipoib")
+	t.Errorf("docs/commands.md's flag reference differs from 'ipoib <cmd> -h'; run IPOIB_UPDATE_DOCS=1 go test -run TestBinaryCommandsDoc ./cmd/ipoib")
+}
+
+// helpCommands returns the commands 'ipoib help' lists, in its order,
+// help itself left out.
+func helpCommands(t *testing.T) []string {
+	t.Helper()
+	r := runIpoib(t, "help")
+	if r.code != 0 {
+		t.Fatalf("help: exit %d", r.code)
+	}
+	_, list, ok := strings.Cut(r.stdout, "commands:\n")
+	if !ok {
+		t.Fatalf("'ipoib help' has no commands list:\n%s", r.stdout)
+	}
+	list, _, _ = strings.Cut(list, "\n\n")
+	var names []string
+	for _, line := range strings.Split(list, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] == "help" {
+			continue
+		}
+		names = append(names, f[0])
+	}
+	if len(names) < 8 {
+		t.Fatalf("'ipoib help' lists %d commands, want at least the 8 there are: %q", len(names), names)
+	}
+	return names
 }
 
 // TestBinaryUpRefusesUnderlayTooSmall: with a 1500-byte underlay a 4096

@@ -580,15 +580,32 @@ func (d *Device) releaseAfterTx() bool {
 	return true
 }
 
-// waitTx returns once no transmit reads what batch gen referenced, for a
+// awaitTx returns once no transmit reads what batch gen referenced, for a
 // QP about to give its send buffers back without completions (reset,
-// destroy). A batch already handed to a transmitter holds txMu until the
-// socket took it (lock order mu, then txMu, as unlock). mu held.
-func (d *Device) waitTx(gen uint64) {
-	if gen > d.txDone.Load() && gen < d.workGen {
+// destroy). gen was read under mu and mu released since, so every batch
+// up to gen has been handed to a transmitter, which took txMu before it
+// let go of mu (unlock) and holds it until txDone reaches its number:
+// taking txMu waits out the transmit in progress. mu must not be held,
+// or the device would stall on a socket write.
+func (d *Device) awaitTx(gen uint64) {
+	for gen > d.txDone.Load() {
 		d.txMu.Lock()
 		d.txMu.Unlock()
 	}
+}
+
+// dropAfterTx forgets the send completions of q still waiting for a
+// transmit: q is being destroyed, and nothing of it may reach a CQ once
+// Destroy returns. mu held.
+func (d *Device) dropAfterTx(q *qp) {
+	kept := d.afterTx[:0]
+	for _, e := range d.afterTx {
+		if e.q != q {
+			kept = append(kept, e)
+		}
+	}
+	clear(d.afterTx[len(kept):])
+	d.afterTx = kept
 }
 
 // unlock releases mu and then does the work the critical section queued:

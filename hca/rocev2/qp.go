@@ -66,7 +66,7 @@ type qp struct {
 
 	udPSN uint32
 	// zcGen is the last work batch that sent any of the QP's send
-	// buffers without copying them (Device.waitTx).
+	// buffers without copying them (Device.awaitTx).
 	zcGen uint64
 
 	// RC requester.
@@ -188,6 +188,10 @@ func (q *qp) State() hca.QPState {
 
 func (q *qp) Modify(a hca.QPAttr) error {
 	d := q.dev
+	// A reset gives the send buffers back: wait for a transmit still
+	// reading them, after unlocking (deferred calls run last in first).
+	var txWait uint64
+	defer func() { d.awaitTx(txWait) }()
 	d.mu.Lock()
 	defer d.unlock()
 	if q.destroyed.Load() {
@@ -247,7 +251,7 @@ func (q *qp) Modify(a hca.QPAttr) error {
 		q.toError()
 		return nil
 	case hca.QPStateReset:
-		q.reset()
+		txWait = q.reset()
 	}
 	q.state = a.State
 	return nil
@@ -287,16 +291,17 @@ func (q *qp) toError() {
 }
 
 // reset discards all work without completions (IBTA: Reset empties the
-// queues). mu held.
-func (q *qp) reset() {
+// queues) and returns the work batch whose transmit must be over before
+// the send buffers are the consumer's again (Device.awaitTx). mu held.
+func (q *qp) reset() uint64 {
 	q.disarmTimer()
-	q.dev.waitTx(q.zcGen)
 	clear(q.sq)
 	q.sqHead, q.sqLen, q.txIdx, q.txOff = 0, 0, 0, 0
 	clear(q.rq)
 	q.rqHead, q.rqLen = 0, 0
 	q.cur, q.curValid, q.inMsg, q.curOff = hca.RecvWR{}, false, false, 0
 	q.ackPending = false
+	return q.zcGen
 }
 
 func (q *qp) PostRecv(wrs []hca.RecvWR) (int, error) {
@@ -406,16 +411,20 @@ func (q *qp) DetachMcast(mgid hca.GID) error {
 func (q *qp) Destroy() error {
 	d := q.dev
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if q.destroyed.Load() {
+		d.mu.Unlock()
 		return q.errDestroyed("destroy")
 	}
 	if len(q.mcast) > 0 {
+		d.mu.Unlock()
 		return fmt.Errorf("rocev2: destroy QP %#x attached to %d groups: %w", q.qpn, len(q.mcast), hca.ErrBusy)
 	}
 	q.destroyed.Store(true)
 	q.disarmTimer()
-	d.waitTx(q.zcGen)
+	d.dropAfterTx(q)
+	txWait := q.zcGen
+	defer d.awaitTx(txWait)
+	defer d.mu.Unlock()
 	d.srcPorts.release(q.src, &d.ctr)
 	q.src = nil
 	if d.qps[q.qpn] == q {

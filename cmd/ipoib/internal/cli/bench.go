@@ -162,7 +162,7 @@ func writeReport(env *Env, rep benchReport, asJSON bool, plotFile string) int {
 		err = rep.WriteTable(env.Stdout)
 	}
 	if err == nil && plotFile != "" {
-		err = bench.WritePlotFile(plotFile, rep.Chart().WriteSVG)
+		err = writePlotFile(plotFile, rep.Chart().WriteSVG)
 	}
 	if err != nil {
 		return fail(env, "bench", err)

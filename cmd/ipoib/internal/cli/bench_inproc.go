@@ -29,7 +29,7 @@ func runInProc(ctx context.Context, o inProcOptions, out io.Writer) error {
 		err = rep.WriteTable(out)
 	}
 	if err == nil && o.Plot != "" {
-		err = bench.WritePlotFile(o.Plot, rep.Chart().WriteSVG)
+		err = writePlotFile(o.Plot, rep.Chart().WriteSVG)
 	}
 	if err != nil {
 		return fmt.Errorf("in-process bench: report: %w", err)

@@ -98,9 +98,6 @@ func TestHelpDescribesEveryCommandAndFlag(t *testing.T) {
 		if !strings.Contains(r.stdout, "  "+c.name+" ") {
 			t.Errorf("help lacks %s:\n%s", c.name, r.stdout)
 		}
-		if c.passthrough {
-			continue
-		}
 		var env Env
 		fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
 		c.flags(fs, &env)
@@ -133,8 +130,7 @@ func TestFabricWithoutRootPointsToBench(t *testing.T) {
 	}
 }
 
-// TestSoakAndBenchRun: soak hands its arguments to the soak, which answers
-// -h itself; bench without --iperf runs the in-process suite end to end
+// TestSoakAndBenchRun: soak -h describes the soak's flags; bench without --iperf runs the in-process suite end to end
 // with the flags' values (a small transfer per row).
 func TestSoakAndBenchRun(t *testing.T) {
 	if r := runCLI(t, Env{}, "soak", "-h"); r.code != ExitOK || !strings.Contains(r.stdout+r.stderr, "-unsafe-skip-drain") {

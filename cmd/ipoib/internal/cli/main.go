@@ -10,7 +10,6 @@ import (
 	"os"
 	"strings"
 
-	"github.com/ipoibcm/ipoib/bench"
 	"github.com/ipoibcm/ipoib/internal/flagcheck"
 )
 
@@ -28,9 +27,6 @@ type command struct {
 	flags func(fs *flag.FlagSet, env *Env) func(ctx context.Context, args []string) int
 	// positional describes positional arguments in usage, if any.
 	positional string
-	// passthrough hands every argument to the runner unparsed (the soak
-	// owns its flags).
-	passthrough bool
 }
 
 func commands() []command {
@@ -39,7 +35,7 @@ func commands() []command {
 		{name: "show", summary: "show counters, neighbours and connections of running interfaces", flags: showFlags},
 		{name: "mode", summary: "switch running interfaces to connected or datagram mode", flags: modeFlags, positional: "connected|datagram"},
 		{name: "bench", summary: "measure throughput: in-process (default) or iperf3 across namespaces (--iperf, root)", flags: benchFlags},
-		{name: "soak", summary: bench.SoakSummary, flags: soakFlags, positional: "[soak flags]", passthrough: true},
+		{name: "soak", summary: soakSummary, flags: soakFlags},
 		{name: "up", summary: "bring up ib0 on this host over RoCEv2/UDP to other hosts (root)", flags: upFlags},
 		{name: "child", summary: "add or delete a P_Key child interface (ib0.8001) of a running fabric host or 'ipoib up'", flags: childFlags, positional: "add PKEY | del NAME|PKEY"},
 		{name: "down", summary: "stop a running 'ipoib up' and wait until its TAPs and socket are gone", flags: downFlags},
@@ -115,9 +111,6 @@ func runCommand(ctx context.Context, c command, args []string, env *Env) int {
 	fs := flag.NewFlagSet("ipoib "+c.name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	run := c.flags(fs, env)
-	if c.passthrough {
-		return run(ctx, args)
-	}
 	printUsage := func() {
 		w := env.Stdout
 		fmt.Fprintf(w, "%s\n\n%s\n", strings.TrimSpace("usage: ipoib "+c.name+" [flags] "+c.positional), c.summary)

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ipoibcm/ipoib/bench"
 	"github.com/ipoibcm/ipoib/control"
 	"github.com/ipoibcm/ipoib/internal/flagcheck"
 )
@@ -24,7 +23,7 @@ func controlDirFlag(fs *flag.FlagSet, env *Env) *string {
 }
 
 func showFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
-	asJSON := fs.Bool("json", false, "print JSON: an array of {interface, stats} sorted by host, every counter present (schema: README, 'show --json')")
+	asJSON := fs.Bool("json", false, "print JSON: an array of {interface, stats} sorted by host, every counter present (schema: docs/counters.md)")
 	host := fs.String("host", "", "show only this host (e.g. ipoib-h1), its children included; default all")
 	dev := fs.String("dev", "", "show only the interface of this name (e.g. a child, ib0.8001)")
 	brief := fs.Bool("brief", false, "one line per interface: mode, MTU, state, packets, drops, connections")
@@ -180,13 +179,5 @@ func modeFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 			fmt.Fprintf(env.Stdout, "%s: %s: mode %s mtu %d\n", i.Host, i.Name, i.Mode, i.MTU)
 		}
 		return ExitOK
-	}
-}
-
-func soakFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
-	// The soak parses its own flags (bench.Soak); everything after "soak"
-	// goes to it, so "ipoib soak -h" is answered there.
-	return func(ctx context.Context, args []string) int {
-		return bench.SoakMain(ctx, args, env.Stdout, env.Stderr)
 	}
 }

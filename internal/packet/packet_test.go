@@ -1,0 +1,171 @@
+package packet
+
+import (
+	"encoding/binary"
+	"errors"
+	"testing"
+)
+
+// naiveSum is RFC 1071 written out, to check Sum and the sums built on it.
+func naiveSum(b []byte) uint16 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(b[i])<<8 | uint32(b[i+1])
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
+	}
+	for s > 0xFFFF {
+		s = s>>16 + s&0xFFFF
+	}
+	return uint16(s)
+}
+
+func ipv4TCP(payload int) []byte {
+	p := make([]byte, 20+20+payload)
+	p[0] = 0x45
+	binary.BigEndian.PutUint16(p[2:], uint16(len(p)))
+	binary.BigEndian.PutUint16(p[6:], 0x4000)
+	p[8], p[9] = 64, ProtoTCP
+	copy(p[12:20], []byte{10, 0, 0, 1, 10, 0, 0, 2})
+	p[20+12] = 5 << 4
+	return p
+}
+
+func ipv6UDP(payload int) []byte {
+	p := make([]byte, 40+8+payload)
+	p[0] = 0x60
+	binary.BigEndian.PutUint16(p[4:], uint16(8+payload))
+	p[6], p[7] = ProtoUDP, 64
+	p[8], p[23], p[24], p[39] = 0xfe, 1, 0xfe, 2
+	return p
+}
+
+func TestParseIP(t *testing.T) {
+	v4 := ipv4TCP(100)
+	h, err := ParseIP(append(v4, 0, 0)) // link padding
+	if err != nil || h.IPv6 || h.HeaderLen != 20 || h.Len != 140 || h.Protocol != ProtoTCP || h.Fragment {
+		t.Fatalf("ipv4: %+v %v", h, err)
+	}
+	v6 := ipv6UDP(10)
+	h, err = ParseIP(v6)
+	if err != nil || !h.IPv6 || h.HeaderLen != 40 || h.Len != 58 || h.Protocol != ProtoUDP {
+		t.Fatalf("ipv6: %+v %v", h, err)
+	}
+	frag := ipv4TCP(0)
+	binary.BigEndian.PutUint16(frag[6:], 0x2000)
+	if h, err := ParseIP(frag); err != nil || !h.Fragment {
+		t.Fatalf("fragment: %+v %v", h, err)
+	}
+	for name, c := range map[string]struct {
+		b    []byte
+		want error
+	}{
+		"empty":       {nil, ErrTruncated},
+		"v5":          {[]byte{0x50, 0, 0, 0}, ErrNotIP},
+		"v4 short":    {v4[:19], ErrTruncated},
+		"v6 short":    {v6[:39], ErrTruncated},
+		"v4 cut":      {v4[:139], ErrBadLength},
+		"v6 cut":      {v6[:57], ErrBadLength},
+		"ihl 4":       {append([]byte{0x41}, v4[1:]...), ErrBadLength},
+		"ihl past":    {append([]byte{0x4f}, v4[1:40]...), ErrBadLength},
+		"total < ihl": {func() []byte { b := ipv4TCP(0); b[3] = 19; return b }(), ErrBadLength},
+	} {
+		if _, err := ParseIP(c.b); !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", name, err, c.want)
+		}
+	}
+	// A quote: the header is whole, the packet is not.
+	if h, err := ParseIPHeader(v4[:48]); err != nil || h.Len != 140 {
+		t.Fatalf("ParseIPHeader of a quote: %+v %v", h, err)
+	}
+}
+
+func TestTransportLen(t *testing.T) {
+	tcp := make([]byte, 32)
+	tcp[12] = 8 << 4
+	if n, err := TransportLen(ProtoTCP, tcp); n != 32 || err != nil {
+		t.Fatalf("tcp with options: %d %v", n, err)
+	}
+	if _, err := TransportLen(ProtoTCP, tcp[:31]); !errors.Is(err, ErrTruncated) {
+		t.Fatalf("tcp options past the end: %v", err)
+	}
+	tcp[12] = 4 << 4
+	if _, err := TransportLen(ProtoTCP, tcp); !errors.Is(err, ErrTruncated) {
+		t.Fatalf("tcp data offset 16: %v", err)
+	}
+	if n, err := TransportLen(ProtoUDP, tcp[:8]); n != 8 || err != nil {
+		t.Fatalf("udp: %d %v", n, err)
+	}
+	if _, err := TransportLen(ProtoUDP, tcp[:7]); !errors.Is(err, ErrTruncated) {
+		t.Fatalf("udp short: %v", err)
+	}
+	if _, err := TransportLen(ProtoICMPv4, tcp); !errors.Is(err, ErrNotTransport) {
+		t.Fatalf("icmp: %v", err)
+	}
+}
+
+func TestChecksums(t *testing.T) {
+	b := make([]byte, 1501)
+	for i := range b {
+		b[i] = byte(i*7 + 3)
+	}
+	for _, n := range []int{0, 1, 2, 7, 8, 63, 64, 1500, 1501} {
+		if got, want := Sum(b[:n], 0), naiveSum(b[:n]); got != want {
+			t.Errorf("Sum of %d bytes = %#x, want %#x", n, got, want)
+		}
+	}
+	v4 := ipv4TCP(0)
+	PutIPv4Checksum(v4)
+	if !IPv4ChecksumValid(v4) || naiveSum(v4[:20]) != 0xFFFF {
+		t.Fatalf("ipv4 header checksum %#x does not verify", binary.BigEndian.Uint16(v4[10:]))
+	}
+	v4[8]--
+	if IPv4ChecksumValid(v4) {
+		t.Fatal("a changed TTL still verifies")
+	}
+
+	// The pseudo-header as RFC 768 and RFC 8200 lay it out, summed naively.
+	v6 := ipv6UDP(3)
+	ph := append(append([]byte{}, v6[8:40]...), 0, 0, 0, 11, 0, 0, 0, ProtoUDP)
+	if got, want := PseudoHeaderSum(v6, true, ProtoUDP, 11), naiveSum(ph); got != want {
+		t.Fatalf("ipv6 pseudo-header %#x, want %#x", got, want)
+	}
+	ph = append(append([]byte{}, v4[12:20]...), 0, ProtoTCP, 0, 20)
+	if got, want := PseudoHeaderSum(v4, false, ProtoTCP, 20), naiveSum(ph); got != want {
+		t.Fatalf("ipv4 pseudo-header %#x, want %#x", got, want)
+	}
+	ph = append(append([]byte{}, v6[8:40]...), 0, 1, 0, 4, 0, 0, 0, ProtoUDP)
+	if got, want := PseudoHeaderSum(v6, true, ProtoUDP, 65540), naiveSum(ph); got != want {
+		t.Fatalf("ipv6 jumbo pseudo-header %#x, want %#x", got, want)
+	}
+}
+
+// FuzzParseIP: no input panics, and what parses describes bytes that are
+// there.
+func FuzzParseIP(f *testing.F) {
+	f.Add(ipv4TCP(10))
+	f.Add(ipv6UDP(10))
+	f.Add([]byte{0x4f})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := ParseIP(b)
+		hh, herr := ParseIPHeader(b)
+		if err == nil {
+			if herr != nil || hh != h {
+				t.Fatalf("ParseIP %+v but ParseIPHeader %+v %v", h, hh, herr)
+			}
+			if h.HeaderLen > h.Len || h.Len > len(b) {
+				t.Fatalf("%+v over %d bytes", h, len(b))
+			}
+			if n, err := TransportLen(h.Protocol, b[h.HeaderLen:h.Len]); err == nil && h.HeaderLen+n > h.Len {
+				t.Fatalf("transport header of %d past %+v", n, h)
+			}
+		}
+		if herr == nil && hh.HeaderLen > len(b) {
+			t.Fatalf("header of %d in %d bytes", hh.HeaderLen, len(b))
+		}
+		if len(b) >= 40 {
+			_ = PseudoHeaderSum(b, b[0]>>4 == 6, ProtoUDP, len(b))
+		}
+	})
+}

@@ -1,0 +1,6 @@
+//go:build !linux
+
+package soak
+
+// openSockets cannot count sockets here.
+func openSockets() int { return -1 }
