@@ -49,8 +49,11 @@ type ChildParent interface {
 // Process is the process behind a socket, for the requests that act on
 // it as a whole rather than on one interface.
 type Process interface {
-	// Stop begins an orderly exit and says what will be gone after it.
-	Stop() StopInfo
+	// Stopping says what will be gone once the process exited; Stop
+	// begins that exit. The server calls Stop after the response with
+	// Stopping's answer went out, since the exit closes the socket.
+	Stopping() StopInfo
+	Stop()
 	// Reload re-reads the configuration and applies what can change
 	// while running.
 	Reload() (ReloadResult, error)
@@ -284,7 +287,13 @@ func (s *Server) serve(c net.Conn) {
 			s.log.Warn("control: encode response", "err", err)
 			return
 		}
-		if err := w.Flush(); err != nil {
+		err := w.Flush()
+		if resp.Stopping != nil {
+			// Answered (or the client went away): now exit.
+			s.process.Load().p.Stop()
+			return
+		}
+		if err != nil {
 			return
 		}
 	}
@@ -356,7 +365,7 @@ func (s *Server) handleProcess(req Request) Response {
 	resp := Response{PID: os.Getpid()}
 	switch req.Op {
 	case OpStop:
-		info := box.p.Stop()
+		info := box.p.Stopping()
 		info.Socket = s.path
 		resp.Stopping = &info
 		s.log.Info("stop requested over the control socket")

@@ -281,6 +281,24 @@ func TestBinaryServiceE2E(t *testing.T) {
 	ping(nss[0], "10.77.63.2")
 	ping(nss[1], "10.77.63.1")
 
+	// show peers: host 1's ib0 has one peer, host 2, connected both
+	// ways, heard from within the last seconds (the pings above), the
+	// stream's bytes on its connections.
+	r = runIpoib(t, "show", "peers", "--dev", "ib0", "--control-dir", hosts[0].ctl)
+	rows := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != 0 || len(rows) != 2 {
+		t.Fatalf("show peers: exit %d, stderr %q:\n%s", r.code, r.stderr, r.stdout)
+	}
+	f := strings.Fields(rows[1])
+	if len(f) != 12 || f[3] != "10.77.62.2" || strings.Count(f[4], ":") != 19 || f[5] != "up" || f[6] != "live" || f[8] != "ago" || f[9] == "0" || f[10] == "0" {
+		t.Fatalf("show peers row %q: want host 2 (10.77.62.2), a colon hardware address, up/live, a recent receive, bytes both ways\n%s", rows[1], r.stdout)
+	}
+	t.Logf("ipoib show peers:\n%s", r.stdout)
+	r = runIpoib(t, "show", "-S", "--dev", "ib0", "--control-dir", hosts[0].ctl)
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "svc1 ib0:\n") || !strings.Contains(r.stdout, "\n     reaper.tx_connects: ") || !strings.Contains(r.stdout, "\n     rocev2.rx_drops.garbage: 0\n") {
+		t.Fatalf("show -S: exit %d:\n%s", r.code, r.stdout)
+	}
+
 	for i, h := range hosts {
 		cmd := exec.Command("ip", "netns", "exec", h.ns, self, "down", "--control-dir", h.ctl)
 		cmd.Env = append(os.Environ(), runAsMainEnv+"=1")

@@ -143,8 +143,11 @@ func (s *upService) status() string {
 }
 
 // Stop begins the orderly exit 'ipoib down' asked for.
-func (s *upService) Stop() control.StopInfo {
-	s.stopOnce.Do(func() { close(s.stop) })
+func (s *upService) Stop() { s.stopOnce.Do(func() { close(s.stop) }) }
+
+// Stopping says what the exit removes: the TAPs of ib0 and its children
+// and, by the server, the control socket.
+func (s *upService) Stopping() control.StopInfo {
 	pid := os.Getpid()
 	start, _ := proc.StartTime(pid)
 	taps := []string{s.host.ifc.Name()}
