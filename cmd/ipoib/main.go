@@ -23,7 +23,9 @@ func main() {
 	// SIGHUP goes to the command: 'ipoib up --config' reloads on it, the
 	// others stop cleanly as on Ctrl-C (the terminal closed).
 	signal.Ignore(syscall.SIGPIPE)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	// The context's cause names the signal, for the commands that report an
+	// interrupted run with its exit status (cli.Signalled).
+	ctx, stop := cli.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	code := cli.Main(ctx, os.Args[1:], cli.Env{

@@ -78,17 +78,18 @@ func Main(ctx context.Context, args []string, env Env) int {
 	return ExitUsage
 }
 
-// stopOnHangup is ctx, ended also by a SIGHUP: the terminal closed.
+// stopOnHangup is ctx, ended also by a SIGHUP (the terminal closed),
+// with the signal as its cause, as NotifyContext does.
 func stopOnHangup(ctx context.Context, hup <-chan os.Signal) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancelCause(ctx)
 	go func() {
 		select {
-		case <-hup:
-			cancel()
+		case s := <-hup:
+			cancel(Signalled{Signal: s})
 		case <-ctx.Done():
 		}
 	}()
-	return ctx, cancel
+	return ctx, func() { cancel(nil) }
 }
 
 func isHelp(arg string) bool {
