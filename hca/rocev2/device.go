@@ -29,6 +29,19 @@ const (
 	localCAACKDelay = 15
 )
 
+// randomFirstQPN is where a new device starts numbering its QPs: a random
+// point of the 24-bit space rather than firstQPN, so a process that
+// restarts on the same address (the same GID) does not hand out the QPNs
+// of its previous life. Its peers tell a restarted port by its new UD QPN
+// in the hardware address (a gratuitous ARP, a UD source, a REQ's
+// private data) and replace their connections to the old QPs at once;
+// with the old numbers they would keep sending to QPs that now belong to
+// other connections, until the RC transport gave up (docs/linux.md, "A
+// restarted peer").
+func randomFirstQPN() hca.QPN {
+	return firstQPN + hca.QPN(rand.N(uint32(hca.QPNMask-firstQPN)/2))
+}
+
 // Device is one RoCEv2 HCA bound to a UDP address. It implements
 // hca.Device.
 type Device struct {
@@ -39,7 +52,10 @@ type Device struct {
 	nodeGUID uint64
 	local    netip.AddrPort
 	sock     *udpSocket
-	ctr      counters
+	// psock, when set, receives the IPv4 datagrams instead of sock
+	// (packetSocket); closed by Close.
+	psock *packetSocket
+	ctr   counters
 	// srcPorts are the per-QP send sockets; guarded by mu.
 	srcPorts *sourcePorts
 	// maxPacket is the largest UDP payload the device sends or accepts.
@@ -48,6 +64,9 @@ type Device struct {
 	// the route (EMSGSIZE), other send errors, and received larger than
 	// maxPacket (a peer with a larger IB MTU).
 	warnTooBig, warnTx, warnRxTooBig rateLimitedWarn
+	// allow is Config.Allow, replaced whole by SetAllow; the receive
+	// path reads it without a lock.
+	allow atomic.Pointer[[]netip.Prefix]
 
 	// mu guards every verbs object of the device. Work that must run
 	// outside it (socket writes, completion handlers, async events) is
@@ -178,6 +197,11 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 			return nil, err
 		}
 	}
+	psock, err := openIPv4Receive(sock, cfg)
+	if err != nil {
+		sock.Close()
+		return nil, err
+	}
 	tx := newSender(sock, txBatch)
 	tx.gso = sock.gso && !cfg.Faults.active()
 	d := &Device{
@@ -187,6 +211,7 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 		nodeGUID:  nodeGUIDFor(cfg.Bind.Addr()),
 		local:     netip.AddrPortFrom(cfg.Bind.Addr(), sock.port),
 		sock:      sock,
+		psock:     psock,
 		tx:        tx,
 		srcPorts:  newSourcePorts(sock, cfg.Bind.Addr(), ifi),
 		ifi:       ifi,
@@ -194,7 +219,7 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 		faults:    newFaultInjector(cfg.Faults),
 		maxPacket: wire.PacketLen(wire.OpUDSendOnly, int(cfg.MTU)),
 		qps:       make(map[hca.QPN]*qp),
-		nextQPN:   firstQPN,
+		nextQPN:   randomFirstQPN(),
 		cqs:       make(map[*cq]struct{}),
 		memberSet: make(map[netip.Addr]struct{}),
 		portFns:   make(map[int]func(hca.AsyncEvent)),
@@ -207,12 +232,17 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 		timerKick: make(chan struct{}, 1),
 		done:      make(chan struct{}),
 	}
+	d.allow.Store(&cfg.Allow)
 	d.addMember(d.local.Addr())
 	for _, p := range cfg.Peers {
 		d.addMember(p.Unmap())
 	}
 	d.wg.Add(2)
-	go d.rxLoop()
+	if psock != nil {
+		go d.rxPacketLoop()
+	} else {
+		go d.rxLoop()
+	}
 	go d.timerLoop()
 	if cfg.Gossip && !cfg.Multicast {
 		now := time.Now()
@@ -287,7 +317,7 @@ func (d *Device) Limits() hca.Limits {
 // Stats returns a snapshot of the device's counters.
 func (d *Device) Stats() Stats {
 	s := d.ctr.snapshot()
-	if n, ok := d.sock.drops(); ok {
+	if n, ok := d.socketDrops(); ok {
 		d.ctr.socketDrops.Store(n)
 	}
 	s.SocketDrops = d.ctr.socketDrops.Load() // the last reading once closed
@@ -325,6 +355,35 @@ func (d *Device) Members() []netip.Addr {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return append([]netip.Addr(nil), d.members...)
+}
+
+// QPRetransmits is how many packets QP qpn has sent again (go-back-N),
+// false if the device has no such QP: 'ipoib show peers' counts them per
+// connection.
+func (d *Device) QPRetransmits(qpn hca.QPN) (uint64, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	q, ok := d.qps[qpn]
+	if !ok {
+		return 0, false
+	}
+	return q.retransmits, true
+}
+
+// Allow is the allow list in force (Config.Allow, then SetAllow).
+func (d *Device) Allow() []netip.Prefix { return slices.Clone(*d.allow.Load()) }
+
+// SetAllow replaces the allow list (Config.Allow) while the device runs:
+// the next datagram is judged by it. Connections to sources it no longer
+// admits are not torn down here; their packets are dropped, counted
+// not_allowed, and the consumer's timeouts end them.
+func (d *Device) SetAllow(allow []netip.Prefix) error {
+	allow, err := normalizeAllow(allow)
+	if err != nil {
+		return err
+	}
+	d.allow.Store(&allow)
+	return nil
 }
 
 // AddPeer adds a as a multicast replication target, as if heard from:
@@ -423,10 +482,13 @@ func (d *Device) Close() error {
 	gerr := d.closeGroups()
 	d.mu.Unlock()
 	close(d.done)
-	if n, ok := d.sock.drops(); ok {
+	if n, ok := d.socketDrops(); ok {
 		d.ctr.socketDrops.Store(n)
 	}
 	err := d.sock.Close()
+	if d.psock != nil {
+		err = errors.Join(err, d.psock.Close())
+	}
 	d.wg.Wait()
 	if err != nil {
 		return errors.Join(fmt.Errorf("rocev2: close socket: %w", err), gerr)
@@ -782,10 +844,11 @@ func (d *Device) kickTimers() {
 // allowed reports whether datagrams from a may be parsed: a is the
 // device itself or inside Config.Allow (empty: everyone).
 func (d *Device) allowed(a netip.Addr) bool {
-	if len(d.cfg.Allow) == 0 || a == d.local.Addr() {
+	allow := *d.allow.Load()
+	if len(allow) == 0 || a == d.local.Addr() {
 		return true
 	}
-	for _, p := range d.cfg.Allow {
+	for _, p := range allow {
 		if p.Contains(a) {
 			return true
 		}
