@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/hca/internal/core"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
 )
 
@@ -310,7 +311,7 @@ func (d *Device) Objects() Objects {
 	d.mu.Lock()
 	o := Objects{QPs: len(d.qps), CQs: len(d.cqs), SRQs: d.srqs, HeldCompletions: d.heldCompletions}
 	for _, q := range d.qps {
-		o.McastAttachments += len(q.mcast)
+		o.McastAttachments += q.mcast.Len()
 	}
 	d.mu.Unlock()
 	d.txMu.Lock()
@@ -349,7 +350,7 @@ func (d *Device) CreateCQ(cfg hca.CQConfig) (hca.CQ, error) {
 	if cfg.Size <= 0 || cfg.Size > maxCQE {
 		return nil, fmt.Errorf("rocev2: CQ size %d: %w", cfg.Size, hca.ErrInvalidArgument)
 	}
-	c := &cq{dev: d, cfg: cfg, ring: make([]cqe, cfg.Size)}
+	c := &cq{dev: d, cfg: cfg, ring: core.NewRing[*qp](cfg.Size)}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/hca/internal/core"
 )
 
 // timerKind says what a QP's single timer is waiting for.
@@ -51,7 +52,7 @@ type qp struct {
 	// pkeyIndex is the QP's index in the port's P_Key table: it holds an
 	// index, not a value, so a rewritten table moves it (IBTA 10.9).
 	pkeyIndex int
-	mcast     map[hca.GID]struct{}
+	mcast     core.Attachments
 	// lastWQESent makes EventQPLastWQEReached fire once per QP.
 	lastWQESent bool
 	// src is the socket the QP's packets leave from (its UDP source
@@ -373,19 +374,17 @@ func (q *qp) AttachMcast(mgid hca.GID) error {
 	if q.destroyed.Load() {
 		return q.errDestroyed("attach")
 	}
-	if q.typ != hca.QPTypeUD || !mgid.IsMulticast() {
-		return fmt.Errorf("rocev2: attach %v QP to %v: %w", q.typ, mgid, hca.ErrInvalidArgument)
+	added, err := q.mcast.CheckAttach(q.typ, mgid)
+	if err != nil {
+		return fmt.Errorf("rocev2: QP %#x: %w", q.qpn, err)
 	}
-	if _, ok := q.mcast[mgid]; ok {
+	if !added {
 		return nil
 	}
 	if err := d.attachGroup(q, mgid); err != nil {
 		return err
 	}
-	if q.mcast == nil {
-		q.mcast = make(map[hca.GID]struct{})
-	}
-	q.mcast[mgid] = struct{}{}
+	q.mcast.Add(mgid)
 	return nil
 }
 
@@ -396,10 +395,9 @@ func (q *qp) DetachMcast(mgid hca.GID) error {
 	if q.destroyed.Load() {
 		return q.errDestroyed("detach")
 	}
-	if _, ok := q.mcast[mgid]; !ok {
-		return fmt.Errorf("rocev2: QP %#x not attached to %v: %w", q.qpn, mgid, hca.ErrInvalidArgument)
+	if err := q.mcast.Detach(mgid); err != nil {
+		return fmt.Errorf("rocev2: QP %#x: %w", q.qpn, err)
 	}
-	delete(q.mcast, mgid)
 	return d.detachGroup(q, mgid)
 }
 
@@ -412,9 +410,9 @@ func (q *qp) Destroy() error {
 		d.mu.Unlock()
 		return q.errDestroyed("destroy")
 	}
-	if len(q.mcast) > 0 {
+	if err := q.mcast.CheckDestroy(); err != nil {
 		d.mu.Unlock()
-		return fmt.Errorf("rocev2: destroy QP %#x attached to %d groups: %w", q.qpn, len(q.mcast), hca.ErrBusy)
+		return fmt.Errorf("rocev2: destroy QP %#x: %w", q.qpn, err)
 	}
 	q.destroyed.Store(true)
 	q.disarmTimer()
@@ -439,6 +437,9 @@ func (q *qp) Destroy() error {
 	clear(q.rq)
 	return nil
 }
+
+// Destroyed reports whether Destroy has run, for the CQ ring.
+func (q *qp) Destroyed() bool { return q.destroyed.Load() }
 
 // errDestroyed counts a verb called on a destroyed QP
 // (Stats.DestroyedQPOps) and returns its error.

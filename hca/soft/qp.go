@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/hca/internal/core"
 )
 
 // sendState is the state of an RC QP's send queue head.
@@ -43,7 +44,7 @@ type qp struct {
 	gen       uint64 // bumped on every change that cancels pending timers
 	pkeyIndex int
 	qkey      hca.QKey
-	mcast     []hca.GID
+	mcast     core.Attachments
 	lastWQE   bool // LAST_WQE_REACHED raised since the last Reset
 
 	// RC connection attributes.
@@ -166,6 +167,9 @@ func (q *qp) State() hca.QPState {
 	defer q.f.mu.Unlock()
 	return q.state
 }
+
+// Destroyed reports whether Destroy has run, for the CQ ring.
+func (q *qp) Destroyed() bool { return q.destroyed.Load() }
 
 // errDestroyed counts an operation on a destroyed QP and builds its error.
 func (q *qp) errDestroyed(op string) error {
@@ -383,13 +387,13 @@ func (q *qp) AttachMcast(mgid hca.GID) error {
 	if q.destroyed.Load() {
 		return q.errDestroyed("attach mcast")
 	}
-	if q.typ != hca.QPTypeUD || !mgid.IsMulticast() {
-		return fmt.Errorf("soft: attach %s to %s: %w", q, mgid, hca.ErrInvalidArgument)
+	added, err := q.mcast.Attach(q.typ, mgid)
+	if err != nil {
+		return fmt.Errorf("soft: %s: %w", q, err)
 	}
-	if slices.Contains(q.mcast, mgid) {
+	if !added {
 		return nil
 	}
-	q.mcast = append(q.mcast, mgid)
 	f.groups[mgid] = append(f.groups[mgid], q)
 	f.live.mcast++
 	return nil
@@ -403,15 +407,16 @@ func (q *qp) DetachMcast(mgid hca.GID) error {
 	if q.destroyed.Load() {
 		return q.errDestroyed("detach mcast")
 	}
-	if !slices.Contains(q.mcast, mgid) {
-		return fmt.Errorf("soft: detach %s from %s: not attached: %w", q, mgid, hca.ErrInvalidArgument)
+	if err := f.detachLocked(q, mgid); err != nil {
+		return fmt.Errorf("soft: detach %s: %w", q, err)
 	}
-	f.detachLocked(q, mgid)
 	return nil
 }
 
-func (f *Fabric) detachLocked(q *qp, mgid hca.GID) {
-	q.mcast = slices.DeleteFunc(q.mcast, func(g hca.GID) bool { return g == mgid })
+func (f *Fabric) detachLocked(q *qp, mgid hca.GID) error {
+	if err := q.mcast.Detach(mgid); err != nil {
+		return err
+	}
 	members := slices.DeleteFunc(f.groups[mgid], func(m *qp) bool { return m == q })
 	if len(members) == 0 {
 		delete(f.groups, mgid)
@@ -419,6 +424,7 @@ func (f *Fabric) detachLocked(q *qp, mgid hca.GID) {
 		f.groups[mgid] = members
 	}
 	f.live.mcast--
+	return nil
 }
 
 // Destroy releases the QP. It fails with ErrBusy while attached to
@@ -431,8 +437,8 @@ func (q *qp) Destroy() error {
 	if q.destroyed.Load() {
 		return q.errDestroyed("destroy")
 	}
-	if len(q.mcast) > 0 {
-		return fmt.Errorf("soft: destroy %s attached to %d groups: %w", q, len(q.mcast), hca.ErrBusy)
+	if err := q.mcast.CheckDestroy(); err != nil {
+		return fmt.Errorf("soft: destroy %s: %w", q, err)
 	}
 	f.destroyQPLocked(q)
 	return nil
