@@ -115,8 +115,7 @@ func (c *cq) Destroy() error {
 type srq struct {
 	dev       *Device
 	cfg       hca.SRQConfig
-	ring      []hca.RecvWR
-	head, n   int
+	ring      core.Queue[hca.RecvWR]
 	limit     int // armed limit, 0 = disarmed
 	destroyed bool
 	refs      int
@@ -130,25 +129,21 @@ func (s *srq) PostRecv(wrs []hca.RecvWR) (int, error) {
 		return 0, fmt.Errorf("rocev2: SRQ post: %w", hca.ErrDestroyed)
 	}
 	for i := range wrs {
-		if s.n == len(s.ring) {
+		if s.ring.Full() {
 			return i, fmt.Errorf("rocev2: SRQ post %d of %d: %w", i, len(wrs), hca.ErrQueueFull)
 		}
-		s.ring[(s.head+s.n)%len(s.ring)] = wrs[i]
-		s.n++
+		s.ring.Push(wrs[i])
 	}
 	return len(wrs), nil
 }
 
 // take removes the head buffer; called with dev.mu held.
 func (s *srq) take() (hca.RecvWR, bool) {
-	if s.n == 0 {
+	wr, ok := s.ring.Pop()
+	if !ok {
 		return hca.RecvWR{}, false
 	}
-	wr := s.ring[s.head]
-	s.ring[s.head] = hca.RecvWR{}
-	s.head = (s.head + 1) % len(s.ring)
-	s.n--
-	if s.limit > 0 && s.n < s.limit {
+	if s.limit > 0 && s.ring.Len() < s.limit {
 		s.limit = 0
 		if s.cfg.OnEvent != nil {
 			s.dev.deferEvent(s.cfg.OnEvent, hca.AsyncEvent{Type: hca.EventSRQLimitReached})
@@ -163,7 +158,7 @@ func (s *srq) ArmLimit(limit int) error {
 	if s.destroyed {
 		return fmt.Errorf("rocev2: SRQ arm: %w", hca.ErrDestroyed)
 	}
-	if limit < 0 || limit > len(s.ring) {
+	if limit < 0 || limit > s.ring.Cap() {
 		return fmt.Errorf("rocev2: SRQ limit %d: %w", limit, hca.ErrInvalidArgument)
 	}
 	s.limit = limit
@@ -173,7 +168,7 @@ func (s *srq) ArmLimit(limit int) error {
 func (s *srq) Posted() int {
 	s.dev.mu.Lock()
 	defer s.dev.mu.Unlock()
-	return s.n
+	return s.ring.Len()
 }
 
 func (s *srq) Destroy() error {

@@ -371,7 +371,7 @@ func (d *Device) CreateSRQ(cfg hca.SRQConfig) (hca.SRQ, error) {
 		return nil, fmt.Errorf("rocev2: create SRQ: %w", hca.ErrDestroyed)
 	}
 	d.srqs++
-	return &srq{dev: d, cfg: cfg, ring: make([]hca.RecvWR, cfg.MaxWR)}, nil
+	return &srq{dev: d, cfg: cfg, ring: core.NewQueue[hca.RecvWR](cfg.MaxWR)}, nil
 }
 
 // CreateAH implements hca.Device. A unicast DGID must be an address of the

@@ -59,8 +59,7 @@ type qp struct {
 	// port, see sourcePorts).
 	src *udpSocket
 
-	rq            []hca.RecvWR // own receive queue ring (non-SRQ)
-	rqHead, rqLen int
+	rq core.Queue[hca.RecvWR] // own receive queue (non-SRQ)
 
 	udPSN uint32
 	// zcGen is the last work batch that sent any of the QP's send
@@ -130,7 +129,7 @@ func (d *Device) CreateQP(cfg hca.QPConfig) (hca.QP, error) {
 		return nil, fmt.Errorf("rocev2: create QP type %v: %w", cfg.Type, hca.ErrInvalidArgument)
 	}
 	if s == nil {
-		q.rq = make([]hca.RecvWR, max(cfg.MaxRecvWR, 1))
+		q.rq = core.NewQueue[hca.RecvWR](max(cfg.MaxRecvWR, 1))
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -273,11 +272,8 @@ func (q *qp) toError() {
 		q.curValid = false
 	}
 	q.inMsg = false
-	for q.rqLen > 0 {
-		wr := q.rq[q.rqHead]
-		q.rq[q.rqHead] = hca.RecvWR{}
-		q.rqHead = (q.rqHead + 1) % len(q.rq)
-		q.rqLen--
+	for q.rq.Len() > 0 {
+		wr, _ := q.rq.Pop()
 		q.completeRecv(wr.ID, hca.StatusWRFlushErr, 0, nil)
 	}
 	if q.srq != nil && !q.lastWQESent {
@@ -295,8 +291,7 @@ func (q *qp) reset() uint64 {
 	q.disarmTimer()
 	clear(q.sq)
 	q.sqHead, q.sqLen, q.txIdx, q.txOff = 0, 0, 0, 0
-	clear(q.rq)
-	q.rqHead, q.rqLen = 0, 0
+	q.rq.Clear()
 	q.cur, q.curValid, q.inMsg, q.curOff = hca.RecvWR{}, false, false, 0
 	q.ackPending = false
 	return q.zcGen
@@ -320,11 +315,10 @@ func (q *qp) PostRecv(wrs []hca.RecvWR) (int, error) {
 			q.completeRecv(wrs[i].ID, hca.StatusWRFlushErr, 0, nil)
 			continue
 		}
-		if q.rqLen == len(q.rq) {
+		if q.rq.Full() {
 			return i, fmt.Errorf("rocev2: post recv %d of %d: %w", i, len(wrs), hca.ErrQueueFull)
 		}
-		q.rq[(q.rqHead+q.rqLen)%len(q.rq)] = wrs[i]
-		q.rqLen++
+		q.rq.Push(wrs[i])
 	}
 	return len(wrs), nil
 }
@@ -334,14 +328,7 @@ func (q *qp) takeRecv() (hca.RecvWR, bool) {
 	if q.srq != nil {
 		return q.srq.take()
 	}
-	if q.rqLen == 0 {
-		return hca.RecvWR{}, false
-	}
-	wr := q.rq[q.rqHead]
-	q.rq[q.rqHead] = hca.RecvWR{}
-	q.rqHead = (q.rqHead + 1) % len(q.rq)
-	q.rqLen--
-	return wr, true
+	return q.rq.Pop()
 }
 
 func (q *qp) PostSend(wrs []hca.SendWR) (int, error) {
@@ -434,7 +421,7 @@ func (q *qp) Destroy() error {
 		q.srq.refs--
 	}
 	clear(q.sq)
-	clear(q.rq)
+	q.rq.Clear()
 	return nil
 }
 

@@ -56,7 +56,7 @@ type qp struct {
 	timeout    uint8
 	peer       *qp // cached lookup of (destGID, destQPN)
 
-	sq        ring[hca.SendWR] // RC sends not yet completed
+	sq        core.Queue[hca.SendWR] // RC sends not yet completed
 	sendState sendState
 	rnrLeft   int
 	retryLeft int
@@ -121,10 +121,10 @@ func (d *Device) CreateQP(cfg hca.QPConfig) (hca.QP, error) {
 		f: f, dev: d, qpn: qpn, typ: cfg.Type, cfg: cfg,
 		sendCQ: scq, recvCQ: rcq, srq: s,
 		state: hca.QPStateReset,
-		sq:    newRing[hca.SendWR](cfg.MaxSendWR),
+		sq:    core.NewQueue[hca.SendWR](cfg.MaxSendWR),
 	}
 	if s == nil {
-		q.rq.wrs = newRing[hca.RecvWR](cfg.MaxRecvWR)
+		q.rq.wrs = core.NewQueue[hca.RecvWR](cfg.MaxRecvWR)
 	} else {
 		s.users++
 	}
@@ -244,8 +244,8 @@ func (q *qp) Modify(attr hca.QPAttr) error {
 func (f *Fabric) resetLocked(q *qp) {
 	q.state = hca.QPStateReset
 	q.gen++
-	q.sq.clear()
-	q.rq.wrs.clear()
+	q.sq.Clear()
+	q.rq.wrs.Clear()
 	q.sendState = sendReady
 	q.waitingOn = nil
 	q.lastWQE = false
@@ -265,14 +265,14 @@ func (f *Fabric) toError(q *qp) {
 	q.sendState = sendReady
 	q.waitingOn = nil
 	for {
-		wr, ok := q.sq.pop()
+		wr, ok := q.sq.Pop()
 		if !ok {
 			break
 		}
 		f.complete(q.sendCQ, q, q.sendWC(wr.ID, hca.StatusWRFlushErr, 0))
 	}
 	for {
-		wr, ok := q.rq.wrs.pop()
+		wr, ok := q.rq.wrs.Pop()
 		if !ok {
 			break
 		}
@@ -330,7 +330,7 @@ func (q *qp) PostSend(wrs []hca.SendWR) (int, error) {
 		return len(wrs), nil
 	}
 	for i := range wrs {
-		if q.state == hca.QPStateRTS && q.sq.full() {
+		if q.state == hca.QPStateRTS && q.sq.Full() {
 			f.progressSends(q)
 		}
 		if q.state == hca.QPStateError {
@@ -341,7 +341,7 @@ func (q *qp) PostSend(wrs []hca.SendWR) (int, error) {
 		if err := f.checkRCOffload(&wrs[i]); err != nil {
 			return i, fmt.Errorf("soft: post send %d of %d on %s: %w", i, len(wrs), q, err)
 		}
-		if !q.sq.push(wrs[i]) {
+		if !q.sq.Push(wrs[i]) {
 			return i, fmt.Errorf("soft: post send %d of %d on %s: %w", i, len(wrs), q, hca.ErrQueueFull)
 		}
 	}
@@ -370,7 +370,7 @@ func (q *qp) PostRecv(wrs []hca.RecvWR) (int, error) {
 		return len(wrs), nil
 	}
 	for i := range wrs {
-		if !q.rq.wrs.push(wrs[i]) {
+		if !q.rq.wrs.Push(wrs[i]) {
 			f.wakeWaiters(&q.rq)
 			return i, fmt.Errorf("soft: post recv %d of %d on %s: %w", i, len(wrs), q, hca.ErrQueueFull)
 		}
@@ -447,8 +447,8 @@ func (q *qp) Destroy() error {
 func (f *Fabric) destroyQPLocked(q *qp) {
 	q.destroyed.Store(true)
 	q.gen++
-	q.sq.clear()
-	q.rq.wrs.clear()
+	q.sq.Clear()
+	q.rq.wrs.Clear()
 	q.sendState = sendReady
 	q.waitingOn = nil
 	q.peer = nil
