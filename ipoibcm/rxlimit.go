@@ -17,12 +17,17 @@ type rxLimits struct {
 	byGID map[hca.GID]map[*rxConn]struct{}
 }
 
-// rxLimitCounters say why a REQ the CM handed to the listener was not
-// accepted, so that rx_accepted plus these equal the CM's to_listener
-// REQs.
-type rxLimitCounters struct {
+// rxAdmitCounters count what became of the REQs the CM handed to the
+// listener: accepted, or why not, so that rx_accepted plus the
+// rejections equal the CM's to_listener REQs.
+type rxAdmitCounters struct {
+	accepted                                  atomic.Uint64
 	rejectedLimit, rejectedGIDLimit, replaced atomic.Uint64
 	rejectedDown, rejectedError               atomic.Uint64
+	// rejectedNoQP: no ring left for a non-SRQ connection;
+	// rejectedMTU: the REQ's path MTU is above our port's, refused with
+	// REJ INVALID_MTU (cmpathmtu.go).
+	rejectedNoQP, rejectedMTU atomic.Uint64
 }
 
 // RXLimits is the passive-connection bookkeeping 'ipoib show' reports.
@@ -58,13 +63,13 @@ func (i *Interface) admitRXLocked(rc *rxConn) (old *rxConn, ok bool) {
 		old = lruEstablished(set)
 		if old == nil {
 			if l.count >= i.cfg.MaxRXConns {
-				i.rxLimitCtr.rejectedLimit.Add(1)
+				i.rxAdmit.rejectedLimit.Add(1)
 			} else {
-				i.rxLimitCtr.rejectedGIDLimit.Add(1)
+				i.rxAdmit.rejectedGIDLimit.Add(1)
 			}
 			return nil, false
 		}
-		i.rxLimitCtr.replaced.Add(1)
+		i.rxAdmit.replaced.Add(1)
 	}
 	if set == nil {
 		set = make(map[*rxConn]struct{})
@@ -109,7 +114,7 @@ func lruEstablished(set map[*rxConn]struct{}) *rxConn {
 }
 
 func (i *Interface) rxLimitStats() RXLimits {
-	c := &i.rxLimitCtr
+	c := &i.rxAdmit
 	i.mu.Lock()
 	n := i.rxLimit.count
 	i.mu.Unlock()
