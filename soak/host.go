@@ -8,8 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/ipoibcm/ipoib/ipoibcm"
 	"github.com/ipoibcm/ipoib/internal/packet"
+	"github.com/ipoibcm/ipoib/ipoibcm"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
