@@ -28,7 +28,7 @@ func (i *Interface) reqPathMTU(n *neighbour) hca.MTU {
 
 // rejectPathMTU refuses a REQ whose path MTU our port cannot take.
 func (i *Interface) rejectPathMTU(req *cm.Request) cm.Decision {
-	i.rxAdmit.rejectedMTU.Add(1)
+	i.rxLimit.ctr.rejectedMTU.Add(1)
 	i.log.Info("CM REQ path MTU above our port's: REJ INVALID_MTU, the peer retries lower",
 		"from", req.RemoteGID, "path_mtu", req.PathMTU, "port_mtu", i.port.ActiveMTU)
 	return cm.Decision{Reject: cm.RejectInvalidMTU}

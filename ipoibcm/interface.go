@@ -92,8 +92,7 @@ type Interface struct {
 	mcast   mcastTable
 	txConns map[*txConn]struct{}
 	rxConns map[*rxConn]struct{}
-	nonSRQ  int // passive connections with their own ring
-	rxLimit rxLimits
+	rxLimit rxLimits // the passive connections' admission
 	rng     *rand.Rand
 
 	ctl    control
@@ -109,7 +108,6 @@ type Interface struct {
 	ctr         counters
 	ifCtr       interfaceCounters
 	txc         txConnCounters   // txconn.go
-	rxAdmit     rxAdmitCounters  // rxlimit.go
 	hostLinkCtr hostLinkCounters // hostlink.go
 
 	stop     chan struct{} // closed by Close: reader and control loop end
@@ -176,6 +174,7 @@ func New(cfg Config) (_ *Interface, err error) {
 	i.udMTU = frame.UDMTU(i.port.ActiveMTU)
 	i.bcast = frame.BroadcastMGID(cfg.PKey)
 	i.mcast.init(&i.cfg, i.dev, i.bcast, i.hostDown, i.log)
+	i.rxLimit.init(&i.cfg, cfg.DisableSRQ || cfg.DisableCM)
 	i.neigh.init(&i.cfg, i.port.GID, i.dev, i.log, func(tc *txConn) {
 		tc.detachLocked(dropTxNeighFlushed)
 		i.ctl.post(tc.teardown)

@@ -308,7 +308,7 @@ func (i *Interface) reresolve(n *neighbour) {
 // host's ARP cache still names it, and the next frame rebuilds the
 // connection. Neighbours silent in both directions for
 // NeighbourEvictAfter, with nothing left that refers to them, are
-// forgotten (evictNeighboursLocked).
+// forgotten (neighbourTable.evict).
 func (i *Interface) ageNeighbours(now time.Time) {
 	var idle []*txConn
 	i.mu.Lock()

@@ -542,7 +542,7 @@ func testLastWQEBeforeLive(t *testing.T, reapFirst bool) {
 				res.state = rc.state
 				_, res.inSet = i.rxConns[rc]
 				i.mu.Unlock()
-				res.accepted = i.rxAdmit.accepted.Load()
+				res.accepted = i.rxLimit.ctr.accepted.Load()
 				hooked <- res
 			}()
 			if err := rc.qp.Modify(hca.QPAttr{State: hca.QPStateError}); err != nil {

@@ -68,7 +68,7 @@ func (i *Interface) decideREQ(req *cm.Request) cm.Decision {
 func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	i.log.Debug("CM REQ", "from", req.RemoteGID, "qpn", req.RemoteQPN, "path_mtu", req.PathMTU)
 	if ifState(i.state.Load()) != ifRunning || i.hostDown() {
-		i.rxAdmit.rejectedDown.Add(1)
+		i.rxLimit.ctr.rejectedDown.Add(1)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	if req.PathMTU > i.port.ActiveMTU {
@@ -85,13 +85,8 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	rc.stamp.Store(now.UnixNano())
 
 	i.mu.Lock()
-	if i.srq == nil && i.nonSRQ >= i.cfg.MaxNonSRQConns {
-		i.mu.Unlock()
-		i.rxAdmit.rejectedNoQP.Add(1)
-		return cm.Decision{Reject: cm.RejectNoQP}
-	}
 	// Limits before anything is learnt or created from the REQ.
-	old, ok := i.admitRXLocked(rc)
+	old, ok := i.rxLimit.admitLocked(rc)
 	if !ok {
 		i.mu.Unlock()
 		return cm.Decision{Reject: cm.RejectNoQP}
@@ -103,15 +98,12 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		n = i.neigh.learn(rc.peer, netip.Addr{}, now)
 	}
 	psn := i.rng.Uint32() & 0xffffff
-	if i.srq == nil {
-		i.nonSRQ++
-	}
 	i.mu.Unlock()
 	if old != nil {
 		i.replaceRX(old)
 	}
 	if n == nil {
-		i.releaseRX(rc, &i.rxAdmit.rejectedError)
+		i.releaseRX(rc, &i.rxLimit.ctr.rejectedError)
 		return cm.Decision{Reject: cm.RejectConsumerDefined}
 	}
 	rc.mac = n.mac
@@ -132,14 +124,14 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	qp, err := i.dev.CreateQP(cfg)
 	if err != nil {
 		i.log.Warn("create RX QP", "peer", rc.peer, "err", err)
-		i.releaseRX(rc, &i.rxAdmit.rejectedError)
+		i.releaseRX(rc, &i.rxLimit.ctr.rejectedError)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	rc.qp = qp
 	if err := i.initRXQP(rc, req.PKeyIndex); err != nil {
 		i.log.Warn("init RX QP", "peer", rc.peer, "err", err)
 		qp.Destroy()
-		i.releaseRX(rc, &i.rxAdmit.rejectedError)
+		i.releaseRX(rc, &i.rxLimit.ctr.rejectedError)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	// On the live list before the REP leaves: a LAST_WQE that arrives
@@ -150,7 +142,7 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	i.mu.Lock()
 	if rc.state == rxDestroyed {
 		i.mu.Unlock()
-		i.rxAdmit.rejectedError.Add(1)
+		i.rxLimit.ctr.rejectedError.Add(1)
 		return cm.Decision{Reject: cm.RejectNoQP}
 	}
 	if i.hostDown() {
@@ -161,12 +153,12 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		if err := qp.Destroy(); err != nil {
 			i.log.Warn("destroy RX QP", "peer", rc.peer, "err", err)
 		}
-		i.releaseRX(rc, &i.rxAdmit.rejectedDown)
+		i.releaseRX(rc, &i.rxLimit.ctr.rejectedDown)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	i.rxConns[rc] = struct{}{}
 	i.mu.Unlock()
-	i.rxAdmit.accepted.Add(1)
+	i.rxLimit.ctr.accepted.Add(1)
 	return cm.Decision{
 		QP:          qp,
 		StartingPSN: psn,
@@ -182,10 +174,7 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 func (i *Interface) releaseRX(rc *rxConn, why *atomic.Uint64) {
 	why.Add(1)
 	i.mu.Lock()
-	i.releaseRXLocked(rc)
-	if i.srq == nil {
-		i.nonSRQ--
-	}
+	i.rxLimit.releaseLocked(rc)
 	i.mu.Unlock()
 }
 

@@ -253,10 +253,7 @@ func (i *Interface) reapRX(rc *rxConn) {
 	}
 	rc.state = rxDestroyed
 	delete(i.rxConns, rc)
-	i.releaseRXLocked(rc)
-	if i.srq == nil {
-		i.nonSRQ--
-	}
+	i.rxLimit.releaseLocked(rc)
 	i.mu.Unlock()
 	if rc.cmConn != nil {
 		rc.cmConn.Destroy()

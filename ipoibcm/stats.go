@@ -163,7 +163,6 @@ func (i *Interface) Stats() Stats {
 		Drops:       make(map[string]uint64),
 		NAPI:        NAPIStats{RX: i.rxNAPI.Stats(), TX: i.tx.napi.Stats()},
 		Reaper:      i.reaperStats(),
-		RXLimits:    i.rxLimitStats(),
 		Outstanding: i.tx.outstanding.Load(),
 		Offloads:    i.offloadStats(),
 	}
@@ -178,6 +177,7 @@ func (i *Interface) Stats() Stats {
 	s.Neighbours, s.TXConns, s.RXConns = []NeighbourInfo{}, []ConnInfo{}, []ConnInfo{}
 	s.McastGroups = i.mcast.info(now)
 	i.mu.Lock()
+	s.RXLimits = i.rxLimit.statsLocked()
 	if i.srq != nil && i.srq.srq != nil {
 		s.SRQPosted = i.srq.srq.Posted()
 	}
@@ -237,7 +237,7 @@ func millisSince(now, t time.Time) int64 {
 // reaperStats gathers the owners' counters into the one ReaperStats
 // section 'ipoib show' and the metrics have always read.
 func (i *Interface) reaperStats() ReaperStats {
-	r, a, t, p, n, g, h := &i.reaper.ctr, &i.rxAdmit, &i.txc, &i.tx.ctr, &i.neigh.ctr, &i.mcast.ctr, &i.hostLinkCtr
+	r, a, t, p, n, g, h := &i.reaper.ctr, &i.rxLimit.ctr, &i.txc, &i.tx.ctr, &i.neigh.ctr, &i.mcast.ctr, &i.hostLinkCtr
 	return ReaperStats{
 		StaleScans: r.staleScans.Load(), StaleReaped: r.staleReaped.Load(), MovedToError: r.movedToError.Load(),
 		LastWQESeen: r.lastWQESeen.Load(), LateLastWQE: r.lateLastWQE.Load(),
