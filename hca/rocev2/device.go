@@ -147,17 +147,12 @@ var _ hca.Device = (*Device)(nil)
 // goroutines; Close stops them.
 func New(cfg Config) (*Device, error) { return newDevice(cfg, hooks{}) }
 
-// hooks let tests observe the device without polling; all nil in
-// production.
+// hooks let a test hold a transmit in progress; nil in production. A
+// wrapper of the sender's write cannot stand in for it: it would hold the
+// socket's file descriptor, whose Close (a QP's Destroy) waits for it.
 type hooks struct {
-	// afterRxBatch runs on the receive goroutine after each batch, and
-	// on a group's receive goroutine after each datagram.
-	afterRxBatch func()
-	// now replaces time.Now for the rate-limited warnings, so a test
-	// crosses a warning interval without waiting for it.
-	now func() time.Time
 	// beforeTransmit runs in unlock with txMu held, before a batch goes
-	// to the socket: a test holds a transmit in progress with it.
+	// to the socket.
 	beforeTransmit func()
 }
 
@@ -693,11 +688,11 @@ func (d *Device) stage(p *txPacket) {
 func (d *Device) flushTx() {
 	f := d.tx.flush(&d.ctr)
 	if f.tooBig > 0 {
-		d.warnTooBig.warn(d.cfg.Logger, d.now(), f.tooBig, "rocev2: datagram larger than the route to the peer carries (EMSGSIZE), dropped: lower --ib-mtu or raise the underlay MTU",
+		d.warnTooBig.warn(d.cfg.Logger, time.Now(), f.tooBig, "rocev2: datagram larger than the route to the peer carries (EMSGSIZE), dropped: lower --ib-mtu or raise the underlay MTU",
 			"dev", d.cfg.Name, "ib_mtu", int(d.cfg.MTU), "err", f.tooBigErr)
 	}
 	if f.other > 0 && !errors.Is(f.otherErr, net.ErrClosed) {
-		d.warnTx.warn(d.cfg.Logger, d.now(), f.other, "rocev2: transmit failed", "dev", d.cfg.Name, "err", f.otherErr)
+		d.warnTx.warn(d.cfg.Logger, time.Now(), f.other, "rocev2: transmit failed", "dev", d.cfg.Name, "err", f.otherErr)
 	}
 }
 
