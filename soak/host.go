@@ -208,7 +208,7 @@ func (h *soakHost) receive(f []byte) {
 }
 
 func (h *soakHost) receiveIPv4(eth frame.EthHeader, ip []byte) {
-	if len(ip) >= ipv4HdrLen && header.IPv4(ip).Protocol() == packet.ProtoICMPv4 {
+	if len(ip) >= header.IPv4MinimumSize && header.IPv4(ip).Protocol() == packet.ProtoICMPv4 {
 		h.ctr.icmp.Add(1) // frag-needed: the engine's PMTU answer
 		return
 	}

@@ -22,9 +22,7 @@ const (
 	soakMagic      uint32 = 0x534f414b // "SOAK"
 	soakHdrLen            = 24         // magic, src, dst, seq, len, crc
 	soakUDPPort           = 4755       // RFC 4755, both ports
-	ipv4HdrLen            = header.IPv4MinimumSize
-	udpHdrLen             = header.UDPMinimumSize
-	soakIPOverhead        = ipv4HdrLen + udpHdrLen
+	soakIPOverhead        = header.IPv4MinimumSize + header.UDPMinimumSize
 	// soakMinIP is the smallest IP packet the soak sends.
 	soakMinIP = soakIPOverhead + soakHdrLen
 )
@@ -74,7 +72,7 @@ func putSoakIPv4(b []byte, src, dst uint16, seq uint64, ipLen int) int {
 	if ipLen < soakMinIP || len(b) < ipLen || ipLen > 0xffff {
 		return 0
 	}
-	ip := header.IPv4(b[:ipv4HdrLen])
+	ip := header.IPv4(b[:header.IPv4MinimumSize])
 	ip.Encode(&header.IPv4Fields{
 		TotalLength: uint16(ipLen),
 		ID:          uint16(seq),
@@ -86,11 +84,13 @@ func putSoakIPv4(b []byte, src, dst uint16, seq uint64, ipLen int) int {
 	})
 	packet.PutIPv4Checksum(ip)
 
-	udp := b[ipv4HdrLen:ipLen]
-	// No UDP checksum (IPv4 allows it); the soak's CRC is stronger.
-	header.UDP(udp).Encode(&header.UDPFields{SrcPort: soakUDPPort, DstPort: soakUDPPort, Length: uint16(len(udp))})
+	udp := header.UDP(b[header.IPv4MinimumSize:ipLen])
+	udp.Encode(&header.UDPFields{
+		SrcPort: soakUDPPort, DstPort: soakUDPPort, Length: uint16(len(udp)),
+		// No UDP checksum (IPv4 allows it): the soak header's CRC is stronger.
+	})
 
-	p := udp[udpHdrLen:]
+	p := udp[header.UDPMinimumSize:]
 	binary.BigEndian.PutUint32(p[0:4], soakMagic)
 	binary.BigEndian.PutUint16(p[4:6], src)
 	binary.BigEndian.PutUint16(p[6:8], dst)
@@ -115,31 +115,30 @@ func soakCRC(p []byte) uint32 {
 // parseSoakIPv4 checks an IPv4 packet from the host side and returns the
 // soak packet it carries. It never panics: every malformed input returns
 // an error.
-func parseSoakIPv4(ip []byte) (soakPacket, error) {
-	h, err := packet.ParseIP(ip)
-	if errors.Is(err, packet.ErrNotIP) || h.IPv6 || len(ip) < ipv4HdrLen {
+func parseSoakIPv4(b []byte) (soakPacket, error) {
+	h, err := packet.ParseIP(b)
+	switch {
+	case errors.Is(err, packet.ErrNotIP), errors.Is(err, packet.ErrTruncated), h.IPv6:
 		return soakPacket{}, fmt.Errorf("IPv4 header: %w", ErrNotOurs)
-	}
-	if err != nil {
-		return soakPacket{}, fmt.Errorf("IPv4 lengths ihl %d total %d of %d: %w", h.HeaderLen, h.Len, len(ip), ErrTruncated)
-	}
-	if h.Protocol != packet.ProtoUDP {
+	case err != nil:
+		return soakPacket{}, fmt.Errorf("IPv4 lengths ihl %d total %d of %d: %w", h.HeaderLen, h.Len, len(b), ErrTruncated)
+	case h.Protocol != packet.ProtoUDP:
 		return soakPacket{}, fmt.Errorf("IP protocol %d: %w", h.Protocol, ErrNotOurs)
-	}
-	if !packet.IPv4ChecksumValid(ip) {
+	case !packet.IPv4ChecksumValid(b):
 		return soakPacket{}, fmt.Errorf("IPv4 header: %w", ErrChecksum)
 	}
-	udp := ip[h.HeaderLen:h.Len]
-	if len(udp) < udpHdrLen {
+	ip := header.IPv4(b)
+	udp := header.UDP(b[h.HeaderLen:h.Len])
+	if len(udp) < header.UDPMinimumSize {
 		return soakPacket{}, fmt.Errorf("UDP header: %w", ErrTruncated)
 	}
-	if binary.BigEndian.Uint16(udp[2:4]) != soakUDPPort {
+	if udp.DestinationPort() != soakUDPPort {
 		return soakPacket{}, fmt.Errorf("UDP port: %w", ErrNotOurs)
 	}
-	if int(binary.BigEndian.Uint16(udp[4:6])) != len(udp) {
-		return soakPacket{}, fmt.Errorf("UDP length %d of %d: %w", binary.BigEndian.Uint16(udp[4:6]), len(udp), ErrLength)
+	if int(udp.Length()) != len(udp) {
+		return soakPacket{}, fmt.Errorf("UDP length %d of %d: %w", udp.Length(), len(udp), ErrLength)
 	}
-	p := udp[udpHdrLen:]
+	p := udp.Payload()
 	if len(p) < soakHdrLen {
 		return soakPacket{}, fmt.Errorf("soak header: %w", ErrTruncated)
 	}
@@ -157,7 +156,7 @@ func parseSoakIPv4(ip []byte) (soakPacket, error) {
 		Dst:   binary.BigEndian.Uint16(p[6:8]),
 		Seq:   binary.BigEndian.Uint64(p[8:16]),
 		Len:   len(p),
-		SrcIP: netip.AddrFrom4([4]byte(ip[12:16])),
-		DstIP: netip.AddrFrom4([4]byte(ip[16:20])),
+		SrcIP: netip.AddrFrom4(ip.SourceAddress().As4()),
+		DstIP: netip.AddrFrom4(ip.DestinationAddress().As4()),
 	}, nil
 }
