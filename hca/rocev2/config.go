@@ -114,16 +114,9 @@ func (c *Config) normalize() error {
 	if c.MTU == 0 {
 		c.MTU = hca.MTU4096
 	}
-	allow := make([]netip.Prefix, 0, len(c.Allow))
-	for _, p := range c.Allow {
-		if !p.IsValid() {
-			return fmt.Errorf("rocev2: allow prefix %v: %w", p, hca.ErrInvalidArgument)
-		}
-		if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
-			// Sources arrive unmapped: ::ffff:a.b.c.d/n is a.b.c.d/(n-96).
-			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
-		}
-		allow = append(allow, p.Masked())
+	allow, err := normalizeAllow(c.Allow)
+	if err != nil {
+		return err
 	}
 	c.Allow = allow
 	if c.MaxMembers <= 0 {
@@ -183,4 +176,21 @@ func TransportTimeout(t uint8) time.Duration {
 func (c *Config) scale(d time.Duration) time.Duration {
 	s := time.Duration(float64(d) * c.TimeScale)
 	return max(s, time.Microsecond)
+}
+
+// normalizeAllow checks an allow list and puts it in the form sources
+// are compared in.
+func normalizeAllow(in []netip.Prefix) ([]netip.Prefix, error) {
+	allow := make([]netip.Prefix, 0, len(in))
+	for _, p := range in {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("rocev2: allow prefix %v: %w", p, hca.ErrInvalidArgument)
+		}
+		if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+			// Sources arrive unmapped: ::ffff:a.b.c.d/n is a.b.c.d/(n-96).
+			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+		}
+		allow = append(allow, p.Masked())
+	}
+	return allow, nil
 }

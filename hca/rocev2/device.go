@@ -49,6 +49,9 @@ type Device struct {
 	// the route (EMSGSIZE), other send errors, and received larger than
 	// maxPacket (a peer with a larger IB MTU).
 	warnTooBig, warnTx, warnRxTooBig rateLimitedWarn
+	// allow is Config.Allow, replaced whole by SetAllow; the receive
+	// path reads it without a lock.
+	allow atomic.Pointer[[]netip.Prefix]
 
 	// mu guards every verbs object of the device. Work that must run
 	// outside it (socket writes, completion handlers, async events) is
@@ -203,6 +206,7 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 		timerKick: make(chan struct{}, 1),
 		done:      make(chan struct{}),
 	}
+	d.allow.Store(&cfg.Allow)
 	d.addMember(d.local.Addr())
 	for _, p := range cfg.Peers {
 		d.addMember(p.Unmap())
@@ -321,6 +325,35 @@ func (d *Device) Members() []netip.Addr {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return append([]netip.Addr(nil), d.members...)
+}
+
+// QPRetransmits is how many packets QP qpn has sent again (go-back-N),
+// false if the device has no such QP: 'ipoib show peers' counts them per
+// connection.
+func (d *Device) QPRetransmits(qpn hca.QPN) (uint64, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	q, ok := d.qps[qpn]
+	if !ok {
+		return 0, false
+	}
+	return q.retransmits, true
+}
+
+// Allow is the allow list in force (Config.Allow, then SetAllow).
+func (d *Device) Allow() []netip.Prefix { return slices.Clone(*d.allow.Load()) }
+
+// SetAllow replaces the allow list (Config.Allow) while the device runs:
+// the next datagram is judged by it. Connections to sources it no longer
+// admits are not torn down here; their packets are dropped, counted
+// not_allowed, and the consumer's timeouts end them.
+func (d *Device) SetAllow(allow []netip.Prefix) error {
+	allow, err := normalizeAllow(allow)
+	if err != nil {
+		return err
+	}
+	d.allow.Store(&allow)
+	return nil
 }
 
 // AddPeer adds a as a multicast replication target, as if heard from:
@@ -778,10 +811,11 @@ func (d *Device) kickTimers() {
 // allowed reports whether datagrams from a may be parsed: a is the
 // device itself or inside Config.Allow (empty: everyone).
 func (d *Device) allowed(a netip.Addr) bool {
-	if len(d.cfg.Allow) == 0 || a == d.local.Addr() {
+	allow := *d.allow.Load()
+	if len(allow) == 0 || a == d.local.Addr() {
 		return true
 	}
-	for _, p := range d.cfg.Allow {
+	for _, p := range allow {
 		if p.Contains(a) {
 			return true
 		}

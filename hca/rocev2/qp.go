@@ -37,14 +37,17 @@ type sendWQE struct {
 
 // qp is a queue pair; every field but destroyed is guarded by dev.mu.
 type qp struct {
-	dev    *Device
-	qpn    hca.QPN
-	typ    hca.QPType
-	cfg    hca.QPConfig
-	sendCQ *cq
-	recvCQ *cq
-	srq    *srq
-	state  hca.QPState
+	dev *Device
+	qpn hca.QPN
+	// retransmits counts the packets this QP sent again (dev.mu held);
+	// the device's total is Stats.Retransmits.
+	retransmits uint64
+	typ         hca.QPType
+	cfg         hca.QPConfig
+	sendCQ      *cq
+	recvCQ      *cq
+	srq         *srq
+	state       hca.QPState
 	// destroyed is written under dev.mu and read by Poll, which takes
 	// only the CQ lock.
 	destroyed atomic.Bool
