@@ -1,7 +1,6 @@
 package rocev2
 
 import (
-	"net"
 	"net/netip"
 	"slices"
 	"testing"
@@ -80,10 +79,7 @@ func TestSocketDropsCounted(t *testing.T) {
 	d := f.newDevice(t)
 	to := d.LocalAddr()
 	src := netip.AddrPortFrom(netip.MustParseAddr("127.33.0.100"), f.port)
-	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(src))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := listenDF(t, src)
 	defer c.Close()
 	pkt := validGSIPacket(t, src, to)
 	// Holding the device lock stalls the receive loop after at most one

@@ -74,6 +74,14 @@ type Config struct {
 	// one datagram. Both offloads are used only where the kernel has
 	// them; the switches exist to measure and test the plain paths.
 	DisableGSO, DisableGRO bool
+	// UDPReceive (IPv4) reads datagrams from the UDP socket instead of a
+	// packet socket. A UDP socket hides the IPv4 ID the ICRC covers, so
+	// it accepts only the IDs this backend's own senders use (0..63,
+	// docs/wire.md §4.6); a packet socket sees the ID and accepts any
+	// RoCEv2 sender, but needs CAP_NET_RAW: without it the device falls
+	// back to the UDP socket and says so in its log. IPv6 always uses
+	// the UDP socket (no ID).
+	UDPReceive bool
 	// NoOffloads makes the device report no checksum offload and no UD
 	// LSO (and skip verifying received checksums), as an HCA without
 	// them.

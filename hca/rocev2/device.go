@@ -30,6 +30,19 @@ const (
 	localCAACKDelay = 15
 )
 
+// randomFirstQPN is where a new device starts numbering its QPs: a random
+// point of the 24-bit space rather than firstQPN, so a process that
+// restarts on the same address (the same GID) does not hand out the QPNs
+// of its previous life. Its peers tell a restarted port by its new UD QPN
+// in the hardware address (a gratuitous ARP, a UD source, a REQ's
+// private data) and replace their connections to the old QPs at once;
+// with the old numbers they would keep sending to QPs that now belong to
+// other connections, until the RC transport gave up (docs/linux.md, "A
+// restarted peer").
+func randomFirstQPN() hca.QPN {
+	return firstQPN + hca.QPN(rand.N(uint32(hca.QPNMask-firstQPN)/2))
+}
+
 // Device is one RoCEv2 HCA bound to a UDP address. It implements
 // hca.Device.
 type Device struct {
@@ -40,7 +53,10 @@ type Device struct {
 	nodeGUID uint64
 	local    netip.AddrPort
 	sock     *udpSocket
-	ctr      counters
+	// psock, when set, receives the IPv4 datagrams instead of sock
+	// (packetSocket); closed by Close.
+	psock *packetSocket
+	ctr   counters
 	// srcPorts are the per-QP send sockets; guarded by mu.
 	srcPorts *sourcePorts
 	// maxPacket is the largest UDP payload the device sends or accepts.
@@ -177,6 +193,11 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 			return nil, err
 		}
 	}
+	psock, err := openIPv4Receive(sock, cfg)
+	if err != nil {
+		sock.Close()
+		return nil, err
+	}
 	tx := newSender(sock, txBatch)
 	tx.gso = sock.gso && !cfg.Faults.active()
 	d := &Device{
@@ -186,6 +207,7 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 		nodeGUID:  nodeGUIDFor(cfg.Bind.Addr()),
 		local:     netip.AddrPortFrom(cfg.Bind.Addr(), sock.port),
 		sock:      sock,
+		psock:     psock,
 		tx:        tx,
 		srcPorts:  newSourcePorts(sock, cfg.Bind.Addr(), ifi),
 		ifi:       ifi,
@@ -193,7 +215,7 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 		faults:    newFaultInjector(cfg.Faults),
 		maxPacket: wire.PacketLen(wire.OpUDSendOnly, int(cfg.MTU)),
 		qps:       make(map[hca.QPN]*qp),
-		nextQPN:   firstQPN,
+		nextQPN:   randomFirstQPN(),
 		cqs:       make(map[*cq]struct{}),
 		memberSet: make(map[netip.Addr]struct{}),
 		portFns:   make(map[int]func(hca.AsyncEvent)),
@@ -212,7 +234,11 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 		d.addMember(p.Unmap())
 	}
 	d.wg.Add(2)
-	go d.rxLoop()
+	if psock != nil {
+		go d.rxPacketLoop()
+	} else {
+		go d.rxLoop()
+	}
 	go d.timerLoop()
 	if cfg.Gossip && !cfg.Multicast {
 		now := time.Now()
@@ -287,7 +313,7 @@ func (d *Device) Limits() hca.Limits {
 // Stats returns a snapshot of the device's counters.
 func (d *Device) Stats() Stats {
 	s := d.ctr.snapshot()
-	if n, ok := d.sock.drops(); ok {
+	if n, ok := d.socketDrops(); ok {
 		d.ctr.socketDrops.Store(n)
 	}
 	s.SocketDrops = d.ctr.socketDrops.Load() // the last reading once closed
@@ -452,10 +478,13 @@ func (d *Device) Close() error {
 	gerr := d.closeGroups()
 	d.mu.Unlock()
 	close(d.done)
-	if n, ok := d.sock.drops(); ok {
+	if n, ok := d.socketDrops(); ok {
 		d.ctr.socketDrops.Store(n)
 	}
 	err := d.sock.Close()
+	if d.psock != nil {
+		err = errors.Join(err, d.psock.Close())
+	}
 	d.wg.Wait()
 	if err != nil {
 		return errors.Join(fmt.Errorf("rocev2: close socket: %w", err), gerr)

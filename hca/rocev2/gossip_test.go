@@ -123,10 +123,7 @@ func TestGossipNoAmplification(t *testing.T) {
 		d.AddPeer(netip.AddrFrom4([4]byte{127, 34, 1, byte(h)}))
 	}
 	src := netip.AddrPortFrom(netip.MustParseAddr("127.34.0.200"), g.port)
-	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(src))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := listenDF(t, src)
 	defer c.Close()
 	const n = 20
 	for k := range n {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
+	"golang.org/x/sys/unix"
 )
 
 // testFabric makes devices on 127.<net>.0.N, all on one UDP port: the
@@ -81,6 +82,30 @@ func (f *testFabric) open(t *testing.T, cfg Config) *Device {
 }
 
 func (f *testFabric) newDevice(t *testing.T) *Device { return f.open(t, f.config(t)) }
+
+// listenDF binds an IPv4 UDP socket that sends with DF set from an
+// unconnected socket, so with IPv4 ID 0: the ID the ICRCs of packets
+// built by wire.AppendFrame cover. A plain socket (IP_PMTUDISC_WANT)
+// sends varying IDs, which a device that sees the ID rejects.
+func listenDF(t *testing.T, a netip.AddrPort) *net.UDPConn {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
+	}); err != nil || serr != nil {
+		c.Close()
+		t.Fatal(err, serr)
+	}
+	return c
+}
 
 // waitCQ is a CQ whose completion handler signals a channel.
 type waitCQ struct {
