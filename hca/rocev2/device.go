@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/hca/internal/core"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
 )
 
@@ -165,17 +166,12 @@ var _ hca.Device = (*Device)(nil)
 // goroutines; Close stops them.
 func New(cfg Config) (*Device, error) { return newDevice(cfg, hooks{}) }
 
-// hooks let tests observe the device without polling; all nil in
-// production.
+// hooks let a test hold a transmit in progress; nil in production. A
+// wrapper of the sender's write cannot stand in for it: it would hold the
+// socket's file descriptor, whose Close (a QP's Destroy) waits for it.
 type hooks struct {
-	// afterRxBatch runs on the receive goroutine after each batch, and
-	// on a group's receive goroutine after each datagram.
-	afterRxBatch func()
-	// now replaces time.Now for the rate-limited warnings, so a test
-	// crosses a warning interval without waiting for it.
-	now func() time.Time
 	// beforeTransmit runs in unlock with txMu held, before a batch goes
-	// to the socket: a test holds a transmit in progress with it.
+	// to the socket.
 	beforeTransmit func()
 }
 
@@ -340,7 +336,7 @@ func (d *Device) Objects() Objects {
 	d.mu.Lock()
 	o := Objects{QPs: len(d.qps), CQs: len(d.cqs), SRQs: d.srqs, HeldCompletions: d.heldCompletions}
 	for _, q := range d.qps {
-		o.McastAttachments += len(q.mcast)
+		o.McastAttachments += q.mcast.Len()
 	}
 	d.mu.Unlock()
 	d.txMu.Lock()
@@ -408,7 +404,7 @@ func (d *Device) CreateCQ(cfg hca.CQConfig) (hca.CQ, error) {
 	if cfg.Size <= 0 || cfg.Size > maxCQE {
 		return nil, fmt.Errorf("rocev2: CQ size %d: %w", cfg.Size, hca.ErrInvalidArgument)
 	}
-	c := &cq{dev: d, cfg: cfg, ring: make([]cqe, cfg.Size)}
+	c := &cq{dev: d, cfg: cfg, ring: core.NewRing[*qp](cfg.Size)}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -429,7 +425,7 @@ func (d *Device) CreateSRQ(cfg hca.SRQConfig) (hca.SRQ, error) {
 		return nil, fmt.Errorf("rocev2: create SRQ: %w", hca.ErrDestroyed)
 	}
 	d.srqs++
-	return &srq{dev: d, cfg: cfg, ring: make([]hca.RecvWR, cfg.MaxWR)}, nil
+	return &srq{dev: d, cfg: cfg, ring: core.NewQueue[hca.RecvWR](cfg.MaxWR)}, nil
 }
 
 // CreateAH implements hca.Device. A unicast DGID must be an address of the
@@ -754,11 +750,11 @@ func (d *Device) stage(p *txPacket) {
 func (d *Device) flushTx() {
 	f := d.tx.flush(&d.ctr)
 	if f.tooBig > 0 {
-		d.warnTooBig.warn(d.cfg.Logger, d.now(), f.tooBig, "rocev2: datagram larger than the route to the peer carries (EMSGSIZE), dropped: lower --ib-mtu or raise the underlay MTU",
+		d.warnTooBig.warn(d.cfg.Logger, time.Now(), f.tooBig, "rocev2: datagram larger than the route to the peer carries (EMSGSIZE), dropped: lower --ib-mtu or raise the underlay MTU",
 			"dev", d.cfg.Name, "ib_mtu", int(d.cfg.MTU), "err", f.tooBigErr)
 	}
 	if f.other > 0 && !errors.Is(f.otherErr, net.ErrClosed) {
-		d.warnTx.warn(d.cfg.Logger, d.now(), f.other, "rocev2: transmit failed", "dev", d.cfg.Name, "err", f.otherErr)
+		d.warnTx.warn(d.cfg.Logger, time.Now(), f.other, "rocev2: transmit failed", "dev", d.cfg.Name, "err", f.otherErr)
 	}
 }
 

@@ -20,12 +20,10 @@ type testFabric struct {
 	next   byte
 	faults Faults
 	devs   []*Device
-	// rx signals, per device, that a received batch was processed.
-	rx map[*Device]chan struct{}
 }
 
 func newTestFabric(t *testing.T, netID byte, faults Faults) *testFabric {
-	f := &testFabric{net: netID, next: 1, faults: faults, rx: make(map[*Device]chan struct{})}
+	f := &testFabric{net: netID, next: 1, faults: faults}
 	t.Cleanup(func() {
 		for _, d := range f.devs {
 			if err := d.Close(); err != nil {
@@ -69,17 +67,10 @@ func (f *testFabric) open(t *testing.T, cfg Config) *Device {
 	for _, d := range f.devs {
 		cfg.Peers = append(cfg.Peers, d.LocalAddr().Addr())
 	}
-	rx := make(chan struct{}, 1)
-	d, err := newDevice(cfg, hooks{afterRxBatch: func() {
-		select {
-		case rx <- struct{}{}:
-		default:
-		}
-	}})
+	d, err := New(cfg)
 	if err != nil {
 		t.Fatalf("rocev2.New: %v", err)
 	}
-	f.rx[d] = rx
 	for _, o := range f.devs {
 		o.AddPeer(d.LocalAddr().Addr())
 	}
@@ -228,17 +219,27 @@ func fill(b []byte, seed int) {
 	}
 }
 
-// waitRx blocks until d processed a received batch after the call and
-// cond holds, failing after a generous guard timeout.
+// waitRx blocks until d's counters satisfy cond, failing after a
+// generous guard timeout.
 func (f *testFabric) waitRx(t *testing.T, d *Device, cond func(Stats) bool) {
+	t.Helper()
+	waitUntil(t, func() bool { return cond(d.Stats()) }, func() string { return fmt.Sprintf("stats %+v", d.Stats()) })
+}
+
+// waitUntil re-checks cond, which reads what a device's receive loop
+// writes (its counters, its peers), until it holds, and fails after a
+// generous guard timeout with what says why.
+func waitUntil(t *testing.T, cond func() bool, why func() string) {
 	t.Helper()
 	guard := time.NewTimer(20 * time.Second)
 	defer guard.Stop()
-	for !cond(d.Stats()) {
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
 		select {
-		case <-f.rx[d]:
+		case <-tick.C:
 		case <-guard.C:
-			t.Fatalf("condition not reached; stats %+v", d.Stats())
+			t.Fatalf("condition not reached; %s", why())
 		}
 	}
 }

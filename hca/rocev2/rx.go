@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
@@ -70,9 +71,6 @@ func (d *Device) rxLoop() {
 		}
 		d.sendBatchAcks()
 		d.unlock()
-		if d.hooks.afterRxBatch != nil {
-			d.hooks.afterRxBatch()
-		}
 	}
 }
 
@@ -95,7 +93,7 @@ func (d *Device) sendBatchAcks() {
 // device's IB MTU allows: the peer runs a larger --ib-mtu, and everything
 // it sends in full-size packets is lost here.
 func (d *Device) warnOversize(from netip.AddrPort, n int) {
-	d.warnRxTooBig.warn(d.cfg.Logger, d.now(), 1, "rocev2: datagram larger than our IB MTU, dropped: the peer uses a larger --ib-mtu",
+	d.warnRxTooBig.warn(d.cfg.Logger, time.Now(), 1, "rocev2: datagram larger than our IB MTU, dropped: the peer uses a larger --ib-mtu",
 		"dev", d.cfg.Name, "from", from, "bytes", n, "max", d.maxPacket, "ib_mtu", int(d.cfg.MTU))
 }
 

@@ -54,9 +54,6 @@ func (d *Device) rxPacketLoop() {
 		}
 		d.sendBatchAcks()
 		d.unlock()
-		if d.hooks.afterRxBatch != nil {
-			d.hooks.afterRxBatch()
-		}
 	}
 }
 
