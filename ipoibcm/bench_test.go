@@ -72,7 +72,7 @@ func newEnginePairBatch(tb testing.TB, mode Mode, payload, batch int, tweak ...f
 	}
 	p.a, p.b = mk("a", hostA), mk("b", p.pb)
 	p.a.mu.Lock()
-	n := p.a.learnLocked(p.b.HWAddr(), netip.Addr{}, time.Now())
+	n := p.a.neigh.learn(p.b.HWAddr(), netip.Addr{}, time.Now())
 	p.a.mu.Unlock()
 	p.frame = make([]byte, frame.EthHdrLen+payload)
 	frame.PutEthernet(p.frame, frame.EthHeader{Dst: n.mac, Src: frame.MAC(p.pa.mac), EtherType: frame.EtherTypeIPv4})

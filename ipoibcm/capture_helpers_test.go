@@ -16,12 +16,18 @@ import (
 type rvCapture struct {
 	*memPort
 	frames chan []byte
+	// onWrite, if set before the Interface starts, also sees every
+	// written frame (valid during the call), in the order written.
+	onWrite func(f []byte)
 }
 
 func rvNewCapture(mac byte) *rvCapture {
 	c := &rvCapture{frames: make(chan []byte, 4096)}
 	c.memPort = newMemPort(mac, func(fs [][]byte) {
 		for _, f := range fs {
+			if c.onWrite != nil {
+				c.onWrite(f)
+			}
 			select {
 			case c.frames <- append([]byte(nil), f...):
 			default: // a test that floods does not read them all
@@ -63,18 +69,8 @@ func rvStart(t *testing.T, fab *soft.Fabric, name string, host HostPort, tweak f
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Device: dev, Host: host, Name: name, Mode: ModeConnected, CM: fastCM(), DrainTimeout: 2 * time.Second}
-	if tweak != nil {
-		tweak(&cfg)
-	}
-	ifc, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ifc.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ifc.Close() })
+	ifc := testInterface(t, dev, host, name, tweak)
+	startTest(t, ifc)
 	return ifc
 }
 
@@ -89,7 +85,7 @@ func rvFabric(t *testing.T, seed int64) *soft.Fabric {
 func rvLearn(ifc *Interface, hw frame.HWAddr, ip netip.Addr, now time.Time) frame.MAC {
 	ifc.mu.Lock()
 	defer ifc.mu.Unlock()
-	return ifc.learnLocked(hw, ip, now).mac
+	return ifc.neigh.learn(hw, ip, now).mac
 }
 
 // rvIPv4 is an Ethernet frame carrying an IPv4/UDP packet of ipLen bytes.

@@ -28,7 +28,7 @@ func (i *Interface) reqPathMTU(n *neighbour) hca.MTU {
 
 // rejectPathMTU refuses a REQ whose path MTU our port cannot take.
 func (i *Interface) rejectPathMTU(req *cm.Request) cm.Decision {
-	i.rs.rxRejectedMTU.Add(1)
+	i.rxLimit.ctr.rejectedMTU.Add(1)
 	i.log.Info("CM REQ path MTU above our port's: REJ INVALID_MTU, the peer retries lower",
 		"from", req.RemoteGID, "path_mtu", req.PathMTU, "port_mtu", i.port.ActiveMTU)
 	return cm.Decision{Reject: cm.RejectInvalidMTU}
@@ -46,7 +46,7 @@ func (i *Interface) lowerPathMTU(tc *txConn) bool {
 	i.mu.Lock()
 	tc.neigh.pathMTU = lower
 	i.mu.Unlock()
-	i.rs.txMTUDowngrades.Add(1)
+	i.txc.mtuDowngrades.Add(1)
 	i.log.Info("peer refused our CM path MTU; the next REQ asks for less", "peer", tc.peer, "path_mtu", cur, "next", lower)
 	return true
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +25,8 @@ type testNode struct {
 	v6   netip.Addr
 	// startedAt is when Start was called: the moment the node is back.
 	startedAt time.Time
+	// events are the Interface's lifecycle events, for tests to watch.
+	events *eventTap
 
 	nextPort uint16
 }
@@ -78,38 +81,34 @@ func (tn *testNet) addNodeOn(k int, dev *soft.Device, tweak func(k int, c *Confi
 	t := tn.t
 	t.Helper()
 	v4, v6 := nodeAddrs(k)
-	cfg := Config{
-		Device: dev, Name: fmt.Sprintf("ib%d", k), Mode: ModeConnected, CM: fastCM(),
-		CMBackoff: time.Second, DrainTimeout: 2 * time.Second,
-	}
-	if tweak != nil {
-		tweak(k, &cfg)
-	}
-	mtu := cfg.MTU
-	if mtu == 0 {
-		mtu = 65520
-		if cfg.Mode == ModeDatagram {
-			mtu = int(dev.Port().ActiveMTU) - 4
+	events := &eventTap{}
+	var host *netstack.Host
+	ifc := testInterface(t, dev, nil, fmt.Sprintf("ib%d", k), func(cfg *Config) {
+		cfg.CMBackoff = time.Second
+		if tweak != nil {
+			tweak(k, cfg)
 		}
-	}
-	host, err := netstack.New(netstack.Config{
-		Addrs: []netip.Prefix{netip.PrefixFrom(v4, 24), netip.PrefixFrom(v6, 64)},
-		MTU:   mtu,
+		cfg.Events = Observers(cfg.Events, events)
+		mtu := cfg.MTU
+		if mtu == 0 {
+			mtu = 65520
+			if cfg.Mode == ModeDatagram {
+				mtu = int(dev.Port().ActiveMTU) - 4
+			}
+		}
+		var err error
+		host, err = netstack.New(netstack.Config{
+			Addrs: []netip.Prefix{netip.PrefixFrom(v4, 24), netip.PrefixFrom(v6, 64)},
+			MTU:   mtu,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Host = host
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Host = host
-	ifc, err := New(cfg)
-	if err != nil {
-		host.Close()
-		t.Fatal(err)
-	}
 	startedAt := time.Now()
-	if err := ifc.Start(); err != nil {
-		t.Fatal(err)
-	}
-	nd := &testNode{dev: dev, host: host, ifc: ifc, v4: v4, v6: v6, startedAt: startedAt}
+	startTest(t, ifc)
+	nd := &testNode{dev: dev, host: host, ifc: ifc, v4: v4, v6: v6, startedAt: startedAt, events: events}
 	if k < len(tn.nodes) {
 		tn.nodes[k] = nd
 	} else {
@@ -169,3 +168,60 @@ func hcaUDConfig(t *testing.T, dev hca.Device) hca.QPConfig {
 }
 
 func hcaErrorAttr() hca.QPAttr { return hca.QPAttr{State: hca.QPStateError} }
+
+// eventTap is an EventObserver whose watchers a test adds at any time:
+// each runs, on the engine's goroutine that emitted it, for every event
+// of its kind from then on.
+type eventTap struct {
+	mu       sync.Mutex
+	watchers map[EventKind][]func(Event)
+}
+
+func (e *eventTap) ObserveEvent(ev Event) {
+	e.mu.Lock()
+	ws := e.watchers[ev.Kind]
+	e.mu.Unlock()
+	for _, w := range ws {
+		w(ev)
+	}
+}
+
+// on adds a watcher of kind.
+func (e *eventTap) on(kind EventKind, w func(Event)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.watchers == nil {
+		e.watchers = make(map[EventKind][]func(Event))
+	}
+	e.watchers[kind] = append(e.watchers[kind], w)
+}
+
+// testInterface is how this package's tests make an Interface: New on dev
+// with host, from the tests' defaults (connected mode, fast CM retries, a
+// 2 s DrainTimeout) that tweak adjusts. Close runs at cleanup (before
+// that of a fabric made earlier). startTest starts it; testNet,
+// raceStart and rvStart are this pair on their kind of device and host.
+func testInterface(t testing.TB, dev hca.Device, host HostPort, name string, tweak func(*Config)) *Interface {
+	t.Helper()
+	cfg := Config{Device: dev, Host: host, Name: name, Mode: ModeConnected, CM: fastCM(), DrainTimeout: 2 * time.Second}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	ifc, err := New(cfg)
+	if err != nil {
+		if cfg.Host != nil {
+			cfg.Host.Close()
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ifc.Close() })
+	return ifc
+}
+
+// startTest starts ifc, failing the test if it cannot.
+func startTest(t testing.TB, ifc *Interface) {
+	t.Helper()
+	if err := ifc.Start(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -2,7 +2,7 @@ package ipoibcm
 
 import (
 	"fmt"
-	"time"
+	"sync/atomic"
 )
 
 // This file is what the engine does when the host sets ib0 down and up
@@ -31,6 +31,13 @@ const (
 	hostLinkDown // down
 )
 
+// hostLinkCounters count the downs and ups the engine followed and what
+// the downs tore down and flushed.
+type hostLinkCounters struct {
+	downs, ups                                         atomic.Uint64
+	downRXTeardowns, downTXTeardowns, downPathsFlushed atomic.Uint64
+}
+
 // hostLinkTransition moves the interface to want (control loop): the one
 // place hostLink changes. Asking for the current state does nothing.
 func (i *Interface) hostLinkTransition(want hostLink) error {
@@ -55,7 +62,7 @@ func (i *Interface) stopForHost() {
 	i.hostLink.Store(int32(hostLinkDown))
 	i.mu.Unlock()
 	i.link.Store(false)
-	i.rs.hostDowns.Add(1)
+	i.hostLinkCtr.downs.Add(1)
 	i.closeListener()
 	rx, tx := i.snapshotConns()
 	for _, rc := range rx {
@@ -64,11 +71,12 @@ func (i *Interface) stopForHost() {
 	for _, tc := range tx {
 		tc.teardown()
 	}
-	i.rs.hostDownRXTeardowns.Add(uint64(len(rx)))
-	i.rs.hostDownTXTeardowns.Add(uint64(len(tx)))
+	i.hostLinkCtr.downRXTeardowns.Add(uint64(len(rx)))
+	i.hostLinkCtr.downTXTeardowns.Add(uint64(len(tx)))
 	i.mu.Lock()
-	paths := i.flushPathsLocked()
-	groups := i.leaveGroupsLocked()
+	paths := i.neigh.flushPaths(&i.tx)
+	i.hostLinkCtr.downPathsFlushed.Add(uint64(paths))
+	groups := i.mcast.leaveAll()
 	i.mu.Unlock()
 	i.downQuiet = false
 	i.log.Info("host set the interface down: stopped", "rx_conns", len(rx), "tx_conns", len(tx),
@@ -89,9 +97,6 @@ func (i *Interface) checkHostDownQuiet() {
 	if left == 0 {
 		i.downQuiet = true
 		i.log.Info("host down: every connection is gone")
-		if h := i.hooks.hostDownQuiet; h != nil {
-			h()
-		}
 	}
 }
 
@@ -105,9 +110,9 @@ func (i *Interface) openForHost() error {
 	// Up first, under mu (the host reader waits for it): attachLocked
 	// only records joins while the host has ib0 down.
 	i.hostLink.Store(int32(hostLinkUp))
-	err := i.rejoinGroupsLocked()
+	err := i.mcast.rejoin()
 	i.mu.Unlock()
-	i.rs.hostUps.Add(1)
+	i.hostLinkCtr.ups.Add(1)
 	// Without its P_Key in the table the link stays down (onPKeyChange).
 	i.link.Store(i.pkeyHere)
 	if err != nil {
@@ -120,71 +125,6 @@ func (i *Interface) openForHost() error {
 
 // hostDown reports whether the host has ib0 down (any goroutine).
 func (i *Interface) hostDown() bool { return hostLink(i.hostLink.Load()) == hostLinkDown }
-
-// flushPathsLocked flushes what every neighbour knows about the path to
-// its port, as ipoib_flush_paths does: parked frames are dropped
-// (tx_neigh_flushed), address handles destroyed, CM back-off and path MTU
-// forgotten. The TX connections were torn down before. Unlike Linux the
-// neighbour itself stays: it is the MAC we handed the host for that
-// port, and keeping it keeps every ARP/ND entry of the host and of its
-// peers valid across down and up (Linux's host neighbours hold the
-// port's 20-byte address itself, which cannot go stale); unused ones age
-// out as always. i.mu held.
-func (i *Interface) flushPathsLocked() int {
-	n := 0
-	for _, nb := range i.neigh.byGID {
-		if nb.tx != nil {
-			nb.tx.detachLocked(dropTxNeighFlushed)
-		}
-		nb.dropParked(&i.tx, dropTxNeighFlushed)
-		if nb.ah != nil {
-			if err := nb.ah.Destroy(); err != nil {
-				i.log.Warn("destroy neighbour AH", "peer", nb.hw, "err", err)
-			}
-			nb.ah = nil
-		}
-		nb.cmBackoffUntil, nb.pathMTU = time.Time{}, 0
-		n++
-	}
-	i.rs.hostDownPathsFlushed.Add(uint64(n))
-	return n
-}
-
-// leaveGroupsLocked detaches the UD QP from every group it is attached
-// to, as ipoib_mcast_dev_flush does. The entries stay, with their state
-// and members: the host is still a member of its IP groups, and up
-// attaches them again. i.mu held.
-func (i *Interface) leaveGroupsLocked() int {
-	n := 0
-	for mgid, g := range i.mcast.groups {
-		if !g.attached {
-			continue
-		}
-		if err := i.ud.qp.DetachMcast(mgid); err != nil {
-			i.log.Warn("leave multicast group", "mgid", mgid, "err", err)
-			continue
-		}
-		g.attached = false
-		n++
-	}
-	return n
-}
-
-// rejoinGroupsLocked attaches every group the host is a member of again:
-// the default groups (broadcast, all-hosts, all-nodes) and its full
-// joins, including those learnt while down. i.mu held.
-func (i *Interface) rejoinGroupsLocked() error {
-	var first error
-	for mgid, g := range i.mcast.groups {
-		if g.state == mcastSendOnly {
-			continue
-		}
-		if err := i.attachLocked(mgid, g); err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
-}
 
 // listen opens the CM listener on the IPoIB service IDs of our UD QPN,
 // in the interface's partition.

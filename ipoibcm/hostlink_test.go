@@ -2,6 +2,7 @@ package ipoibcm
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -49,10 +50,14 @@ func (c *fabricCounter) sent(dev string) (mads, data int) {
 func TestHostDownStopsAndUpRestarts(t *testing.T) {
 	fc := &fabricCounter{mads: map[string]int{}, data: map[string]int{}}
 	quiet := make(chan struct{}, 1)
-	tn := newTestNet(t, 2, soft.Config{Tap: fc}, nil)
+	tn := newTestNet(t, 2, soft.Config{Tap: fc}, func(k int, c *Config) {
+		if k == 0 {
+			// The engine says when, with the host's ib0 down, its last
+			// connection is gone.
+			c.Logger = slog.New(logSignal{msg: "host down: every connection is gone", ch: quiet})
+		}
+	})
 	a, b := tn.nodes[0], tn.nodes[1]
-	// Set before anything goes down; the control loop reads it only then.
-	a.ifc.hooks.hostDownQuiet = func() { quiet <- struct{}{} }
 
 	tcpTransfer(t, a, b, b.v4, 1<<20, nil)
 	ping(t, b, a.v4, 56)
@@ -82,11 +87,13 @@ func TestHostDownStopsAndUpRestarts(t *testing.T) {
 			t.Errorf("neighbour %v keeps its path while down: AH %v, TX %v, %d parked", n.hw, n.ah != nil, n.tx != nil, n.nParked)
 		}
 	}
+	a.ifc.mcast.mu.Lock()
 	for mgid, g := range a.ifc.mcast.groups {
 		if g.attached {
 			t.Errorf("still attached to %v while down", mgid)
 		}
 	}
+	a.ifc.mcast.mu.Unlock()
 	a.ifc.mu.Unlock()
 
 	// Node 1 keeps trying; node 0's host (a gVisor stack, which does not
@@ -155,13 +162,13 @@ func TestHostDownStopsAndUpRestarts(t *testing.T) {
 	if up.HostLink != "up" || !up.LinkUp || up.Reaper.HostUps != 1 {
 		t.Fatalf("after up: host_link %q link_up %v host_ups %d", up.HostLink, up.LinkUp, up.Reaper.HostUps)
 	}
-	a.ifc.mu.Lock()
+	a.ifc.mcast.mu.Lock()
 	for mgid, g := range a.ifc.mcast.groups {
 		if g.state != mcastSendOnly && !g.attached {
 			t.Errorf("%s group %v not attached again after up", g.state, mgid)
 		}
 	}
-	a.ifc.mu.Unlock()
+	a.ifc.mcast.mu.Unlock()
 	ping(t, a, b.v4, 56)
 	ping(t, b, a.v4, 56)
 	tcpTransfer(t, a, b, b.v4, 1<<20, nil)
@@ -170,3 +177,26 @@ func TestHostDownStopsAndUpRestarts(t *testing.T) {
 		t.Errorf("%d TX connections after up and a transfer; want 1 (connected mode again)", n)
 	}
 }
+
+// logSignal is a slog.Handler that signals ch at each record whose
+// message is msg (and drops every record).
+type logSignal struct {
+	msg string
+	ch  chan<- struct{}
+}
+
+func (l logSignal) Enabled(context.Context, slog.Level) bool { return true }
+
+func (l logSignal) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == l.msg {
+		select {
+		case l.ch <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+func (l logSignal) WithAttrs([]slog.Attr) slog.Handler { return l }
+
+func (l logSignal) WithGroup(string) slog.Handler { return l }

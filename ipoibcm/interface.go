@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/cm"
@@ -92,10 +92,8 @@ type Interface struct {
 	mcast   mcastTable
 	txConns map[*txConn]struct{}
 	rxConns map[*rxConn]struct{}
-	nonSRQ  int // passive connections with their own ring
-	rxLimit rxLimits
+	rxLimit rxLimits // the passive connections' admission
 	rng     *rand.Rand
-	hostIPs []netip.Addr // host addresses seen, for re-resolving neighbours
 
 	ctl    control
 	reaper reaper // owned by the control loop
@@ -107,44 +105,10 @@ type Interface struct {
 	// device; the zero value everywhere else.
 	mut mutation.Soak
 
-	// hooks let this package's tests observe the engine and wait for its
-	// events instead of polling. Never set outside the tests; set before
-	// Start.
-	hooks struct {
-		// rxPacket runs on the RX poller for every IP packet delivered to
-		// the host: the peer and the payload after the IPoIB header,
-		// valid only during the call.
-		rxPacket func(peer frame.HWAddr, payload []byte)
-		// deadCompletion runs on the RX poller for every receive
-		// completion of a connection already marked dead.
-		deadCompletion func(wc *hca.WC)
-		// rxReaped and txDestroyed run on the control loop.
-		rxReaped    func(rxConn *rxConn)
-		txDestroyed func(tc *txConn)
-		// beforeTXStop runs on the host reader just before it stops the
-		// queue: a test returns completions there, in the window a real
-		// TX poller may hit.
-		beforeTXStop func(why stopReason)
-		// rxAccepting runs on the CM goroutine in acceptREQ once the new
-		// passive QP is in Init, before the connection joins rxConns: a
-		// test errors the QP there (kernel race 3, LAST_WQE before the
-		// connection is live).
-		rxAccepting func(rc *rxConn)
-		// repReceived runs on the CM goroutine when a REP arrives, before
-		// it is applied: a test holds the REP there while frames park.
-		repReceived func(tc *txConn)
-		// repApplying runs in applyREP under mu, after the connection is
-		// marked up and before its parked frames are posted: the window
-		// of the 2018 start_xmit/REP race.
-		repApplying func(tc *txConn)
-		// hostDownQuiet runs on the control loop when, with the host's
-		// ib0 down, the last connection is gone.
-		hostDownQuiet func()
-	}
-
-	ctr        counters
-	rs         reaperCounters
-	rxLimitCtr rxLimitCounters
+	ctr         counters
+	ifCtr       interfaceCounters
+	txc         txConnCounters   // txconn.go
+	hostLinkCtr hostLinkCounters // hostlink.go
 
 	stop     chan struct{} // closed by Close: reader and control loop end
 	readerWG sync.WaitGroup
@@ -184,8 +148,6 @@ func New(cfg Config) (_ *Interface, err error) {
 		host:    cfg.Host,
 		log:     cfg.Logger.With("if", cfg.Name),
 		port:    cfg.Device.Port(),
-		neigh:   newNeighbourTable(),
-		mcast:   newMcastTable(),
 		txConns: make(map[*txConn]struct{}),
 		rxConns: make(map[*rxConn]struct{}),
 		rng:     newPSNSource(cfg.CM.Seed),
@@ -211,6 +173,12 @@ func New(cfg Config) (_ *Interface, err error) {
 	}
 	i.udMTU = frame.UDMTU(i.port.ActiveMTU)
 	i.bcast = frame.BroadcastMGID(cfg.PKey)
+	i.mcast.init(&i.cfg, i.dev, i.bcast, i.hostDown, i.log)
+	i.rxLimit.init(&i.cfg, cfg.DisableSRQ || cfg.DisableCM)
+	i.neigh.init(&i.cfg, i.port.GID, i.dev, i.log, func(tc *txConn) {
+		tc.detachLocked(dropTxNeighFlushed)
+		i.ctl.post(tc.teardown)
+	})
 	var hm frame.MAC
 	copy(hm[:], cfg.Host.HostMAC())
 	i.hostMAC.Store(packMAC(hm))
@@ -294,6 +262,7 @@ func (i *Interface) createQueues() error {
 	if i.ud, err = newUDPath(i); err != nil {
 		return err
 	}
+	i.mcast.qp = i.ud.qp
 	if useSRQ {
 		if i.srq, err = newSRQRing(i); err != nil {
 			return err
@@ -311,8 +280,13 @@ func (i *Interface) createQueues() error {
 func (i *Interface) onCQEvent(ev hca.AsyncEvent) {
 	// A CQ overflow loses a completion; the sizing rule should make it
 	// impossible, so it is logged loudly and counted.
-	i.rs.cqErrors.Add(1)
+	i.ifCtr.cqErrors.Add(1)
 	i.log.Error("completion queue error", "event", ev.Type)
+}
+
+// interfaceCounters are the Interface's own: CQ errors and mode switches.
+type interfaceCounters struct {
+	cqErrors, modeSwitches atomic.Uint64
 }
 
 // Start brings the interface up: pollers, control loop, host reader, the
@@ -355,7 +329,10 @@ func (i *Interface) Start() error {
 // linkUp joins the broadcast and default groups and raises the link: at
 // Start, or on the control loop once the P_Key is (back) in the table.
 func (i *Interface) linkUp() error {
-	if err := i.joinDefaultGroups(); err != nil {
+	i.mu.Lock()
+	err := i.mcast.joinDefaults(time.Now())
+	i.mu.Unlock()
+	if err != nil {
 		return err
 	}
 	if err := i.host.SetMTU(i.MTU()); err != nil {

@@ -115,6 +115,17 @@ func parseMcastReport(etherType uint16, p []byte, into []mcastChange) ([]mcastCh
 	return into, mcastNotReport
 }
 
+// mayBeMcastReport reports whether a valid IPv4 or IPv6 packet may be an
+// IGMP or MLD message, from its protocol field alone (MLD rides ICMPv6,
+// usually behind a hop-by-hop header): only those go to the multicast
+// table to be parsed.
+func mayBeMcastReport(etherType uint16, p []byte) bool {
+	if etherType == 0x0800 {
+		return p[9] == ipProtoIGMP
+	}
+	return p[6] == ipProtoICMPv6 || p[6] == ipv6HopByHop
+}
+
 func parseIGMP(p []byte, into []mcastChange) ([]mcastChange, mcastVerdict) {
 	if !validIPv4(p) || p[9] != ipProtoIGMP {
 		return into, mcastNotReport

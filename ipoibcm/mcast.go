@@ -2,9 +2,12 @@ package ipoibcm
 
 import (
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"sort"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -41,7 +44,7 @@ const (
 	mcastDefault // default
 )
 
-// mcastEvent is what happens to a group: the input of mcastStepLocked.
+// mcastEvent is what happens to a group: the input of stepLocked.
 type mcastEvent uint8
 
 const (
@@ -70,8 +73,15 @@ type mcastGroup struct {
 	lastSend time.Time
 }
 
-// mcastTable is the interface's groups, guarded by Interface.mu.
+// mcastTable is the interface's groups: their states, the UD QP's
+// attachments and the groups' address handles. mu guards the table; the
+// engine's paths that remove a group (and destroy its address handle)
+// also hold Interface.mu, under which the host reader posts to the
+// handles mcastTable.ah returns, so a handle is never destroyed between
+// the two. Lock order: Interface.mu, then mu; nothing of the table calls
+// out to the Interface.
 type mcastTable struct {
+	mu     sync.Mutex
 	groups map[hca.GID]*mcastGroup
 	// host counts the groups that are not mcastDefault, which
 	// Config.MaxMcastGroups bounds; sendOnly those that are send-only,
@@ -79,67 +89,101 @@ type mcastTable struct {
 	host, sendOnly int
 	// scratch collects the changes of one IGMP/MLD report (host reader).
 	scratch [16]mcastChange
+
+	ctr mcastCounters
+
+	// What the table works with, fixed at New (qp once the UD QP exists).
+	qp              mcastAttacher
+	ahs             ahMaker
+	pkey            hca.PKey
+	bcast           hca.GID
+	max             int           // Config.MaxMcastGroups
+	sendOnlyTimeout time.Duration // Config.McastSendOnlyTimeout
+	hostDown        func() bool   // joins are only recorded while the host has ib0 down
+	log             *slog.Logger
 }
 
-func newMcastTable() mcastTable { return mcastTable{groups: make(map[hca.GID]*mcastGroup)} }
+// mcastAttacher is what the table needs of the UD QP.
+type mcastAttacher interface {
+	AttachMcast(mgid hca.GID) error
+	DetachMcast(mgid hca.GID) error
+}
 
-// joinDefaultGroups attaches the broadcast group (the link comes up only
+// ahMaker makes address handles (the device).
+type ahMaker interface {
+	CreateAH(dgid hca.GID) (hca.AH, error)
+}
+
+// mcastCounters count the UD QP's attaches and the groups' changes.
+type mcastCounters struct {
+	joins, leaves, joinErrors            atomic.Uint64
+	sendOnly, sendOnlyExpired, tableFull atomic.Uint64
+}
+
+// init readies the table of an interface in partition pkey.
+func (m *mcastTable) init(cfg *Config, ahs ahMaker, bcast hca.GID, hostDown func() bool, log *slog.Logger) {
+	m.groups = make(map[hca.GID]*mcastGroup)
+	m.ahs, m.pkey, m.bcast, m.hostDown, m.log = ahs, cfg.PKey, bcast, hostDown, log
+	m.max, m.sendOnlyTimeout = cfg.MaxMcastGroups, cfg.McastSendOnlyTimeout
+}
+
+// joinDefaults attaches the broadcast group (the link comes up only
 // after it) and the all-hosts / all-nodes groups every IP host is in.
-func (i *Interface) joinDefaultGroups() error {
-	i.mu.Lock()
-	defer i.mu.Unlock()
-	now := time.Now()
+func (m *mcastTable) joinDefaults(now time.Time) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	for _, g := range []netip.Addr{{}, netip.AddrFrom4([4]byte{224, 0, 0, 1}), netip.MustParseAddr("ff02::1")} {
-		mgid := i.bcast
+		mgid := m.bcast
 		if g.IsValid() {
-			mgid = frame.MulticastMGID(g, i.cfg.PKey)
+			mgid = frame.MulticastMGID(g, m.pkey)
 		}
-		mg := i.mcast.groups[mgid]
+		mg := m.groups[mgid]
 		switch {
 		case mg == nil:
 			mg = &mcastGroup{since: now}
-			i.mcast.groups[mgid] = mg
+			m.groups[mgid] = mg
 		case mg.state != mcastDefault:
-			i.mcast.host--
+			m.host--
 			if mg.state == mcastSendOnly {
-				i.mcast.sendOnly--
+				m.sendOnly--
 			}
 		}
 		mg.state = mcastDefault
 		if g.IsValid() && mg.member(g) < 0 {
 			mg.members = append(mg.members, mcastMember{group: g, at: now})
 		}
-		if err := i.attachLocked(mgid, mg); err != nil {
+		if err := m.attachLocked(mgid, mg); err != nil {
 			return fmt.Errorf("join default group %s: %w", mgid, err)
 		}
 	}
 	return nil
 }
 
-// mcastStepLocked is the one transition function of a group's state: it
+// stepLocked is the one transition function of a group's state: it
 // applies ev for the IP group ip (the member joining or leaving, or the
 // destination sent to) to the MGID's entry, creating and removing entries
 // and attaching and detaching the UD QP as the state requires. It reports
-// false when the table is full and ev would have needed a new entry.
-func (i *Interface) mcastStepLocked(mgid hca.GID, ev mcastEvent, ip netip.Addr, now time.Time) bool {
-	g := i.mcast.groups[mgid]
+// false when the table is full and ev would have needed a new entry. mu
+// held.
+func (m *mcastTable) stepLocked(mgid hca.GID, ev mcastEvent, ip netip.Addr, now time.Time) bool {
+	g := m.groups[mgid]
 	if g == nil {
 		switch ev {
 		case mcastEvJoin, mcastEvSend:
 		default:
 			return true // a leave of a group never joined here: nothing to undo
 		}
-		if i.mcast.host >= i.cfg.MaxMcastGroups && !(ev == mcastEvJoin && i.evictSendOnlyLocked()) {
-			i.rs.mcastTableFull.Add(1)
+		if m.host >= m.max && !(ev == mcastEvJoin && m.evictSendOnlyLocked()) {
+			m.ctr.tableFull.Add(1)
 			return false
 		}
 		g = &mcastGroup{state: mcastSendOnly, since: now}
-		i.mcast.groups[mgid] = g
-		i.mcast.host++
-		i.mcast.sendOnly++
+		m.groups[mgid] = g
+		m.host++
+		m.sendOnly++
 		if ev == mcastEvSend {
 			g.dst, g.lastSend = ip, now
-			i.rs.mcastSendOnly.Add(1)
+			m.ctr.sendOnly.Add(1)
 			return true
 		}
 	}
@@ -152,13 +196,13 @@ func (i *Interface) mcastStepLocked(mgid hca.GID, ev mcastEvent, ip netip.Addr, 
 		}
 		if g.state == mcastSendOnly {
 			g.state = mcastFull
-			i.mcast.sendOnly--
+			m.sendOnly--
 		}
-		if err := i.attachLocked(mgid, g); err != nil {
+		if err := m.attachLocked(mgid, g); err != nil {
 			// The group stays full and unattached; the host's next
 			// report or the next list sync tries again.
-			i.rs.mcastJoinErrors.Add(1)
-			i.log.Warn("multicast join", "group", ip, "mgid", mgid, "err", err)
+			m.ctr.joinErrors.Add(1)
+			m.log.Warn("multicast join", "group", ip, "mgid", mgid, "err", err)
 		}
 	case mcastEvLeave:
 		k := g.member(ip)
@@ -167,8 +211,8 @@ func (i *Interface) mcastStepLocked(mgid hca.GID, ev mcastEvent, ip netip.Addr, 
 		}
 		g.members = slices.Delete(g.members, k, k+1)
 		if g.state == mcastFull && len(g.members) == 0 {
-			i.removeGroupLocked(mgid, g)
-			i.rs.mcastLeaves.Add(1)
+			m.removeLocked(mgid, g)
+			m.ctr.leaves.Add(1)
 		}
 	case mcastEvSend:
 		g.lastSend = now
@@ -176,68 +220,67 @@ func (i *Interface) mcastStepLocked(mgid hca.GID, ev mcastEvent, ip netip.Addr, 
 			g.dst = ip
 		}
 	case mcastEvIdle:
-		if g.state == mcastSendOnly && now.Sub(g.lastSend) >= i.cfg.McastSendOnlyTimeout {
-			i.removeGroupLocked(mgid, g)
-			i.rs.mcastSendOnlyExpired.Add(1)
+		if g.state == mcastSendOnly && now.Sub(g.lastSend) >= m.sendOnlyTimeout {
+			m.removeLocked(mgid, g)
+			m.ctr.sendOnlyExpired.Add(1)
 		}
 	}
 	return true
 }
 
 func (g *mcastGroup) member(ip netip.Addr) int {
-	return slices.IndexFunc(g.members, func(m mcastMember) bool { return m.group == ip })
+	return slices.IndexFunc(g.members, func(mb mcastMember) bool { return mb.group == ip })
 }
 
 // attachLocked attaches the UD QP to the group once. The soft fabric has
 // no SA: attaching is joining; on RoCEv2 it joins the underlay group.
-func (i *Interface) attachLocked(mgid hca.GID, g *mcastGroup) error {
-	if g.attached || i.hostDown() {
+func (m *mcastTable) attachLocked(mgid hca.GID, g *mcastGroup) error {
+	if g.attached || m.hostDown() {
 		// While the host has ib0 down a join is only recorded: up
-		// attaches it (rejoinGroupsLocked).
+		// attaches it (rejoin).
 		return nil
 	}
-	if err := i.ud.qp.AttachMcast(mgid); err != nil {
+	if err := m.qp.AttachMcast(mgid); err != nil {
 		return fmt.Errorf("attach %s: %w", mgid, err)
 	}
 	g.attached = true
-	i.rs.mcastJoins.Add(1)
+	m.ctr.joins.Add(1)
 	return nil
 }
 
-// removeGroupLocked detaches and forgets a host group. Sends complete
-// within PostSend on every backend, so no work request still refers to
-// the address handle destroyed here (neighbour eviction relies on the
-// same).
-func (i *Interface) removeGroupLocked(mgid hca.GID, g *mcastGroup) {
+// removeLocked detaches and forgets a host group. Sends complete within
+// PostSend on every backend, so no work request still refers to the
+// address handle destroyed here (neighbour eviction relies on the same).
+func (m *mcastTable) removeLocked(mgid hca.GID, g *mcastGroup) {
 	if g.attached {
-		if err := i.ud.qp.DetachMcast(mgid); err != nil {
-			i.log.Warn("multicast leave", "mgid", mgid, "err", err)
+		if err := m.qp.DetachMcast(mgid); err != nil {
+			m.log.Warn("multicast leave", "mgid", mgid, "err", err)
 		}
 		g.attached = false
 	}
 	if g.ah != nil {
 		if err := g.ah.Destroy(); err != nil {
-			i.log.Warn("destroy multicast AH", "mgid", mgid, "err", err)
+			m.log.Warn("destroy multicast AH", "mgid", mgid, "err", err)
 		}
 		g.ah = nil
 	}
-	delete(i.mcast.groups, mgid)
-	i.mcast.host--
+	delete(m.groups, mgid)
+	m.host--
 	if g.state == mcastSendOnly {
-		i.mcast.sendOnly--
+		m.sendOnly--
 	}
 }
 
 // evictSendOnlyLocked makes room for a full join by dropping the send-only
 // group sent to least recently: the host's memberships come before its
 // sends. It reports false when there is none.
-func (i *Interface) evictSendOnlyLocked() bool {
-	if i.mcast.sendOnly == 0 {
+func (m *mcastTable) evictSendOnlyLocked() bool {
+	if m.sendOnly == 0 {
 		return false
 	}
 	var victim hca.GID
 	var vg *mcastGroup
-	for mgid, g := range i.mcast.groups {
+	for mgid, g := range m.groups {
 		if g.state == mcastSendOnly && (vg == nil || g.lastSend.Before(vg.lastSend)) {
 			victim, vg = mgid, g
 		}
@@ -245,44 +288,51 @@ func (i *Interface) evictSendOnlyLocked() bool {
 	if vg == nil {
 		return false
 	}
-	i.removeGroupLocked(victim, vg)
-	i.rs.mcastSendOnlyExpired.Add(1)
+	m.removeLocked(victim, vg)
+	m.ctr.sendOnlyExpired.Add(1)
 	return true
 }
 
-// ageMcastLocked collects the send-only groups the host stopped sending to
-// (Linux collects them with the neighbours, __ipoib_reap_neigh).
-func (i *Interface) ageMcastLocked(now time.Time) {
-	if i.mcast.sendOnly == 0 {
+// age collects the send-only groups the host stopped sending to (Linux
+// collects them with the neighbours, __ipoib_reap_neigh).
+func (m *mcastTable) age(now time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.sendOnly == 0 {
 		return
 	}
-	for mgid, g := range i.mcast.groups {
+	for mgid, g := range m.groups {
 		if g.state == mcastSendOnly {
-			i.mcastStepLocked(mgid, mcastEvIdle, netip.Addr{}, now)
+			m.stepLocked(mgid, mcastEvIdle, netip.Addr{}, now)
 		}
 	}
 }
 
-// hostMcastChangesLocked applies the membership changes of one IGMP/MLD
-// message from the host. It reports false for a malformed one: counted,
-// and the frame is not sent on.
-func (i *Interface) hostMcastReportLocked(etherType uint16, payload []byte, now time.Time) bool {
-	changes, v := parseMcastReport(etherType, payload, i.mcast.scratch[:0])
-	switch v {
-	case mcastBadReport:
-		i.ctr.drop(dropTxBadMcastReport)
-		return false
-	case mcastReport:
+// hostReport applies the membership changes of one IGMP/MLD message from
+// the host (mayBeMcastReport said it may be one). mcastBadReport: the
+// message is malformed, nothing of it applied; the caller counts it and
+// does not send it on.
+func (m *mcastTable) hostReport(etherType uint16, payload []byte, now time.Time) mcastVerdict {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	changes, v := parseMcastReport(etherType, payload, m.scratch[:0])
+	if v == mcastReport {
 		for _, c := range changes {
-			i.hostMembershipLocked(c.group, c.join, now)
+			m.membershipLocked(c.group, c.join, now)
 		}
 	}
-	return true
+	return v
 }
 
-// hostMembershipLocked is the host joining or leaving IP group a (from a
-// report, its list, or the solicited-node group of an address it uses).
-func (i *Interface) hostMembershipLocked(a netip.Addr, join bool, now time.Time) {
+// membership is the host joining or leaving IP group a (from a report,
+// its list, or the solicited-node group of an address it uses).
+func (m *mcastTable) membership(a netip.Addr, join bool, now time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.membershipLocked(a, join, now)
+}
+
+func (m *mcastTable) membershipLocked(a netip.Addr, join bool, now time.Time) {
 	if !a.IsMulticast() {
 		return
 	}
@@ -290,25 +340,86 @@ func (i *Interface) hostMembershipLocked(a netip.Addr, join bool, now time.Time)
 	if join {
 		ev = mcastEvJoin
 	}
-	i.mcastStepLocked(frame.MulticastMGID(a, i.cfg.PKey), ev, a, now)
+	m.stepLocked(frame.MulticastMGID(a, m.pkey), ev, a, now)
 }
 
-// mcastAHLocked is the address handle for a host send to mgid (IP
-// destination dst, invalid for broadcast), making the group a send-only
-// one if the host is not a member. ok is false when the table is full.
-func (i *Interface) mcastAHLocked(mgid hca.GID, dst netip.Addr, now time.Time) (hca.AH, bool, error) {
-	if !i.mcastStepLocked(mgid, mcastEvSend, dst, now) {
+// ah is the address handle for a host send to mgid (IP destination dst,
+// invalid for broadcast), making the group a send-only one if the host is
+// not a member. ok is false when the table is full.
+func (m *mcastTable) ah(mgid hca.GID, dst netip.Addr, now time.Time) (hca.AH, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.stepLocked(mgid, mcastEvSend, dst, now) {
 		return nil, false, nil
 	}
-	g := i.mcast.groups[mgid]
+	g := m.groups[mgid]
 	if g.ah == nil {
-		ah, err := i.dev.CreateAH(mgid)
+		ah, err := m.ahs.CreateAH(mgid)
 		if err != nil {
 			return nil, true, fmt.Errorf("address handle for %s: %w", mgid, err)
 		}
 		g.ah = ah
 	}
 	return g.ah, true, nil
+}
+
+// leaveAll detaches the UD QP from every group it is attached to, as
+// ipoib_mcast_dev_flush does. The entries stay, with their state and
+// members: the host is still a member of its IP groups, and rejoin
+// attaches them again. It returns how many it detached.
+func (m *mcastTable) leaveAll() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for mgid, g := range m.groups {
+		if !g.attached {
+			continue
+		}
+		if err := m.qp.DetachMcast(mgid); err != nil {
+			m.log.Warn("leave multicast group", "mgid", mgid, "err", err)
+			continue
+		}
+		g.attached = false
+		n++
+	}
+	return n
+}
+
+// rejoin attaches every group the host is a member of again: the default
+// groups (broadcast, all-hosts, all-nodes) and its full joins, including
+// those learnt while down.
+func (m *mcastTable) rejoin() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var first error
+	for mgid, g := range m.groups {
+		if g.state == mcastSendOnly {
+			continue
+		}
+		if err := m.attachLocked(mgid, g); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// destroy detaches the UD QP from every group and destroys the groups'
+// address handles (Close, New's clean-up).
+func (m *mcastTable) destroy() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for mgid, g := range m.groups {
+		if g.attached && m.qp != nil {
+			if err := m.qp.DetachMcast(mgid); err != nil {
+				m.log.Warn("detach multicast", "mgid", mgid, "err", err)
+			}
+			g.attached = false
+		}
+		if g.ah != nil {
+			g.ah.Destroy()
+			g.ah = nil
+		}
+	}
 }
 
 // SyncHostGroups makes the engine's full joins follow groups, the host's
@@ -328,30 +439,40 @@ func (i *Interface) SyncHostGroups(groups []netip.Addr, readAt time.Time) error 
 			want[a] = true
 		}
 	}
+	// Interface.mu too: a leave destroys the group's address handle,
+	// which the host reader may be posting to under it.
 	i.mu.Lock()
 	defer i.mu.Unlock()
+	i.mcast.sync(want, readAt)
+	return nil
+}
+
+// sync is SyncHostGroups on the table: want is the host's list, read at
+// readAt.
+func (m *mcastTable) sync(want map[netip.Addr]bool, readAt time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	var gone []netip.Addr
-	for _, g := range i.mcast.groups {
+	for _, g := range m.groups {
 		if g.state != mcastFull {
 			continue // the default groups stay whatever the list says
 		}
-		for _, m := range g.members {
-			if !want[m.group] && m.at.Before(readAt) {
-				gone = append(gone, m.group)
+		for _, mb := range g.members {
+			if !want[mb.group] && mb.at.Before(readAt) {
+				gone = append(gone, mb.group)
 			}
 		}
 	}
 	now := time.Now()
 	for _, a := range gone {
-		i.hostMembershipLocked(a, false, now)
+		m.membershipLocked(a, false, now)
 	}
 	for a := range want {
-		g := i.mcast.groups[frame.MulticastMGID(a, i.cfg.PKey)]
+		g := m.groups[frame.MulticastMGID(a, m.pkey)]
 		if g == nil || g.member(a) < 0 {
-			i.hostMembershipLocked(a, true, now)
+			m.membershipLocked(a, true, now)
 		}
 	}
-	return nil
 }
 
 // McastGroupInfo is one multicast group in Stats: always every field.
@@ -373,17 +494,19 @@ type McastGroupInfo struct {
 	IdleMS int64 `json:"idle_ms"`
 }
 
-// mcastInfoLocked lists the groups, sorted by MGID.
-func (i *Interface) mcastInfoLocked(now time.Time) []McastGroupInfo {
-	out := make([]McastGroupInfo, 0, len(i.mcast.groups))
-	for mgid, g := range i.mcast.groups {
+// info lists the groups, sorted by MGID.
+func (m *mcastTable) info(now time.Time) []McastGroupInfo {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]McastGroupInfo, 0, len(m.groups))
+	for mgid, g := range m.groups {
 		gi := McastGroupInfo{MGID: mgid.String(), State: g.state.String(), Groups: []string{}, Attached: g.attached,
 			AgeMS: millisSince(now, g.since), IdleMS: millisSince(now, g.since)}
 		if !g.lastSend.IsZero() {
 			gi.IdleMS = millisSince(now, g.lastSend)
 		}
-		for _, m := range g.members {
-			gi.Groups = append(gi.Groups, m.group.String())
+		for _, mb := range g.members {
+			gi.Groups = append(gi.Groups, mb.group.String())
 		}
 		if len(g.members) == 0 && g.dst.IsValid() {
 			gi.Groups = append(gi.Groups, g.dst.String())

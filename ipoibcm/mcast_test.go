@@ -213,8 +213,8 @@ func TestHostMcastSendOnlyAgesOut(t *testing.T) {
 // checkMcastCounts: the table's counts agree with its entries.
 func checkMcastCounts(t *testing.T, ifc *Interface) {
 	t.Helper()
-	ifc.mu.Lock()
-	defer ifc.mu.Unlock()
+	ifc.mcast.mu.Lock()
+	defer ifc.mcast.mu.Unlock()
 	host, sendOnly := 0, 0
 	for _, g := range ifc.mcast.groups {
 		if g.state != mcastDefault {

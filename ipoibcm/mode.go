@@ -48,7 +48,7 @@ func (i *Interface) switchMode(m Mode) error {
 		}
 		return nil
 	}
-	i.rs.modeSwitches.Add(1)
+	i.ifCtr.modeSwitches.Add(1)
 	newMTU := i.modeMTU(m)
 	lowerFirst := newMTU < i.MTU()
 	var hostErr error

@@ -2,7 +2,9 @@ package ipoibcm
 
 import (
 	"fmt"
+	"log/slog"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -58,18 +60,42 @@ type parkedFrame struct {
 	n   int
 }
 
-// neighbourTable maps both ways and checks the one-to-one invariant.
+// neighbourTable is the interface's neighbours, mapped both ways (the
+// one-to-one invariant checked), with the host addresses seen. Guarded by
+// Interface.mu, which every caller holds: a neighbour's connection and
+// parked frames change together with the connection set, under the same
+// lock.
 type neighbourTable struct {
 	byGID   map[hca.GID]*neighbour
 	byMAC   map[frame.MAC]*neighbour
 	nextMAC uint32
+	hostIPs []netip.Addr // host addresses seen, for re-resolving neighbours
+
+	ctr neighCounters
+
+	// What the table works with, fixed at New.
+	self       hca.GID // our port's GID: never a neighbour
+	ahs        ahMaker
+	timeout    time.Duration // Config.NeighbourTimeout
+	evictAfter time.Duration // Config.NeighbourEvictAfter
+	log        *slog.Logger
+	// restarted flushes the connection of a neighbour that came back
+	// with a new QPN (Interface.mu held): it went to a QP that is gone.
+	restarted func(tc *txConn)
 }
 
-func newNeighbourTable() neighbourTable {
-	return neighbourTable{
-		byGID: make(map[hca.GID]*neighbour),
-		byMAC: make(map[frame.MAC]*neighbour),
-	}
+// neighCounters count the table's changes: peers that restarted (new
+// QPN), connections aged for idleness, neighbours evicted, and ARP
+// re-resolutions the engine sent itself.
+type neighCounters struct {
+	restarts, aged, evicted, reresolves atomic.Uint64
+}
+
+func (t *neighbourTable) init(cfg *Config, self hca.GID, ahs ahMaker, log *slog.Logger, restarted func(*txConn)) {
+	t.byGID = make(map[hca.GID]*neighbour)
+	t.byMAC = make(map[frame.MAC]*neighbour)
+	t.self, t.ahs, t.log, t.restarted = self, ahs, log, restarted
+	t.timeout, t.evictAfter = cfg.NeighbourTimeout, cfg.NeighbourEvictAfter
 }
 
 // lookupOrCreate returns the neighbour of hw's port, creating it (with a
@@ -113,6 +139,8 @@ func (t *neighbourTable) remove(n *neighbour) {
 }
 
 func (t *neighbourTable) lookupMAC(mac frame.MAC) *neighbour { return t.byMAC[mac] }
+
+func (t *neighbourTable) lookupGID(gid hca.GID) *neighbour { return t.byGID[gid] }
 
 func (n *neighbour) addIP(a netip.Addr) {
 	if !a.IsValid() || a.IsUnspecified() {
@@ -164,54 +192,76 @@ func (n *neighbour) dropParked(tx *txPath, reason dropReason) {
 	tx.returnCredits(cnt)
 }
 
-// noteHostIPLocked remembers an address the host uses.
-func (i *Interface) noteHostIPLocked(a netip.Addr) {
+// noteHostIP remembers an address the host uses.
+func (t *neighbourTable) noteHostIP(a netip.Addr) {
 	if !a.IsValid() || a.IsUnspecified() {
 		return
 	}
-	for _, b := range i.hostIPs {
+	for _, b := range t.hostIPs {
 		if a == b {
 			return
 		}
 	}
-	if len(i.hostIPs) < 64 {
-		i.hostIPs = append(i.hostIPs, a)
+	if len(t.hostIPs) < 64 {
+		t.hostIPs = append(t.hostIPs, a)
 	}
 }
 
-// learnLocked records that hw is the current hardware address of its port
+// learn records that hw is the current hardware address of its port
 // (seen in ARP, ND, a UD source or a CM REQ) and returns its neighbour. A
 // changed QPN means the peer restarted: its TX connection went to a QP
 // that no longer exists and is flushed at once.
-func (i *Interface) learnLocked(hw frame.HWAddr, ip netip.Addr, now time.Time) *neighbour {
-	if hw.IsMulticast() || hw.GID() == i.hw.GID() {
+func (t *neighbourTable) learn(hw frame.HWAddr, ip netip.Addr, now time.Time) *neighbour {
+	if hw.IsMulticast() || hw.GID() == t.self {
 		return nil
 	}
-	_, known := i.neigh.byGID[hw.GID()]
-	n, err := i.neigh.lookupOrCreate(hw, now)
+	_, known := t.byGID[hw.GID()]
+	n, err := t.lookupOrCreate(hw, now)
 	if err != nil {
-		i.log.Error("neighbour table", "err", err)
+		t.log.Error("neighbour table", "err", err)
 		return nil
 	}
 	if !known {
-		i.log.Debug("neighbour", "ip", ip, "hw", hw, "mac", n.mac)
+		t.log.Debug("neighbour", "ip", ip, "hw", hw, "mac", n.mac)
 	}
 	n.addIP(ip)
 	n.lastSeen = now
 	if n.hw != hw {
 		old := n.hw
 		n.hw = hw
-		i.log.Debug("neighbour", "ip", ip, "hw", hw, "was", old, "mac", n.mac)
+		t.log.Debug("neighbour", "ip", ip, "hw", hw, "was", old, "mac", n.mac)
 		if old.QPN() != hw.QPN() || (old.Connected() && !hw.Connected()) {
-			i.rs.neighRestarts.Add(1)
+			t.ctr.restarts.Add(1)
 			n.cmBackoffUntil = time.Time{}
 			if tc := n.tx; tc != nil {
-				tc.detachLocked(dropTxNeighFlushed)
-				i.ctl.post(tc.teardown)
+				t.restarted(tc)
 			}
 		}
 	}
 	return n
+}
+
+// ah is the address handle for UD sends to n, created on first use and
+// kept until the neighbour is evicted or its path flushed.
+func (t *neighbourTable) ah(n *neighbour) (hca.AH, error) {
+	if n.ah == nil {
+		ah, err := t.ahs.CreateAH(n.hw.GID())
+		if err != nil {
+			return nil, fmt.Errorf("address handle for neighbour %s: %w", n.hw, err)
+		}
+		n.ah = ah
+	}
+	return n.ah, nil
+}
+
+// dropAH destroys n's address handle, if it has one.
+func (t *neighbourTable) dropAH(n *neighbour) {
+	if n.ah != nil {
+		if err := n.ah.Destroy(); err != nil {
+			t.log.Warn("destroy neighbour AH", "peer", n.hw, "err", err)
+		}
+		n.ah = nil
+	}
 }
 
 // reresolve asks ARP again for a neighbour's IPv4 addresses, from the
@@ -223,7 +273,7 @@ func (i *Interface) reresolve(n *neighbour) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	var src netip.Addr
-	for _, a := range i.hostIPs {
+	for _, a := range i.neigh.hostIPs {
 		if a.Is4() {
 			src = a
 			break
@@ -244,12 +294,12 @@ func (i *Interface) reresolve(n *neighbour) {
 		b := i.tx.pool.bufs[idx[0]]
 		req := frame.IPoIBARP{ARP: frame.ARP{Op: arpOpRequest, SenderIP: src, TargetIP: ip}, SenderHW: i.hw}
 		size := frame.EthHdrLen + req.Marshal(b[frame.EthHdrLen:])
-		ah, _, err := i.mcastAHLocked(i.bcast, netip.Addr{}, time.Now())
+		ah, _, err := i.mcast.ah(i.bcast, netip.Addr{}, time.Now())
 		if err != nil || !p.post(sendDest{ah: ah, qpn: hca.QPNMulticast}, idx[0], size, frame.EtherTypeARP, sendOffload{}) {
 			i.tx.pool.put1(idx[0])
 			return
 		}
-		i.rs.reresolves.Add(1)
+		i.neigh.ctr.reresolves.Add(1)
 	}
 }
 
@@ -258,64 +308,82 @@ func (i *Interface) reresolve(n *neighbour) {
 // host's ARP cache still names it, and the next frame rebuilds the
 // connection. Neighbours silent in both directions for
 // NeighbourEvictAfter, with nothing left that refers to them, are
-// forgotten (evictNeighboursLocked).
+// forgotten (neighbourTable.evict).
 func (i *Interface) ageNeighbours(now time.Time) {
 	var idle []*txConn
 	i.mu.Lock()
 	for _, n := range i.neigh.byGID {
-		if now.Sub(n.lastUse) < i.cfg.NeighbourTimeout {
+		if now.Sub(n.lastUse) < i.neigh.timeout {
 			continue
 		}
 		if n.tx != nil {
 			idle = append(idle, n.tx)
 			n.tx.detachLocked(dropTxNeighFlushed)
-			i.rs.neighAged.Add(1)
+			i.neigh.ctr.aged.Add(1)
 		}
 	}
-	i.evictNeighboursLocked(now)
-	i.ageMcastLocked(now)
+	i.neigh.evict(now, i.txConns, i.rxConns)
+	i.mcast.age(now)
 	i.mu.Unlock()
 	for _, tc := range idle {
 		tc.teardown()
 	}
 }
 
-// evictNeighboursLocked removes neighbours idle for NeighbourEvictAfter
-// that nothing refers to: no TX connection (not even one still closing,
+// evict removes neighbours idle for NeighbourEvictAfter that nothing
+// refers to (txConns and rxConns are the engine's connection sets): no TX connection (not even one still closing,
 // whose teardown writes to its neighbour), no parked frame, no passive
 // connection from the port (its packets reach the host under the
 // neighbour's MAC). Their address handle is destroyed and their MAC index
 // freed. Without this the table would grow with every peer ever seen.
-func (i *Interface) evictNeighboursLocked(now time.Time) {
+func (t *neighbourTable) evict(now time.Time, txConns map[*txConn]struct{}, rxConns map[*rxConn]struct{}) {
 	var busy map[*neighbour]bool
 	var rxPeers map[hca.GID]bool
-	for _, n := range i.neigh.byGID {
-		if now.Sub(n.idleSince()) < i.cfg.NeighbourEvictAfter || n.tx != nil || n.nParked > 0 {
+	for _, n := range t.byGID {
+		if now.Sub(n.idleSince()) < t.evictAfter || n.tx != nil || n.nParked > 0 {
 			continue
 		}
 		if busy == nil {
 			// Built once per pass, and only when some neighbour is
 			// idle long enough: most passes allocate nothing.
-			busy = make(map[*neighbour]bool, len(i.txConns))
-			for tc := range i.txConns {
+			busy = make(map[*neighbour]bool, len(txConns))
+			for tc := range txConns {
 				busy[tc.neigh] = true
 			}
-			rxPeers = make(map[hca.GID]bool, len(i.rxConns))
-			for rc := range i.rxConns {
+			rxPeers = make(map[hca.GID]bool, len(rxConns))
+			for rc := range rxConns {
 				rxPeers[rc.peer.GID()] = true
 			}
 		}
 		if busy[n] || rxPeers[n.gid] {
 			continue
 		}
-		if n.ah != nil {
-			if err := n.ah.Destroy(); err != nil {
-				i.log.Warn("destroy neighbour AH", "peer", n.hw, "err", err)
-			}
-			n.ah = nil
-		}
-		i.neigh.remove(n)
-		i.rs.neighEvicted.Add(1)
-		i.log.Debug("neighbour evicted", "peer", n.hw, "mac", n.mac, "idle", now.Sub(n.idleSince()))
+		t.dropAH(n)
+		t.remove(n)
+		t.ctr.evicted.Add(1)
+		t.log.Debug("neighbour evicted", "peer", n.hw, "mac", n.mac, "idle", now.Sub(n.idleSince()))
 	}
+}
+
+// flushPaths flushes what every neighbour knows about the path to
+// its port, as ipoib_flush_paths does: parked frames are dropped
+// (tx_neigh_flushed), address handles destroyed, CM back-off and path MTU
+// forgotten. The TX connections were torn down before. Unlike Linux the
+// neighbour itself stays: it is the MAC we handed the host for that
+// port, and keeping it keeps every ARP/ND entry of the host and of its
+// peers valid across down and up (Linux's host neighbours hold the
+// port's 20-byte address itself, which cannot go stale); unused ones age
+// out as always. The parked frames' buffers and credits go back to tx.
+func (t *neighbourTable) flushPaths(tx *txPath) int {
+	n := 0
+	for _, nb := range t.byGID {
+		if nb.tx != nil {
+			nb.tx.detachLocked(dropTxNeighFlushed)
+		}
+		nb.dropParked(tx, dropTxNeighFlushed)
+		t.dropAH(nb)
+		nb.cmBackoffUntil, nb.pathMTU = time.Time{}, 0
+		n++
+	}
+	return n
 }

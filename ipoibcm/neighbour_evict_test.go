@@ -2,6 +2,7 @@ package ipoibcm
 
 import (
 	"errors"
+	"log/slog"
 	"math"
 	"net/netip"
 	"testing"
@@ -153,7 +154,8 @@ func rvNeighbourMAC(t *testing.T, ifc *Interface, gid hca.GID) frame.MAC {
 // MAC indices are handed out cyclically: past 2^32-1 the counter wraps
 // and skips indices still in use; a removed neighbour's index is free.
 func TestNeighbourMACIndexWrapsAndSkipsUsed(t *testing.T) {
-	tb := newNeighbourTable()
+	var tb neighbourTable
+	tb.init(&Config{}, hca.GID{}, nil, slog.Default(), nil)
 	now := time.Now()
 	hw := func(k int) frame.HWAddr { return frame.NewHWAddr(0, 1, rvFakeGID(k)) }
 	n0, err := tb.lookupOrCreate(hw(0), now)

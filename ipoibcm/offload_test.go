@@ -187,10 +187,10 @@ func newOffloadPair(t testing.TB, mode Mode, fcfg soft.Config, hostB HostPort) *
 		p.fab.Close()
 	})
 	p.a.mu.Lock()
-	n := p.a.learnLocked(p.b.HWAddr(), netip.Addr{}, time.Now())
+	n := p.a.neigh.learn(p.b.HWAddr(), netip.Addr{}, time.Now())
 	p.a.mu.Unlock()
 	p.b.mu.Lock()
-	p.b.learnLocked(p.a.HWAddr(), netip.Addr{}, time.Now())
+	p.b.neigh.learn(p.a.HWAddr(), netip.Addr{}, time.Now())
 	p.b.mu.Unlock()
 	p.dstMAC = n.mac
 	return p

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/hca/cm"
 	"github.com/ipoibcm/ipoib/hca/soft"
 	"github.com/ipoibcm/ipoib/internal/mutation"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
@@ -19,8 +20,8 @@ import (
 
 // The tests in this file force one teardown race each (issue 5,
 // docs/linux.md §10 rows 1, 3, 4 and 8) by holding completions in the
-// soft fabric, by hooks at the engine's decision points and by the host
-// port's own record of what the reader has handled. Nothing waits for a
+// soft fabric, by holding and interleaving the engine at its verbs calls
+// (wrapDevice) and by the host port's own record of what the reader has handled. Nothing waits for a
 // moment to pass: every step waits for the event that makes the next one
 // safe. Row 2 (many connections reaped at once: one drain outstanding, the
 // CQ never overflows) is TestManyConnectionsReapedAtOnce's.
@@ -183,23 +184,45 @@ type rxRecord struct {
 	intact bool
 }
 
-// raceRecv is what a receiving Interface reports through its test hooks.
+// raceRecv is what a receiving Interface is seen to do from outside: the
+// packets its host port gets, the completions of dead connections its RX
+// poller polls (at the device) and its reaps (EventReaped).
 type raceRecv struct {
-	packets chan rxRecord // hooks.rxPacket
-	dead    chan hca.WC   // hooks.deadCompletion
-	reaped  chan *rxConn  // hooks.rxReaped
+	packets chan rxRecord // IPv4 frames written to the host port
+	dead    chan hca.WC   // completions of connections marked dead, as polled
+	reaped  chan Event    // EventReaped
 }
 
 func newRaceRecv() *raceRecv {
-	return &raceRecv{packets: make(chan rxRecord, 64), dead: make(chan hca.WC, 64), reaped: make(chan *rxConn, 64)}
+	return &raceRecv{packets: make(chan rxRecord, 64), dead: make(chan hca.WC, 64), reaped: make(chan Event, 64)}
 }
 
-func (r *raceRecv) observe(i *Interface) {
-	i.hooks.rxPacket = func(_ frame.HWAddr, payload []byte) {
-		seq, ok := raceSeq(payload)
-		r.packets <- rxRecord{seq, ok}
+// observe has r see what the receiver behind port and dev does; c is its
+// Config (the reaps are its events).
+func (r *raceRecv) observe(c *Config, port *rvCapture, dev *wrapDevice) {
+	port.onWrite = func(f []byte) {
+		if rvIsIPv4(f) {
+			seq, ok := raceSeq(f[frame.EthHdrLen:])
+			r.packets <- rxRecord{seq, ok}
+		}
 	}
-	i.hooks.deadCompletion = func(wc *hca.WC) { r.dead <- *wc }
+	// The dead flag is set under the RX poll lock and a Poll runs under
+	// it, so a completion whose connection is dead when polled is one the
+	// RX path recycles as dead (rx_dead_dropped).
+	dev.polled = func(_ *wrapCQ, wcs []hca.WC) {
+		for _, wc := range wcs {
+			if rc, ok := wc.Context.(*rxConn); ok && wc.ID != wrDrain && rc.dead.Load() {
+				r.dead <- wc
+			}
+		}
+	}
+	c.Events = Observers(c.Events, eventsTo{EventReaped, r.reaped})
+}
+
+// reapedQPN waits for the next reap r sees and returns its QPN.
+func (r *raceRecv) reapedQPN(t *testing.T) hca.QPN {
+	t.Helper()
+	return recvOne(t, r.reaped, "reap").QPN
 }
 
 // raceFabric is a soft fabric closed at cleanup, after every Interface
@@ -215,45 +238,42 @@ func raceFabric(t *testing.T, cfg soft.Config) *soft.Fabric {
 	return fab
 }
 
-// raceStart creates an Interface on a new device of fab, installs hooks
-// before Start (the engine reads them without a lock) and closes it at
-// cleanup.
-func raceStart(t *testing.T, fab *soft.Fabric, name string, host HostPort, tweak func(*Config), hooks func(*Interface)) *Interface {
+// raceStart creates an Interface on a new wrapped device of fab (tweak
+// sets up the device's callbacks and the Config before New) and closes it
+// at cleanup.
+func raceStart(t *testing.T, fab *soft.Fabric, name string, host HostPort, tweak func(*Config, *wrapDevice)) *Interface {
 	t.Helper()
-	dev, err := fab.NewDevice(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := Config{Device: dev, Host: host, Name: name, Mode: ModeConnected, CM: fastCM(), DrainTimeout: 2 * time.Second}
-	if tweak != nil {
-		tweak(&cfg)
-	}
-	ifc, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if hooks != nil {
-		hooks(ifc)
-	}
-	if err := ifc.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ifc.Close() })
+	dev := newWrapDevice(t, fab, name)
+	ifc := testInterface(t, dev, host, name, func(c *Config) {
+		if tweak != nil {
+			tweak(c, dev)
+		}
+	})
+	startTest(t, ifc)
 	return ifc
 }
 
+// onlyTXConn is ifc's single active connection.
+func onlyTXConn(t *testing.T, ifc *Interface) *txConn { return onlyConn(t, ifc, ifc.txConns, "active") }
+
 // onlyRXConn is ifc's single passive connection.
 func onlyRXConn(t *testing.T, ifc *Interface) *rxConn {
+	return onlyConn(t, ifc, ifc.rxConns, "passive")
+}
+
+// onlyConn is the one member of ifc's connection set conns, read under
+// Interface.mu.
+func onlyConn[C comparable](t *testing.T, ifc *Interface, conns map[C]struct{}, kind string) C {
 	t.Helper()
 	ifc.mu.Lock()
 	defer ifc.mu.Unlock()
-	if len(ifc.rxConns) != 1 {
-		t.Fatalf("%s has %d passive connections, want 1", ifc.Name(), len(ifc.rxConns))
+	if len(conns) != 1 {
+		t.Fatalf("%s has %d %s connections, want 1", ifc.Name(), len(conns), kind)
 	}
-	for rc := range ifc.rxConns {
-		return rc
+	for c := range conns {
+		return c
 	}
-	return nil
+	panic("unreachable")
 }
 
 func recvOne[T any](t *testing.T, ch <-chan T, what string) T {
@@ -303,7 +323,7 @@ type afterDestroyRun struct {
 	reapedBefore uint64
 	drainsBefore uint64
 	// After.
-	delivered []rxRecord // hooks.rxPacket, in order
+	delivered []rxRecord // frames the host port got, in order
 	deadWCs   []hca.WC
 	written   []int // sequence numbers the host port got
 	st        Stats
@@ -319,11 +339,10 @@ func runCompletionAfterDestroy(t *testing.T, mut mutation.Soak) afterDestroyRun 
 	fab := raceFabric(t, soft.Config{Seed: 31})
 	pa, pb := newRacePort(1), rvNewCapture(2)
 	recv := newRaceRecv()
-	a := raceStart(t, fab, "a", pa, nil, nil)
-	b := raceStart(t, fab, "b", pb, nil, func(i *Interface) {
-		recv.observe(i)
-		i.hooks.rxReaped = func(rc *rxConn) { recv.reaped <- rc }
-		i.mut = mut
+	a := raceStart(t, fab, "a", pa, nil)
+	b := raceStart(t, fab, "b", pb, func(c *Config, d *wrapDevice) {
+		recv.observe(c, pb, d)
+		d.mut = mut
 	})
 	mac := rvLearn(a, b.HWAddr(), netip.AddrFrom4(raceDstIP), time.Now())
 	src := frame.MAC(pa.mac)
@@ -334,7 +353,7 @@ func runCompletionAfterDestroy(t *testing.T, mut mutation.Soak) afterDestroyRun 
 	}
 	var run afterDestroyRun
 	run.rc = onlyRXConn(t, b)
-	hold, err := fab.HoldCompletions(b.rxCQ)
+	hold, err := fab.HoldCompletions(softCQ(b.rxCQ))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,8 +378,8 @@ func runCompletionAfterDestroy(t *testing.T, mut mutation.Soak) afterDestroyRun 
 	}
 	onControl(t, &testNode{ifc: b}, func() {})
 	run.pendingHeld = fab.Stats().PendingCompletion
-	run.reapedBefore = b.rs.reaped.Load()
-	run.drainsBefore = b.rs.drainsPosted.Load()
+	run.reapedBefore = b.reaper.ctr.reaped.Load()
+	run.drainsBefore = b.reaper.ctr.drainsPosted.Load()
 
 	hold.Release()
 	select {
@@ -371,8 +390,8 @@ func runCompletionAfterDestroy(t *testing.T, mut mutation.Soak) afterDestroyRun 
 	case <-time.After(raceWait):
 		t.Fatal("frame 2's completion was neither delivered nor dropped dead")
 	}
-	if got := recvOne(t, recv.reaped, "reap"); got != run.rc {
-		t.Fatalf("reaped %p, want the torn-down connection %p", got, run.rc)
+	if got := recv.reapedQPN(t); got != run.rc.qp.QPN() {
+		t.Fatalf("reaped QP %#x, want the torn-down connection's %#x", got, run.rc.qp.QPN())
 	}
 	// The poll that found the drain completion may still be handing its
 	// batch to the host and reposting buffers: wait for it under the poll
@@ -483,11 +502,13 @@ func testLastWQEBeforeLive(t *testing.T, reapFirst bool) {
 	fab := raceFabric(t, soft.Config{Seed: 32})
 	pa, pb := newRacePort(1), rvNewCapture(2)
 	recv := newRaceRecv()
-	txGone := make(chan *txConn, 8)
+	txGone := make(chan Event, 8)
 	// A REJ normally backs CM off for CMBackoff; a nanosecond lets the
 	// next frame retry at once.
-	a := raceStart(t, fab, "a", pa, func(c *Config) { c.CMBackoff = time.Nanosecond },
-		func(i *Interface) { i.hooks.txDestroyed = func(tc *txConn) { txGone <- tc } })
+	a := raceStart(t, fab, "a", pa, func(c *Config, _ *wrapDevice) {
+		c.CMBackoff = time.Nanosecond
+		c.Events = eventsTo{EventTXDestroyed, txGone}
+	})
 
 	type hookResult struct {
 		rc       *rxConn
@@ -501,20 +522,27 @@ func testLastWQEBeforeLive(t *testing.T, reapFirst bool) {
 	var b *Interface
 	var barrier *eventBarrier
 	var hold *soft.CompletionHold
-	b = raceStart(t, fab, "b", pb, nil, func(i *Interface) {
-		recv.observe(i)
-		i.hooks.rxReaped = func(rc *rxConn) { recv.reaped <- rc }
-		i.hooks.rxAccepting = func(rc *rxConn) {
+	b = raceStart(t, fab, "b", pb, func(c *Config, d *wrapDevice) {
+		recv.observe(c, pb, d)
+		// On the CM goroutine in acceptREQ, the new passive QP just moved
+		// to Init, before the connection joins rxConns: the QP is errored
+		// there (kernel race 3, LAST_WQE before the connection is live).
+		d.qpModified = func(ctx any, attr hca.QPAttr) {
+			rc, ok := ctx.(*rxConn)
+			if !ok || attr.State != hca.QPStateInit {
+				return
+			}
 			if calls.Add(1) != 1 {
 				return // the reconnection is accepted normally
 			}
+			i := b
 			res := hookResult{rc: rc}
 			defer func() {
 				i.mu.Lock()
 				res.state = rc.state
 				_, res.inSet = i.rxConns[rc]
 				i.mu.Unlock()
-				res.accepted = i.rs.rxAccepted.Load()
+				res.accepted = i.rxLimit.ctr.accepted.Load()
 				hooked <- res
 			}()
 			if err := rc.qp.Modify(hca.QPAttr{State: hca.QPStateError}); err != nil {
@@ -524,8 +552,8 @@ func testLastWQEBeforeLive(t *testing.T, reapFirst bool) {
 			if reapFirst {
 				select {
 				case got := <-recv.reaped:
-					if got != rc {
-						res.err = fmt.Errorf("reaped %p, want %p", got, rc)
+					if got.QPN != rc.qp.QPN() {
+						res.err = fmt.Errorf("reaped QP %#x, want %#x", got.QPN, rc.qp.QPN())
 					}
 				case <-time.After(raceWait):
 					res.err = fmt.Errorf("not reaped inside the REQ handler")
@@ -551,7 +579,7 @@ func testLastWQEBeforeLive(t *testing.T, reapFirst bool) {
 	barrier = newEventBarrier(t, b.dev)
 	if !reapFirst {
 		var err error
-		if hold, err = fab.HoldCompletions(b.rxCQ); err != nil {
+		if hold, err = fab.HoldCompletions(softCQ(b.rxCQ)); err != nil {
 			t.Fatal(err)
 		}
 		defer hold.Release()
@@ -581,8 +609,8 @@ func testLastWQEBeforeLive(t *testing.T, reapFirst bool) {
 		hold.Release()
 	}
 	if !reapFirst {
-		if got := recvOne(t, recv.reaped, "reap"); got != rc {
-			t.Fatalf("reaped %p, want %p", got, rc)
+		if got := recv.reapedQPN(t); got != rc.qp.QPN() {
+			t.Fatalf("reaped QP %#x, want %#x", got, rc.qp.QPN())
 		}
 	}
 	if !rc.dead.Load() {
@@ -642,7 +670,7 @@ func TestRacePacketsQueuedDuringConnect(t *testing.T) {
 	pa, pb := newRacePort(1), rvNewCapture(2)
 	recv := newRaceRecv()
 
-	repArrived := make(chan *txConn, 1)
+	repHeld := make(chan struct{}, 1)
 	releaseREP := make(chan struct{})
 	type window struct {
 		state  txState
@@ -650,42 +678,66 @@ func TestRacePacketsQueuedDuringConnect(t *testing.T) {
 		taken  bool
 	}
 	inWindow := make(chan window, 1)
+	var repWindow func(tc *txConn) window
 	var mac frame.MAC
 	src := frame.MAC(pa.mac)
 	const parked, later = maxParked, 6
 	// Both sides' CM waits a minute for answers: holding the REP must not
 	// make either side retry or time out.
-	a := raceStart(t, fab, "a", pa, func(c *Config) { c.CM = rvSlowCM() }, func(i *Interface) {
-		i.hooks.repReceived = func(tc *txConn) {
-			repArrived <- tc
+	var applying sync.Once
+	a := raceStart(t, fab, "a", pa, func(c *Config, d *wrapDevice) {
+		c.CM = rvSlowCM()
+		// The connection's first send is its first parked frame, posted
+		// by the REP handler under Interface.mu with the connection just
+		// marked up and every parked frame still on the neighbour: the
+		// later frames are handed to the reader there, which reads them
+		// and then waits for the lock.
+		d.beforePost = func(ctx any, _ []hca.SendWR) {
+			tc, ok := ctx.(*txConn)
+			if !ok {
+				return
+			}
+			applying.Do(func() { inWindow <- repWindow(tc) })
+		}
+	})
+	repWindow = func(tc *txConn) window {
+		var batch [][]byte
+		for k := range later {
+			batch = append(batch, raceFrame(mac, src, parked+1+k))
+		}
+		w := window{state: tc.state.load(), parked: tc.neigh.nParked}
+		w.taken = pa.waitTaken(pa.push(batch...))
+		return w
+	}
+	b := raceStart(t, fab, "b", pb, func(c *Config, d *wrapDevice) {
+		c.CM = rvSlowCM()
+		recv.observe(c, pb, d)
+		// b's CM sends the REP: held there, a's REP handler waits for it
+		// as for a slow answer.
+		d.beforePost = func(_ any, wrs []hca.SendWR) {
+			if h, err := cm.ParseMADHeader(wrs[0].Data); err != nil || h.AttributeID != uint16(cm.MsgREP) {
+				return
+			}
+			select {
+			case repHeld <- struct{}{}:
+			default:
+			}
 			select {
 			case <-releaseREP:
 			case <-time.After(raceWait):
 			}
 		}
-		// Under Interface.mu, the connection just marked up, its parked
-		// frames not yet posted: the later frames are handed to the
-		// reader, which reads them and then waits for the lock.
-		i.hooks.repApplying = func(tc *txConn) {
-			var batch [][]byte
-			for k := range later {
-				batch = append(batch, raceFrame(mac, src, parked+1+k))
-			}
-			w := window{state: tc.state, parked: tc.neigh.nParked}
-			w.taken = pa.waitTaken(pa.push(batch...))
-			inWindow <- w
-		}
 	})
-	b := raceStart(t, fab, "b", pb, func(c *Config) { c.CM = rvSlowCM() }, recv.observe)
-	// A test that fails while the REP is held must not leave a's CM
-	// goroutine in the hook: Close (an earlier cleanup, so a later one to
-	// run) would wait for it.
+	// A test that fails while the REP is held must not leave b's CM
+	// goroutine in the device: Close (an earlier cleanup, so a later one
+	// to run) would wait for it.
 	letREPGo := sync.OnceFunc(func() { close(releaseREP) })
 	t.Cleanup(letREPGo)
 	mac = rvLearn(a, b.HWAddr(), netip.AddrFrom4(raceDstIP), time.Now())
 
 	pa.waitHandled(t, pa.push(raceFrame(mac, src, 1)))
-	tc := recvOne(t, repArrived, "REP")
+	recvOne(t, repHeld, "REP")
+	tc := onlyTXConn(t, a)
 	// The REP is held: the connection stays connecting while two more
 	// frames are sent, one batch each.
 	pa.push(raceFrame(mac, src, 2))
@@ -737,16 +789,24 @@ func TestRaceQPNReusedWhileCompletionsQueued(t *testing.T) {
 	fab := raceFabric(t, soft.Config{Seed: 34, Faults: soft.Faults{ImmediateQPNReuse: true}})
 	pa, pb := newRacePort(1), rvNewCapture(2)
 	recv := newRaceRecv()
-	txGone := make(chan *txConn, 8)
+	txGone := make(chan Event, 8)
 	repApplying := make(chan *txConn, 8)
-	a := raceStart(t, fab, "a", pa, nil, func(i *Interface) {
-		i.hooks.txDestroyed = func(tc *txConn) { txGone <- tc }
-		i.hooks.repApplying = func(tc *txConn) { repApplying <- tc }
+	var sent sync.Map // *txConn -> its first send was seen
+	a := raceStart(t, fab, "a", pa, func(c *Config, d *wrapDevice) {
+		c.Events = eventsTo{EventTXDestroyed, txGone}
+		// A connection's first send is its parked frame, posted by the
+		// REP handler under Interface.mu.
+		d.beforePost = func(ctx any, _ []hca.SendWR) {
+			if tc, ok := ctx.(*txConn); ok {
+				if _, dup := sent.LoadOrStore(tc, true); !dup {
+					repApplying <- tc
+				}
+			}
+		}
 	})
-	b := raceStart(t, fab, "b", pb, nil, func(i *Interface) {
-		recv.observe(i)
-		i.hooks.rxReaped = func(rc *rxConn) { recv.reaped <- rc }
-		i.mut = mutation.Soak{SkipDrain: true}
+	b := raceStart(t, fab, "b", pb, func(c *Config, d *wrapDevice) {
+		recv.observe(c, pb, d)
+		d.mut = mutation.Soak{SkipDrain: true}
 	})
 	mac := rvLearn(a, b.HWAddr(), netip.AddrFrom4(raceDstIP), time.Now())
 	src := frame.MAC(pa.mac)
@@ -759,7 +819,7 @@ func TestRaceQPNReusedWhileCompletionsQueued(t *testing.T) {
 	old := onlyRXConn(t, b)
 	qpn := old.qp.QPN()
 
-	hold, err := fab.HoldCompletions(b.rxCQ)
+	hold, err := fab.HoldCompletions(softCQ(b.rxCQ))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -773,8 +833,8 @@ func TestRaceQPNReusedWhileCompletionsQueued(t *testing.T) {
 	if n := recvOne(t, killPassive(&testNode{ifc: b}), "teardown"); n != 1 {
 		t.Fatalf("teardown moved %d connections, want 1", n)
 	}
-	if got := recvOne(t, recv.reaped, "reap"); got != old {
-		t.Fatalf("reaped %p, want %p", got, old)
+	if got := recv.reapedQPN(t); got != qpn {
+		t.Fatalf("reaped QP %#x, want the old connection's %#x", got, qpn)
 	}
 	recvOne(t, txGone, "a's connection after the DREQ")
 

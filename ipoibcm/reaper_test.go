@@ -9,13 +9,11 @@ import (
 	"github.com/ipoibcm/ipoib/hca/soft"
 )
 
-// reapSignal returns a channel that receives one value per passive
-// connection of nd reaped. Installed before traffic starts.
-func reapSignal(nd *testNode) chan *rxConn {
-	ch := make(chan *rxConn, 1024)
-	nd.ifc.mu.Lock()
-	nd.ifc.hooks.rxReaped = func(rc *rxConn) { ch <- rc }
-	nd.ifc.mu.Unlock()
+// reapSignal returns a channel that receives nd's EventReaped, one per
+// passive connection reaped from now on.
+func reapSignal(nd *testNode) chan Event {
+	ch := make(chan Event, 1024)
+	nd.events.on(EventReaped, func(e Event) { ch <- e })
 	return ch
 }
 
@@ -205,13 +203,11 @@ func TestManyConnectionsReapedAtOnce(t *testing.T) {
 	// the drains in flight are posted - completed: more than one means a
 	// second drain WR went out while the first was outstanding.
 	var inFlightAtReap []uint64
-	reaped := make(chan *rxConn, n)
-	hub.ifc.mu.Lock()
-	hub.ifc.hooks.rxReaped = func(rc *rxConn) {
-		inFlightAtReap = append(inFlightAtReap, hub.ifc.rs.drainsPosted.Load()-hub.ifc.rs.drainsCompleted.Load())
-		reaped <- rc
-	}
-	hub.ifc.mu.Unlock()
+	reaped := make(chan Event, n)
+	hub.events.on(EventReaped, func(e Event) {
+		inFlightAtReap = append(inFlightAtReap, hub.ifc.reaper.ctr.drainsPosted.Load()-hub.ifc.reaper.ctr.drainsCompleted.Load())
+		reaped <- e
+	})
 	for k := 1; k < n; k++ {
 		ping(t, tn.nodes[k], hub.v4, 1000)
 	}

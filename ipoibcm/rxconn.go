@@ -68,7 +68,7 @@ func (i *Interface) decideREQ(req *cm.Request) cm.Decision {
 func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	i.log.Debug("CM REQ", "from", req.RemoteGID, "qpn", req.RemoteQPN, "path_mtu", req.PathMTU)
 	if ifState(i.state.Load()) != ifRunning || i.hostDown() {
-		i.rxLimitCtr.rejectedDown.Add(1)
+		i.rxLimit.ctr.rejectedDown.Add(1)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	if req.PathMTU > i.port.ActiveMTU {
@@ -85,33 +85,25 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	rc.stamp.Store(now.UnixNano())
 
 	i.mu.Lock()
-	if i.srq == nil && i.nonSRQ >= i.cfg.MaxNonSRQConns {
-		i.mu.Unlock()
-		i.rs.rxRejectedNoQP.Add(1)
-		return cm.Decision{Reject: cm.RejectNoQP}
-	}
 	// Limits before anything is learnt or created from the REQ.
-	old, ok := i.admitRXLocked(rc)
+	old, ok := i.rxLimit.admitLocked(rc)
 	if !ok {
 		i.mu.Unlock()
 		return cm.Decision{Reject: cm.RejectNoQP}
 	}
 	var n *neighbour
 	if peerQPN != 0 {
-		n = i.learnLocked(rc.peer, netip.Addr{}, now)
-	} else if n = i.neigh.byGID[req.RemoteGID]; n == nil {
-		n = i.learnLocked(rc.peer, netip.Addr{}, now)
+		n = i.neigh.learn(rc.peer, netip.Addr{}, now)
+	} else if n = i.neigh.lookupGID(req.RemoteGID); n == nil {
+		n = i.neigh.learn(rc.peer, netip.Addr{}, now)
 	}
 	psn := i.rng.Uint32() & 0xffffff
-	if i.srq == nil {
-		i.nonSRQ++
-	}
 	i.mu.Unlock()
 	if old != nil {
 		i.replaceRX(old)
 	}
 	if n == nil {
-		i.releaseRX(rc, &i.rxLimitCtr.rejectedError)
+		i.releaseRX(rc, &i.rxLimit.ctr.rejectedError)
 		return cm.Decision{Reject: cm.RejectConsumerDefined}
 	}
 	rc.mac = n.mac
@@ -132,18 +124,15 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	qp, err := i.dev.CreateQP(cfg)
 	if err != nil {
 		i.log.Warn("create RX QP", "peer", rc.peer, "err", err)
-		i.releaseRX(rc, &i.rxLimitCtr.rejectedError)
+		i.releaseRX(rc, &i.rxLimit.ctr.rejectedError)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	rc.qp = qp
 	if err := i.initRXQP(rc, req.PKeyIndex); err != nil {
 		i.log.Warn("init RX QP", "peer", rc.peer, "err", err)
 		qp.Destroy()
-		i.releaseRX(rc, &i.rxLimitCtr.rejectedError)
+		i.releaseRX(rc, &i.rxLimit.ctr.rejectedError)
 		return cm.Decision{Reject: cm.RejectNoResources}
-	}
-	if h := i.hooks.rxAccepting; h != nil {
-		h(rc)
 	}
 	// On the live list before the REP leaves: a LAST_WQE that arrives
 	// before the CM returns finds the connection (Linux checks state in
@@ -153,7 +142,7 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	i.mu.Lock()
 	if rc.state == rxDestroyed {
 		i.mu.Unlock()
-		i.rxLimitCtr.rejectedError.Add(1)
+		i.rxLimit.ctr.rejectedError.Add(1)
 		return cm.Decision{Reject: cm.RejectNoQP}
 	}
 	if i.hostDown() {
@@ -164,12 +153,12 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		if err := qp.Destroy(); err != nil {
 			i.log.Warn("destroy RX QP", "peer", rc.peer, "err", err)
 		}
-		i.releaseRX(rc, &i.rxLimitCtr.rejectedDown)
+		i.releaseRX(rc, &i.rxLimit.ctr.rejectedDown)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	i.rxConns[rc] = struct{}{}
 	i.mu.Unlock()
-	i.rs.rxAccepted.Add(1)
+	i.rxLimit.ctr.accepted.Add(1)
 	return cm.Decision{
 		QP:          qp,
 		StartingPSN: psn,
@@ -185,10 +174,7 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 func (i *Interface) releaseRX(rc *rxConn, why *atomic.Uint64) {
 	why.Add(1)
 	i.mu.Lock()
-	i.releaseRXLocked(rc)
-	if i.srq == nil {
-		i.nonSRQ--
-	}
+	i.rxLimit.releaseLocked(rc)
 	i.mu.Unlock()
 }
 
@@ -237,7 +223,7 @@ func (rc *rxConn) onCMEvent(ev cm.Event) {
 func (rc *rxConn) onQPEvent(ev hca.AsyncEvent) {
 	switch ev.Type {
 	case hca.EventQPLastWQEReached:
-		rc.i.rs.lastWQESeen.Add(1)
+		rc.i.reaper.ctr.lastWQESeen.Add(1)
 		rc.i.postRX(rc, rxEvLastWQE)
 	case hca.EventQPFatal:
 		rc.i.postRX(rc, rxEvQPFatal)

@@ -6,23 +6,39 @@ import (
 	"github.com/ipoibcm/ipoib/hca"
 )
 
-// rxLimits bounds the passive connections of an Interface: every one
-// costs a QP from the REQ until it is reaped, whether it ever carried a
-// packet or not, so an unbounded set is memory a REQ flood can take.
-// Connections count from admission (before the QP exists) to reapRX,
-// teardown included, so a flood of handshakes that the CM abandons
-// cannot outrun the reaper either. Guarded by Interface.mu.
+// rxLimits is the admission of passive connections: it bounds them, as
+// every one costs a QP from the REQ until it is reaped, whether it ever
+// carried a packet or not, so an unbounded set is memory a REQ flood can
+// take. Connections count from admission (before the QP exists) to
+// reapRX, teardown included, so a flood of handshakes that the CM
+// abandons cannot outrun the reaper either. Guarded by Interface.mu,
+// with the connection set; its counters are atomics.
 type rxLimits struct {
-	count int
-	byGID map[hca.GID]map[*rxConn]struct{}
+	count  int
+	byGID  map[hca.GID]map[*rxConn]struct{}
+	nonSRQ int // admitted connections with their own ring (no SRQ)
+
+	max, maxPerGID, maxNonSRQ int  // Config.MaxRXConns, MaxRXConnsPerGID, MaxNonSRQConns
+	ownRings                  bool // no SRQ: every connection has its own ring
+
+	ctr rxAdmitCounters
 }
 
-// rxLimitCounters say why a REQ the CM handed to the listener was not
-// accepted, so that rx_accepted plus these equal the CM's to_listener
-// REQs.
-type rxLimitCounters struct {
+func (l *rxLimits) init(cfg *Config, ownRings bool) {
+	l.max, l.maxPerGID, l.maxNonSRQ, l.ownRings = cfg.MaxRXConns, cfg.MaxRXConnsPerGID, cfg.MaxNonSRQConns, ownRings
+}
+
+// rxAdmitCounters count what became of the REQs the CM handed to the
+// listener: accepted, or why not, so that rx_accepted plus the
+// rejections equal the CM's to_listener REQs.
+type rxAdmitCounters struct {
+	accepted                                  atomic.Uint64
 	rejectedLimit, rejectedGIDLimit, replaced atomic.Uint64
 	rejectedDown, rejectedError               atomic.Uint64
+	// rejectedNoQP: no ring left for a non-SRQ connection;
+	// rejectedMTU: the REQ's path MTU is above our port's, refused with
+	// REJ INVALID_MTU (cmpathmtu.go).
+	rejectedNoQP, rejectedMTU atomic.Uint64
 }
 
 // RXLimits is the passive-connection bookkeeping 'ipoib show' reports.
@@ -49,22 +65,26 @@ type RXLimits struct {
 // check did not catch, because its QPN changed). Such replacements need
 // a connection that completed a handshake, so a source that cannot
 // answer our REPs can never use them, and the set exceeds the limit by
-// at most the established connections in teardown. i.mu held.
-func (i *Interface) admitRXLocked(rc *rxConn) (old *rxConn, ok bool) {
-	l := &i.rxLimit
+// at most the established connections in teardown. Without SRQ the
+// connection also needs one of MaxNonSRQConns rings.
+func (l *rxLimits) admitLocked(rc *rxConn) (old *rxConn, ok bool) {
+	if l.ownRings && l.nonSRQ >= l.maxNonSRQ {
+		l.ctr.rejectedNoQP.Add(1)
+		return nil, false
+	}
 	gid := rc.peer.GID()
 	set := l.byGID[gid]
-	if l.count >= i.cfg.MaxRXConns || len(set) >= i.cfg.MaxRXConnsPerGID {
+	if l.count >= l.max || len(set) >= l.maxPerGID {
 		old = lruEstablished(set)
 		if old == nil {
-			if l.count >= i.cfg.MaxRXConns {
-				i.rxLimitCtr.rejectedLimit.Add(1)
+			if l.count >= l.max {
+				l.ctr.rejectedLimit.Add(1)
 			} else {
-				i.rxLimitCtr.rejectedGIDLimit.Add(1)
+				l.ctr.rejectedGIDLimit.Add(1)
 			}
 			return nil, false
 		}
-		i.rxLimitCtr.replaced.Add(1)
+		l.ctr.replaced.Add(1)
 	}
 	if set == nil {
 		set = make(map[*rxConn]struct{})
@@ -75,12 +95,14 @@ func (i *Interface) admitRXLocked(rc *rxConn) (old *rxConn, ok bool) {
 	}
 	set[rc] = struct{}{}
 	l.count++
+	if l.ownRings {
+		l.nonSRQ++
+	}
 	return old, true
 }
 
-// releaseRXLocked gives rc's slot back. Idempotent. i.mu held.
-func (i *Interface) releaseRXLocked(rc *rxConn) {
-	l := &i.rxLimit
+// releaseLocked gives rc's slot (and ring) back. Idempotent.
+func (l *rxLimits) releaseLocked(rc *rxConn) {
 	gid := rc.peer.GID()
 	set := l.byGID[gid]
 	if _, ok := set[rc]; !ok {
@@ -91,6 +113,9 @@ func (i *Interface) releaseRXLocked(rc *rxConn) {
 		delete(l.byGID, gid)
 	}
 	l.count--
+	if l.ownRings {
+		l.nonSRQ--
+	}
 }
 
 // lruEstablished is the live, established connection of set used least
@@ -108,13 +133,11 @@ func lruEstablished(set map[*rxConn]struct{}) *rxConn {
 	return old
 }
 
-func (i *Interface) rxLimitStats() RXLimits {
-	c := &i.rxLimitCtr
-	i.mu.Lock()
-	n := i.rxLimit.count
-	i.mu.Unlock()
+// statsLocked is the admission's part of Stats.
+func (l *rxLimits) statsLocked() RXLimits {
+	c := &l.ctr
 	return RXLimits{
-		Conns: n, MaxConns: i.cfg.MaxRXConns, MaxConnsPerGID: i.cfg.MaxRXConnsPerGID, MaxNonSRQConns: i.cfg.MaxNonSRQConns,
+		Conns: l.count, MaxConns: l.max, MaxConnsPerGID: l.maxPerGID, MaxNonSRQConns: l.maxNonSRQ,
 		RejectedLimit: c.rejectedLimit.Load(), RejectedGIDLimit: c.rejectedGIDLimit.Load(), Replaced: c.replaced.Load(),
 		RejectedDown: c.rejectedDown.Load(), RejectedError: c.rejectedError.Load(),
 	}

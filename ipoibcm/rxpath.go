@@ -130,7 +130,7 @@ func (r *rxPath) handleRX(wcs []hca.WC) {
 	for k := range wcs {
 		wc := &wcs[k]
 		if wc.ID == wrDrain {
-			i.rs.drainsCompleted.Add(1)
+			i.reaper.ctr.drainsCompleted.Add(1)
 			i.ctl.post(i.onDrainDone)
 			continue
 		}
@@ -254,16 +254,16 @@ func (r *rxPath) rxUD(wc *hca.WC) {
 	// The UD source names the peer's port; its flags are whatever ARP/ND
 	// taught us.
 	var flags byte
-	if n := i.neigh.byGID[wc.SrcGID]; n != nil {
+	if n := i.neigh.lookupGID(wc.SrcGID); n != nil {
 		flags = n.hw.Flags()
 	}
 	src := frame.NewHWAddr(flags, wc.SrcQPN, wc.SrcGID)
-	n := i.learnLocked(src, ipSrc(et, msg[frame.EncapLen:]), r.clock())
+	n := i.neigh.learn(src, ipSrc(et, msg[frame.EncapLen:]), r.clock())
 	if n == nil {
 		i.ctr.drop(dropRxBadIP)
 		return
 	}
-	r.deliverIP(b, wc.ByteLen, et, n.mac, src, true, wc.Flags)
+	r.deliverIP(b, wc.ByteLen, et, n.mac, true, wc.Flags)
 }
 
 func (r *rxPath) rxSRQ(wc *hca.WC) {
@@ -279,7 +279,7 @@ func (r *rxPath) rxSRQ(wc *hca.WC) {
 		return
 	}
 	if rc.dead.Load() {
-		r.deadCompletion(wc)
+		r.deadCompletion()
 		return
 	}
 	if wc.Status != hca.StatusSuccess {
@@ -301,7 +301,7 @@ func (r *rxPath) rxConnRing(wc *hca.WC) {
 	}
 	if rc.dead.Load() || wc.Status == hca.StatusWRFlushErr {
 		if rc.dead.Load() {
-			r.deadCompletion(wc)
+			r.deadCompletion()
 		}
 		if !rc.dead.Load() {
 			// Flushed while live: the QP errored under us; tear down.
@@ -326,13 +326,10 @@ func (r *rxPath) ringReceiveGone(rc *rxConn) {
 	}
 }
 
-func (r *rxPath) deadCompletion(wc *hca.WC) {
-	i := r.i
-	i.ctr.rxDeadDropped.Add(1)
-	if h := i.hooks.deadCompletion; h != nil {
-		h(wc)
-	}
-}
+// deadCompletion recycles a completion of a connection marked dead: its
+// buffer goes back (reposted by the caller), its packet never reaches the
+// host.
+func (r *rxPath) deadCompletion() { r.i.ctr.rxDeadDropped.Add(1) }
 
 // rxConnPacket delivers one message received on a passive connection.
 func (r *rxPath) rxConnPacket(rc *rxConn, b []byte, idx, byteLen int, flags hca.WCFlags) {
@@ -366,7 +363,7 @@ func (r *rxPath) rxConnPacket(rc *rxConn, b []byte, idx, byteLen int, flags hca.
 	}
 	rc.packets.Add(1)
 	rc.byts.Add(uint64(byteLen))
-	r.deliverIP(b, byteLen, et, rc.mac, rc.peer, false, flags)
+	r.deliverIP(b, byteLen, et, rc.mac, false, flags)
 }
 
 // deliverIP turns the IPoIB message at b[headroom:headroom+byteLen] into
@@ -374,7 +371,7 @@ func (r *rxPath) rxConnPacket(rc *rxConn, b []byte, idx, byteLen int, flags hca.
 // over the headroom and the IPoIB header), or, for neighbour discovery,
 // translated into a scratch buffer. flags is the HCA's checksum verdict
 // (rxMeta).
-func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, peer frame.HWAddr, ud bool, flags hca.WCFlags) {
+func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, ud bool, flags hca.WCFlags) {
 	i := r.i
 	pkt := b[frame.EthHdrLen : headroom+byteLen]
 	dst := i.hostMACNow()
@@ -394,7 +391,7 @@ func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, p
 			return
 		}
 		if frame.IsND(pkt) {
-			r.deliverND(pkt, byteLen, srcMAC, peer)
+			r.deliverND(pkt, byteLen, srcMAC)
 			return
 		}
 	}
@@ -403,9 +400,6 @@ func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, p
 		if ud {
 			i.ctr.multicast.Add(1)
 		}
-	}
-	if h := i.hooks.rxPacket; h != nil {
-		h(peer, pkt)
 	}
 	frame.PutEthernet(b, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: et})
 	f := b[:headroom+byteLen]
@@ -421,7 +415,7 @@ func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, p
 
 // deliverND rewrites IPoIB link-layer options to the neighbours' MACs,
 // learning the hardware addresses they carry.
-func (r *rxPath) deliverND(pkt []byte, byteLen int, srcMAC frame.MAC, peer frame.HWAddr) {
+func (r *rxPath) deliverND(pkt []byte, byteLen int, srcMAC frame.MAC) {
 	i := r.i
 	out := r.transBuf()
 	if out == nil {
@@ -434,7 +428,7 @@ func (r *rxPath) deliverND(pkt []byte, byteLen int, srcMAC frame.MAC, peer frame
 			if hw.GID() == i.hw.GID() {
 				return i.hostMACNow(), true
 			}
-			n := i.learnLocked(hw, netip.Addr{}, r.clock())
+			n := i.neigh.learn(hw, netip.Addr{}, r.clock())
 			if n == nil {
 				return frame.MAC{}, false
 			}
@@ -447,21 +441,18 @@ func (r *rxPath) deliverND(pkt []byte, byteLen int, srcMAC frame.MAC, peer frame
 		return
 	}
 	if info.HasSourceLL {
-		if nb := i.neigh.byGID[info.SourceHW.GID()]; nb != nil {
+		if nb := i.neigh.lookupGID(info.SourceHW.GID()); nb != nil {
 			nb.addIP(ipv6Src(pkt))
 		}
 	}
 	if info.HasTargetLL && info.Target.IsValid() {
-		if nb := i.neigh.byGID[info.TargetHW.GID()]; nb != nil {
+		if nb := i.neigh.lookupGID(info.TargetHW.GID()); nb != nil {
 			nb.addIP(info.Target)
 		}
 	}
 	dst := i.hostMACNow()
 	if mac, ok := hostMulticastMAC(frame.EtherTypeIPv6, pkt); ok {
 		dst = mac
-	}
-	if h := i.hooks.rxPacket; h != nil {
-		h(peer, pkt)
 	}
 	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: frame.EtherTypeIPv6})
 	r.frames = append(r.frames, out[:frame.EthHdrLen+n])
@@ -480,7 +471,7 @@ func (r *rxPath) rxARPLocked(body []byte) {
 		i.ctr.drop(dropRxBadARP)
 		return
 	}
-	n := i.learnLocked(a.SenderHW, a.SenderIP, r.clock())
+	n := i.neigh.learn(a.SenderHW, a.SenderIP, r.clock())
 	if n == nil {
 		i.ctr.drop(dropRxBadARP)
 		return
@@ -490,7 +481,7 @@ func (r *rxPath) rxARPLocked(body []byte) {
 	case a.TargetHW.GID() == i.hw.GID() && a.TargetHW.QPN() == i.hw.QPN():
 		target = i.hostMACNow()
 	case !a.TargetHW.IsZero():
-		if t := i.neigh.byGID[a.TargetHW.GID()]; t != nil {
+		if t := i.neigh.lookupGID(a.TargetHW.GID()); t != nil {
 			target = t.mac
 		}
 	}

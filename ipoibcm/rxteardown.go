@@ -2,6 +2,7 @@ package ipoibcm
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -95,6 +96,17 @@ type reaper struct {
 	shuttingDown  bool
 	shutdownDone  chan struct{}
 	shutdownTimer *time.Timer
+
+	ctr reaperCounters
+}
+
+// reaperCounters count the passive teardown's work. Atomics: the RX
+// poller and the backends' event goroutines count too.
+type reaperCounters struct {
+	staleScans, staleReaped, movedToError            atomic.Uint64
+	lastWQESeen, lateLastWQE                         atomic.Uint64
+	drainsPosted, drainsCompleted, drainPostFailures atomic.Uint64
+	reaped, forced                                   atomic.Uint64 // forced: by Close's DrainTimeout
 }
 
 // postRX hands ev for rc to the control loop; it never blocks (CM
@@ -121,7 +133,7 @@ func (i *Interface) rxTransition(rc *rxConn, ev rxEvent) {
 		i.markDead(rc)
 		i.emitRX(EventDeadSet, rc, 0, fmt.Sprint(ev))
 		i.setRXState(rc, rxError)
-		i.rs.movedToError.Add(1)
+		i.reaper.ctr.movedToError.Add(1)
 		i.log.Debug("passive teardown", "peer", rc.peer, "qpn", rc.qp.QPN(), "why", ev)
 		if err := rc.qp.Modify(hca.QPAttr{State: hca.QPStateError}); err != nil {
 			i.log.Warn("RX QP to Error", "peer", rc.peer, "err", err)
@@ -136,7 +148,7 @@ func (i *Interface) rxTransition(rc *rxConn, ev rxEvent) {
 		case rxLive:
 			// The backend errored the QP by itself (or it raced the
 			// REP): dead first.
-			i.rs.lateLastWQE.Add(1)
+			i.reaper.ctr.lateLastWQE.Add(1)
 			i.markDead(rc)
 			i.emitRX(EventDeadSet, rc, 0, "LAST_WQE on a live connection")
 		case rxError:
@@ -171,7 +183,7 @@ func (i *Interface) rxTransition(rc *rxConn, ev rxEvent) {
 
 	case ev == rxEvForce:
 		i.rxNAPI.Sync(func() { rc.dead.Store(true) })
-		i.rs.forcedAtStop.Add(1)
+		i.reaper.ctr.forced.Add(1)
 		i.reapRX(rc)
 	}
 }
@@ -205,7 +217,7 @@ func (i *Interface) startDrain() {
 	wr := [1]hca.SendWR{{ID: wrDrain, Data: i.drainBuf[:0]}}
 	for _, rc := range r.flush {
 		if n, err := rc.qp.PostSend(wr[:]); err == nil && n == 1 {
-			i.rs.drainsPosted.Add(1)
+			i.reaper.ctr.drainsPosted.Add(1)
 			r.drain, r.flush = r.flush, r.drain[:0]
 			on := fmt.Sprintf("drain WR on qpn 0x%06x, covering %d", uint32(rc.qp.QPN()), len(r.drain))
 			for _, d := range r.drain {
@@ -214,7 +226,7 @@ func (i *Interface) startDrain() {
 			}
 			return
 		}
-		i.rs.drainPostFailures.Add(1)
+		i.reaper.ctr.drainPostFailures.Add(1)
 	}
 	// No QP of the batch took the drain WR; Close's deadline forces them.
 	i.log.Warn("drain WR refused by every flushed QP", "count", len(r.flush))
@@ -241,10 +253,7 @@ func (i *Interface) reapRX(rc *rxConn) {
 	}
 	rc.state = rxDestroyed
 	delete(i.rxConns, rc)
-	i.releaseRXLocked(rc)
-	if i.srq == nil {
-		i.nonSRQ--
-	}
+	i.rxLimit.releaseLocked(rc)
 	i.mu.Unlock()
 	if rc.cmConn != nil {
 		rc.cmConn.Destroy()
@@ -252,7 +261,7 @@ func (i *Interface) reapRX(rc *rxConn) {
 	if err := rc.qp.Destroy(); err != nil {
 		i.log.Warn("destroy RX QP", "peer", rc.peer, "err", err)
 	}
-	i.rs.reaped.Add(1)
+	i.reaper.ctr.reaped.Add(1)
 	if i.cfg.Events != nil {
 		var elapsed time.Duration
 		if !rc.deadAt.IsZero() {
@@ -260,15 +269,12 @@ func (i *Interface) reapRX(rc *rxConn) {
 		}
 		i.emitRX(EventReaped, rc, elapsed, "")
 	}
-	if h := i.hooks.rxReaped; h != nil {
-		h(rc)
-	}
 }
 
 // staleScan moves passive connections idle longer than StaleAfter to
 // teardown (Linux ipoib_cm_stale_task).
 func (i *Interface) staleScan(now time.Time) {
-	i.rs.staleScans.Add(1)
+	i.reaper.ctr.staleScans.Add(1)
 	limit := now.Add(-i.cfg.StaleAfter).UnixNano()
 	var stale []*rxConn
 	i.mu.Lock()
@@ -279,7 +285,7 @@ func (i *Interface) staleScan(now time.Time) {
 	}
 	i.mu.Unlock()
 	for _, rc := range stale {
-		i.rs.staleReaped.Add(1)
+		i.reaper.ctr.staleReaped.Add(1)
 		i.rxTransition(rc, rxEvStale)
 	}
 }

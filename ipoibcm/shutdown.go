@@ -77,16 +77,12 @@ func (i *Interface) destroyResources() {
 	if i.cmm != nil && i.ownCM {
 		i.cmm.Close()
 	}
+	i.mcast.destroy()
 	if i.ud != nil {
 		i.ud.destroy()
 	}
 	if i.srq != nil {
 		i.srq.destroy()
-	}
-	for _, g := range i.mcast.groups {
-		if g.ah != nil {
-			g.ah.Destroy()
-		}
 	}
 	for _, n := range i.neigh.byGID {
 		if n.ah != nil {
@@ -167,7 +163,7 @@ func (i *Interface) forceShutdown() {
 		if v := tc.outstanding.Swap(0); v > 0 {
 			i.tx.returnCredits(int(v))
 		}
-		i.rs.forcedAtStop.Add(1)
+		i.txc.forced.Add(1)
 		tc.destroy()
 	}
 	i.reaper.flush, i.reaper.drain = nil, nil

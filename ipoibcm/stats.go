@@ -3,7 +3,6 @@ package ipoibcm
 import (
 	"net/netip"
 	"sort"
-	"sync/atomic"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -164,7 +163,6 @@ func (i *Interface) Stats() Stats {
 		Drops:       make(map[string]uint64),
 		NAPI:        NAPIStats{RX: i.rxNAPI.Stats(), TX: i.tx.napi.Stats()},
 		Reaper:      i.reaperStats(),
-		RXLimits:    i.rxLimitStats(),
 		Outstanding: i.tx.outstanding.Load(),
 		Offloads:    i.offloadStats(),
 	}
@@ -177,11 +175,12 @@ func (i *Interface) Stats() Stats {
 	}
 	now := time.Now()
 	s.Neighbours, s.TXConns, s.RXConns = []NeighbourInfo{}, []ConnInfo{}, []ConnInfo{}
+	s.McastGroups = i.mcast.info(now)
 	i.mu.Lock()
+	s.RXLimits = i.rxLimit.statsLocked()
 	if i.srq != nil && i.srq.srq != nil {
 		s.SRQPosted = i.srq.srq.Posted()
 	}
-	s.McastGroups = i.mcastInfoLocked(now)
 	for _, n := range i.neigh.byGID {
 		ni := NeighbourInfo{
 			IPs: append([]netip.Addr{}, n.ips...), HWAddr: n.hw.ColonString(), MAC: n.mac.String(),
@@ -192,13 +191,13 @@ func (i *Interface) Stats() Stats {
 			ni.CMBackoff = 0
 		}
 		if n.tx != nil {
-			ni.TXConn = n.tx.state.String()
+			ni.TXConn = n.tx.state.load().String()
 		}
 		s.Neighbours = append(s.Neighbours, ni)
 	}
 	for tc := range i.txConns {
 		ci := ConnInfo{
-			Peer: tc.peer.ColonString(), PeerGID: tc.peer.GID().String(), State: tc.state.String(), MTU: tc.mtu,
+			Peer: tc.peer.ColonString(), PeerGID: tc.peer.GID().String(), State: tc.state.load().String(), MTU: tc.mtu,
 			AgeMS: millisSince(now, tc.created), Packets: tc.packets.Load(), Bytes: tc.byts.Load(),
 		}
 		if tc.qp != nil {
@@ -235,24 +234,27 @@ func millisSince(now, t time.Time) int64 {
 	return now.Sub(t).Milliseconds()
 }
 
+// reaperStats gathers the owners' counters into the one ReaperStats
+// section 'ipoib show' and the metrics have always read.
 func (i *Interface) reaperStats() ReaperStats {
-	r := &i.rs
+	r, a, t, p, n, g, h := &i.reaper.ctr, &i.rxLimit.ctr, &i.txc, &i.tx.ctr, &i.neigh.ctr, &i.mcast.ctr, &i.hostLinkCtr
 	return ReaperStats{
 		StaleScans: r.staleScans.Load(), StaleReaped: r.staleReaped.Load(), MovedToError: r.movedToError.Load(),
 		LastWQESeen: r.lastWQESeen.Load(), LateLastWQE: r.lateLastWQE.Load(),
 		DrainsPosted: r.drainsPosted.Load(), DrainsCompleted: r.drainsCompleted.Load(),
-		DrainPostFailures: r.drainPostFailures.Load(), Reaped: r.reaped.Load(), ForcedAtStop: r.forcedAtStop.Load(),
-		CQErrors: r.cqErrors.Load(), RXAccepted: r.rxAccepted.Load(), RXRejectedNoQP: r.rxRejectedNoQP.Load(),
-		RXRejectedMTU: r.rxRejectedMTU.Load(), TXMTUDowngrades: r.txMTUDowngrades.Load(),
-		TXConnects: r.txConnects.Load(), TXEstablished: r.txEstablished.Load(),
-		TXConnectFailures: r.txConnectFailures.Load(), TXTeardowns: r.txTeardowns.Load(), TXDestroyed: r.txDestroyed.Load(),
-		TXQueueStops: r.txStops.Load(), TXQueueWakes: r.txWakes.Load(),
-		NeighRestarts: r.neighRestarts.Load(), NeighAged: r.neighAged.Load(), NeighEvicted: r.neighEvicted.Load(), Reresolves: r.reresolves.Load(), ModeSwitches: r.modeSwitches.Load(),
-		McastJoins: r.mcastJoins.Load(), McastLeaves: r.mcastLeaves.Load(), McastSendOnly: r.mcastSendOnly.Load(),
-		McastSendOnlyExpired: r.mcastSendOnlyExpired.Load(), McastTableFull: r.mcastTableFull.Load(), McastJoinErrors: r.mcastJoinErrors.Load(),
-		TooBigSent: r.tooBigSent.Load(),
-		HostDowns:  r.hostDowns.Load(), HostUps: r.hostUps.Load(), HostDownRXTeardowns: r.hostDownRXTeardowns.Load(),
-		HostDownTXTeardowns: r.hostDownTXTeardowns.Load(), HostDownPathsFlushed: r.hostDownPathsFlushed.Load(),
+		DrainPostFailures: r.drainPostFailures.Load(), Reaped: r.reaped.Load(), ForcedAtStop: r.forced.Load() + t.forced.Load(),
+		CQErrors: i.ifCtr.cqErrors.Load(), RXAccepted: a.accepted.Load(), RXRejectedNoQP: a.rejectedNoQP.Load(),
+		RXRejectedMTU: a.rejectedMTU.Load(), TXMTUDowngrades: t.mtuDowngrades.Load(),
+		TXConnects: t.connects.Load(), TXEstablished: t.established.Load(),
+		TXConnectFailures: t.connectFailures.Load(), TXTeardowns: t.teardowns.Load(), TXDestroyed: t.destroyed.Load(),
+		TXQueueStops: p.stops.Load(), TXQueueWakes: p.wakes.Load(),
+		NeighRestarts: n.restarts.Load(), NeighAged: n.aged.Load(), NeighEvicted: n.evicted.Load(), Reresolves: n.reresolves.Load(),
+		ModeSwitches: i.ifCtr.modeSwitches.Load(),
+		McastJoins:   g.joins.Load(), McastLeaves: g.leaves.Load(), McastSendOnly: g.sendOnly.Load(),
+		McastSendOnlyExpired: g.sendOnlyExpired.Load(), McastTableFull: g.tableFull.Load(), McastJoinErrors: g.joinErrors.Load(),
+		TooBigSent: p.tooBigSent.Load(),
+		HostDowns:  h.downs.Load(), HostUps: h.ups.Load(), HostDownRXTeardowns: h.downRXTeardowns.Load(),
+		HostDownTXTeardowns: h.downTXTeardowns.Load(), HostDownPathsFlushed: h.downPathsFlushed.Load(),
 	}
 }
 
@@ -264,29 +266,4 @@ func (i *Interface) Drop(name string) uint64 {
 		}
 	}
 	return 0
-}
-
-// reaperCounters are exported through Stats.Reaper.
-type reaperCounters struct {
-	staleScans, staleReaped, movedToError            atomic.Uint64
-	lastWQESeen, drainsPosted, drainsCompleted       atomic.Uint64
-	drainPostFailures, reaped, forcedAtStop          atomic.Uint64
-	cqErrors, mcastJoins, tooBigSent                 atomic.Uint64
-	txStops, txWakes, txConnects, txEstablished      atomic.Uint64
-	txConnectFailures, txTeardowns, txDestroyed      atomic.Uint64
-	rxAccepted, rxRejectedNoQP, neighRestarts        atomic.Uint64
-	neighAged, modeSwitches, lateLastWQE, reresolves atomic.Uint64
-	neighEvicted                                     atomic.Uint64
-	// hostDowns, hostUps: the host set ib0 down / up again
-	// (hostlink.go); hostDownRXTeardowns, hostDownTXTeardowns,
-	// hostDownPathsFlushed: what those downs tore down and flushed.
-	hostDowns, hostUps, hostDownRXTeardowns   atomic.Uint64
-	hostDownTXTeardowns, hostDownPathsFlushed atomic.Uint64
-	// rxRejectedMTU: REQs whose path MTU is above our port's, refused
-	// with REJ INVALID_MTU; txMTUDowngrades: REQs resent one IB MTU
-	// lower after such a REJ (cmpathmtu.go).
-	rxRejectedMTU, txMTUDowngrades atomic.Uint64
-	// The host's multicast groups (mcast.go).
-	mcastLeaves, mcastSendOnly, mcastSendOnlyExpired, mcastTableFull atomic.Uint64
-	mcastJoinErrors                                                  atomic.Uint64
 }

@@ -4,7 +4,6 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,25 +20,10 @@ import (
 // a false alarm means a handler calls something that shares a name with a
 // function that syncs, and the answer is to rename, not to loosen this.
 func TestPollHandlersNeverSyncOrStop(t *testing.T) {
-	fset := token.NewFileSet()
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, files := parseSources(t)
 	calls := map[string]map[string]bool{} // function name -> names it calls
 	syncs := map[string]bool{}            // functions calling Sync/Stop on a napi context
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		src, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		af, err := parser.ParseFile(fset, f, src, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, af := range files {
 		for _, d := range af.Decls {
 			fd, ok := d.(*ast.FuncDecl)
 			if !ok || fd.Body == nil {
@@ -113,20 +97,9 @@ func collectCalls(body ast.Node, into map[string]bool, sync func()) {
 // assigned only in rxteardown.go (rxTransition and the destroy it runs),
 // so the teardown route can be read in one file.
 func TestRXStateChangesOnlyInTheStateMachine(t *testing.T) {
-	fset := token.NewFileSet()
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
+	fset, files := parseSources(t)
 	found := 0
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		af, err := parser.ParseFile(fset, f, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for f, af := range files {
 		ast.Inspect(af, func(n ast.Node) bool {
 			as, ok := n.(*ast.AssignStmt)
 			if !ok {
@@ -152,4 +125,96 @@ func TestRXStateChangesOnlyInTheStateMachine(t *testing.T) {
 	if found == 0 {
 		t.Fatal("no rxConn state assignment found at all: the check has gone blind")
 	}
+}
+
+// TestTXStateChangesOnlyInTheStateMachine: an active connection's state
+// is stored only by txTransition (txconn.go), which applies the table of
+// txStep, so every change of a txConn's life is one named event.
+func TestTXStateChangesOnlyInTheStateMachine(t *testing.T) {
+	fset, files := parseSources(t)
+	found := 0
+	for f, af := range files {
+		for _, d := range af.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || fd.Body == nil {
+				continue
+			}
+			inTransition := f == "txconn.go" && fd.Name.Name == "txTransition"
+			ast.Inspect(fd.Body, func(n ast.Node) bool {
+				switch n := n.(type) {
+				case *ast.CallExpr:
+					// tc.state.store(...): the one write of a txStateCell.
+					sel, ok := n.Fun.(*ast.SelectorExpr)
+					if !ok || sel.Sel.Name != "store" {
+						return true
+					}
+					if inner, ok := sel.X.(*ast.SelectorExpr); !ok || inner.Sel.Name != "state" {
+						return true
+					}
+					found++
+					if !inTransition {
+						t.Errorf("%s: active connection state stored in %s, not txTransition", fset.Position(n.Pos()), fd.Name.Name)
+					}
+				case *ast.SelectorExpr:
+					// The cell's atomic is the cell's alone.
+					if n.Sel.Name == "v" {
+						if inner, ok := n.X.(*ast.SelectorExpr); ok && inner.Sel.Name == "state" {
+							t.Errorf("%s: %s reaches into a txStateCell", fset.Position(n.Pos()), fd.Name.Name)
+						}
+					}
+				}
+				return true
+			})
+		}
+	}
+	if found != 1 {
+		t.Fatalf("found %d stores of a txConn state, want exactly the one in txTransition: the check has gone blind or been bypassed", found)
+	}
+}
+
+// TestTXStepTable walks every state and event through txStep: the
+// active connection only ever moves forward, and a destroyed one stays.
+func TestTXStepTable(t *testing.T) {
+	want := map[[2]int]txState{
+		{int(txConnecting), int(txEvREP)}:      txUp,
+		{int(txConnecting), int(txEvTeardown)}: txClosing,
+		{int(txUp), int(txEvTeardown)}:         txClosing,
+		{int(txConnecting), int(txEvDestroy)}:  txDestroyed,
+		{int(txUp), int(txEvDestroy)}:          txDestroyed,
+		{int(txClosing), int(txEvDestroy)}:     txDestroyed,
+	}
+	for s := txConnecting; s <= txDestroyed; s++ {
+		for ev := txEvREP; ev <= txEvDestroy; ev++ {
+			to, ok := txStep(s, ev)
+			w, allowed := want[[2]int{int(s), int(ev)}]
+			if ok != allowed || (ok && to != w) || (!ok && to != s) {
+				t.Errorf("txStep(%s, %s) = %s, %v; want %s, %v", s, ev, to, ok, w, allowed)
+			}
+		}
+	}
+}
+
+// parseSources parses the package's non-test Go files, by file name.
+func parseSources(t *testing.T) (*token.FileSet, map[string]*ast.File) {
+	t.Helper()
+	fset := token.NewFileSet()
+	names, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := make(map[string]*ast.File)
+	for _, f := range names {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		af, err := parser.ParseFile(fset, f, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[f] = af
+	}
+	if len(files) == 0 {
+		t.Fatal("no source files found")
+	}
+	return fset, files
 }

@@ -134,8 +134,8 @@ func TestLastWQEWhileLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := waitN(t, reaped, 1, "reap after LAST_WQE")
-	if got[0] != rc || !rc.dead.Load() {
-		t.Fatalf("reaped %p (dead %v), want %p dead", got[0], rc.dead.Load(), rc)
+	if got[0].QPN != rc.qp.QPN() || !rc.dead.Load() {
+		t.Fatalf("reaped QP %#x (dead %v), want %#x dead", got[0].QPN, rc.dead.Load(), rc.qp.QPN())
 	}
 	if st := b.ifc.Stats(); st.Reaper.LateLastWQE != 1 || st.Reaper.DrainsCompleted != 1 {
 		t.Fatalf("reaper %+v", st.Reaper)

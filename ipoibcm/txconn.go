@@ -10,10 +10,28 @@ import (
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 )
 
+// This file is the active-connection state machine (Linux ipoib_cm_tx):
+// every change of txConn.state goes through txTransition, under
+// Interface.mu. The route of a connection, top to bottom:
+//
+//	txConnecting --txEvREP (the REP's private data applied, CM goroutine)-->
+//	             the parked frames posted behind it, under the same lock
+//	txUp         --txEvTeardown (CM disconnect, send error, idle neighbour,
+//	             mode switch, host down, shutdown; from txConnecting too:
+//	             REJ, time-out, set-up failure)-->
+//	             detached from the neighbour, CM id destroyed, QP to Error
+//	txClosing    --txEvDestroy (its last send completed, flushed)-->
+//	             out of Interface.txConns, QP destroyed
+//	txDestroyed
+//
+// txEvDestroy also comes from Close's DrainTimeout (forceShutdown), in
+// any state. Events that do not fit the state are refused: a duplicate
+// teardown, a REP for a connection already closing.
+
 // txState is the life of an active (send-only) connection.
 //
 //go:generate go tool stringer -type=txState -linecomment
-type txState int
+type txState int32
 
 const (
 	// txConnecting: REQ sent; frames park on the neighbour
@@ -26,6 +44,43 @@ const (
 	txDestroyed // destroyed
 )
 
+// txEvent is what happens to an active connection.
+//
+//go:generate go tool stringer -type=txEvent -linecomment
+type txEvent int
+
+const (
+	// txEvREP: the REP arrived with usable private data.
+	txEvREP txEvent = iota // rep
+	// txEvTeardown: the connection is to go (any reason).
+	txEvTeardown // teardown
+	// txEvDestroy: every send completed (or Close forces it): the QP
+	// goes.
+	txEvDestroy // destroy
+)
+
+// txStep is the transition table: the state ev moves from to, and false
+// when ev does not apply to from.
+func txStep(from txState, ev txEvent) (txState, bool) {
+	switch {
+	case ev == txEvREP && from == txConnecting:
+		return txUp, true
+	case ev == txEvTeardown && (from == txConnecting || from == txUp):
+		return txClosing, true
+	case ev == txEvDestroy && from != txDestroyed:
+		return txDestroyed, true
+	}
+	return from, false
+}
+
+// txStateCell holds a txState. Written only by txTransition (under
+// Interface.mu); the TX poller reads it without the lock (sendDone).
+type txStateCell struct{ v atomic.Int32 }
+
+func (c *txStateCell) load() txState { return txState(c.v.Load()) }
+
+func (c *txStateCell) store(s txState) { c.v.Store(int32(s)) }
+
 // txConn is an active RC connection to one neighbour (Linux ipoib_cm_tx):
 // set up from the control loop, made usable by the REP on the CM
 // goroutine, sent on by the host reader, torn down from the control loop
@@ -37,22 +92,45 @@ type txConn struct {
 	qp     hca.QP
 	cmConn *cm.Conn // set by the control loop after Connect
 
-	state   txState // guarded by Interface.mu
-	mtu     int     // peer's receive MTU incl. the IPoIB header
+	state   txStateCell // changed only by txTransition
+	mtu     int         // peer's receive MTU incl. the IPoIB header
 	created time.Time
 
-	outstanding   atomic.Int64 // sends posted and not completed
-	closing       atomic.Bool  // teardown began: flush completions expected
-	failed        atomic.Bool  // teardown requested once
-	destroyClaim  atomic.Bool  // whoever wins destroys the QP
-	packets, byts atomic.Uint64
-	reqAt         atomic.Int64 // unix nanos the REQ was sent, for EventTXEstablished
+	outstanding atomic.Int64 // sends posted and not completed
+	// teardownPosted latches the data path's request for a teardown, so
+	// a burst of failed sends posts one (not state: the teardown itself
+	// decides, on the control loop).
+	teardownPosted atomic.Bool
+	packets, byts  atomic.Uint64
+	reqAt          atomic.Int64 // unix nanos the REQ was sent, for EventTXEstablished
+}
+
+// txConnCounters count the active connections' lives.
+type txConnCounters struct {
+	connects, established, connectFailures atomic.Uint64
+	teardowns, destroyed                   atomic.Uint64
+	// mtuDowngrades: REQs resent one IB MTU lower after a REJ
+	// INVALID_MTU (cmpathmtu.go); forced: destroyed by Close's
+	// DrainTimeout with sends still outstanding.
+	mtuDowngrades, forced atomic.Uint64
+}
+
+// txTransition applies ev to tc (Interface.mu held): the one place
+// tc.state changes. It reports whether ev applied; what each change does
+// around it is done by its caller, under the same lock where it must be
+// atomic with the change.
+func (tc *txConn) txTransition(ev txEvent) bool {
+	to, ok := txStep(tc.state.load(), ev)
+	if ok {
+		tc.state.store(to)
+	}
+	return ok
 }
 
 // startTXLocked creates the TX connection of n and hands the REQ to the
 // control loop. The frame that triggered it is parked by the caller.
 func (i *Interface) startTXLocked(n *neighbour, now time.Time) *txConn {
-	tc := &txConn{i: i, neigh: n, peer: n.hw, state: txConnecting, created: now}
+	tc := &txConn{i: i, neigh: n, peer: n.hw, created: now} // txConnecting
 	n.tx = tc
 	i.txConns[tc] = struct{}{}
 	i.ctl.post(tc.connect)
@@ -63,7 +141,7 @@ func (i *Interface) startTXLocked(n *neighbour, now time.Time) *txConn {
 func (tc *txConn) connect() {
 	i := tc.i
 	i.mu.Lock()
-	live := tc.state == txConnecting && ifState(i.state.Load()) == ifRunning
+	live := tc.state.load() == txConnecting && ifState(i.state.Load()) == ifRunning
 	i.mu.Unlock()
 	if !live {
 		tc.teardown()
@@ -116,7 +194,7 @@ func (tc *txConn) connect() {
 	i.mu.Lock()
 	tc.cmConn = conn
 	i.mu.Unlock()
-	i.rs.txConnects.Add(1)
+	i.txc.connects.Add(1)
 	i.emitTX(EventTXConnect, tc, 0, "")
 }
 
@@ -128,15 +206,12 @@ func (tc *txConn) onCMEvent(ev cm.Event) {
 	i.log.Debug("CM TX event", "event", ev.Type, "peer", tc.peer, "reject", ev.RejectReason, "err", ev.Err)
 	switch ev.Type {
 	case cm.EventREPReceived:
-		if h := i.hooks.repReceived; h != nil {
-			h(tc)
-		}
 		if !tc.applyREP(ev.PrivateData) {
 			ev.Conn.Reject(cm.RejectConsumerDefined)
 			i.ctl.post(func() { tc.fail(true) })
 		}
 	case cm.EventEstablished:
-		i.rs.txEstablished.Add(1)
+		i.txc.established.Add(1)
 		i.emitTX(EventTXEstablished, tc, time.Duration(time.Now().UnixNano()-tc.reqAt.Load()), "")
 	case cm.EventRejected, cm.EventTimedOut:
 		// A stale-connection REJ is the peer cleaning up after a restart
@@ -178,19 +253,15 @@ func (tc *txConn) applyREP(pd []byte) bool {
 	}
 	var replies [][]byte
 	i.mu.Lock()
-	if tc.state != txConnecting {
+	if !tc.txTransition(txEvREP) {
 		i.mu.Unlock()
 		return false
 	}
 	tc.mtu = min(mtu, frame.CMBufSize)
-	tc.state = txUp
 	n := tc.neigh
 	if n.tx != tc {
 		i.mu.Unlock()
 		return true
-	}
-	if h := i.hooks.repApplying; h != nil {
-		h(tc)
 	}
 	tx := &i.tx
 	p := poster{tx: tx}
@@ -237,7 +308,7 @@ func (tc *txConn) fail(backoff bool) {
 			tc.neigh.cmBackoffUntil = time.Now().Add(i.cfg.CMBackoff)
 		}
 		i.mu.Unlock()
-		i.rs.txConnectFailures.Add(1)
+		i.txc.connectFailures.Add(1)
 	}
 	tc.teardown()
 }
@@ -245,7 +316,7 @@ func (tc *txConn) fail(backoff bool) {
 // sendFailed is the data path's report of a send the connection refused
 // or completed in error: teardown, once.
 func (tc *txConn) sendFailed() {
-	if tc.failed.CompareAndSwap(false, true) {
+	if tc.teardownPosted.CompareAndSwap(false, true) {
 		tc.i.ctl.post(tc.teardown)
 	}
 }
@@ -265,15 +336,13 @@ func (tc *txConn) detachLocked(reason dropReason) {
 func (tc *txConn) teardown() {
 	i := tc.i
 	i.mu.Lock()
-	if tc.state == txClosing || tc.state == txDestroyed {
+	if !tc.txTransition(txEvTeardown) {
 		i.mu.Unlock()
 		return
 	}
-	tc.state = txClosing
-	tc.closing.Store(true)
 	tc.detachLocked(dropTxNeighFlushed)
 	i.mu.Unlock()
-	i.rs.txTeardowns.Add(1)
+	i.txc.teardowns.Add(1)
 	i.emitTX(EventTXTeardown, tc, 0, "")
 	if tc.cmConn != nil {
 		tc.cmConn.Destroy()
@@ -288,26 +357,24 @@ func (tc *txConn) teardown() {
 	}
 }
 
-// destroy destroys tc's QP exactly once (control loop).
+// destroy takes tc out of the connection set and destroys its QP,
+// exactly once (control loop).
 func (tc *txConn) destroy() {
 	i := tc.i
-	if !tc.destroyClaim.CompareAndSwap(false, true) {
+	i.mu.Lock()
+	if !tc.txTransition(txEvDestroy) {
+		i.mu.Unlock()
 		return
 	}
+	delete(i.txConns, tc)
+	i.mu.Unlock()
 	if tc.qp != nil {
 		if err := tc.qp.Destroy(); err != nil {
 			i.log.Warn("destroy TX QP", "peer", tc.peer, "err", err)
 		}
 	}
-	i.mu.Lock()
-	tc.state = txDestroyed
-	delete(i.txConns, tc)
-	i.mu.Unlock()
-	i.rs.txDestroyed.Add(1)
+	i.txc.destroyed.Add(1)
 	i.emitTX(EventTXDestroyed, tc, 0, "")
-	if h := i.hooks.txDestroyed; h != nil {
-		h(tc)
-	}
 }
 
 // sendDone accounts one completed send of tc (TX poller); it reports
@@ -320,7 +387,7 @@ func (tc *txConn) sendDone() bool {
 			return false
 		}
 		if tc.outstanding.CompareAndSwap(v, v-1) {
-			if v == 1 && tc.closing.Load() {
+			if v == 1 && tc.state.load() >= txClosing {
 				tc.i.ctl.post(tc.destroy)
 			}
 			return true

@@ -74,7 +74,8 @@ func (i *Interface) txFrameLocked(t *txScratch, bufIdx, size int, m offload.Meta
 		if !checkMeta() {
 			return false
 		}
-		if !i.hostMcastReportLocked(h.EtherType, payload, now) {
+		if mayBeMcastReport(h.EtherType, payload) && i.mcast.hostReport(h.EtherType, payload, now) == mcastBadReport {
+			i.ctr.drop(dropTxBadMcastReport)
 			return false
 		}
 	case frame.EtherTypeIPv6:
@@ -85,7 +86,8 @@ func (i *Interface) txFrameLocked(t *txScratch, bufIdx, size int, m offload.Meta
 		if !checkMeta() {
 			return false
 		}
-		if !i.hostMcastReportLocked(h.EtherType, payload, now) {
+		if mayBeMcastReport(h.EtherType, payload) && i.mcast.hostReport(h.EtherType, payload, now) == mcastBadReport {
+			i.ctr.drop(dropTxBadMcastReport)
 			return false
 		}
 		if frame.IsND(payload) {
@@ -146,8 +148,8 @@ func (i *Interface) txNDLocked(t *txScratch, payload []byte, now time.Time) (int
 		src = info.Target // duplicate address detection: the tentative address
 	}
 	if src.IsValid() && !src.IsUnspecified() && !src.IsMulticast() {
-		i.noteHostIPLocked(src)
-		i.hostMembershipLocked(solicitedNode(src), true, now)
+		i.neigh.noteHostIP(src)
+		i.mcast.membership(solicitedNode(src), true, now)
 	}
 	copy(payload[:cap(payload)][:n], t.nd[:n])
 	return n, true
@@ -163,7 +165,7 @@ func (i *Interface) txARPLocked(t *txScratch, bufIdx int, h frame.EthHeader, pay
 		i.ctr.drop(dropTxBadARP)
 		return false
 	}
-	i.noteHostIPLocked(a.SenderIP)
+	i.neigh.noteHostIP(a.SenderIP)
 	var target frame.HWAddr
 	if a.TargetMAC != (frame.MAC{}) {
 		if n := i.neigh.lookupMAC(a.TargetMAC); n != nil {
@@ -187,7 +189,7 @@ func (i *Interface) txARPLocked(t *txScratch, bufIdx int, h frame.EthHeader, pay
 			i.ctr.drop(dropTxUnknownNeighbour)
 			return false
 		}
-		ah, _, err := i.mcastAHLocked(i.bcast, netip.Addr{}, now)
+		ah, _, err := i.mcast.ah(i.bcast, netip.Addr{}, now)
 		if err != nil {
 			i.ctr.drop(dropTxNoAH)
 			return false
@@ -195,7 +197,7 @@ func (i *Interface) txARPLocked(t *txScratch, bufIdx int, h frame.EthHeader, pay
 		return t.post.post(sendDest{ah: ah, qpn: hca.QPNMulticast}, bufIdx, size, frame.EtherTypeARP, sendOffload{})
 	}
 	n.lastUse = now
-	ah, err := i.neighAHLocked(n)
+	ah, err := i.neigh.ah(n)
 	if err != nil {
 		i.ctr.drop(dropTxNoAH)
 		return false
@@ -219,7 +221,7 @@ func (i *Interface) txMulticastLocked(t *txScratch, bufIdx, size int, etherType 
 		i.ctr.drop(dropTxTooBig)
 		return false
 	}
-	ah, ok, err := i.mcastAHLocked(mgid, dst, now)
+	ah, ok, err := i.mcast.ah(mgid, dst, now)
 	if !ok {
 		i.ctr.drop(dropTxMcastTableFull)
 		return false
@@ -250,7 +252,7 @@ func (i *Interface) txNeighLocked(t *txScratch, n *neighbour, bufIdx, size int, 
 			tc = i.startTXLocked(n, now)
 		}
 		if tc != nil {
-			switch tc.state {
+			switch tc.state.load() {
 			case txUp:
 				pathMTU := min(tc.mtu-frame.EncapLen, i.MTU())
 				if tm.gso() {
@@ -287,7 +289,7 @@ func (i *Interface) txNeighLocked(t *txScratch, n *neighbour, bufIdx, size int, 
 	if tm.gso() && !lso {
 		return i.txSegmentLocked(t, n, hca.GID{}, netip.Addr{}, bufIdx, size, etherType, tm, now)
 	}
-	ah, err := i.neighAHLocked(n)
+	ah, err := i.neigh.ah(n)
 	if err != nil {
 		i.ctr.drop(dropTxNoAH)
 		return false
@@ -388,6 +390,6 @@ func (i *Interface) answerTooBig(dst []byte, n *neighbour, pkt []byte, mtu int) 
 	if m == 0 {
 		return nil
 	}
-	i.rs.tooBigSent.Add(1)
+	i.tx.ctr.tooBigSent.Add(1)
 	return dst[:m]
 }

@@ -35,6 +35,14 @@ type txPath struct {
 	stopped       atomic.Bool
 	wake          chan struct{}
 	free          []int // handleTX scratch (TX poller)
+
+	ctr txPathCounters
+}
+
+// txPathCounters count the reader's stops and wakes and the ICMP
+// too-big answers it built for the host.
+type txPathCounters struct {
+	stops, wakes, tooBigSent atomic.Uint64
 }
 
 // poster posts host frames for one goroutine and owns that goroutine's
@@ -195,7 +203,7 @@ func (tx *txPath) handOverParked() { tx.outstanding.Add(-1) }
 // to half.
 func (tx *txPath) wakeIfResumed(left int64) {
 	if left <= int64(tx.i.cfg.SendQueueSize/2) && tx.stopped.Load() && tx.stopped.CompareAndSwap(true, false) {
-		tx.i.rs.txWakes.Add(1)
+		tx.ctr.wakes.Add(1)
 		select {
 		case tx.wake <- struct{}{}:
 		default:
@@ -219,7 +227,7 @@ func (tx *txPath) waitCredits(reserve int) bool {
 	if tx.outstanding.Load() < limit {
 		return true
 	}
-	tx.i.rs.txStops.Add(1)
+	tx.ctr.stops.Add(1)
 	return tx.stopQueue(stopForCredits)
 }
 
@@ -254,9 +262,6 @@ func (tx *txPath) resumable(why stopReason) bool {
 // stopped and wake. Whoever flips stopped back to false (the re-check here
 // or returnCredits) owns the resumption.
 func (tx *txPath) stopQueue(why stopReason) bool {
-	if h := tx.i.hooks.beforeTXStop; h != nil {
-		h(why)
-	}
 	tx.stopped.Store(true)
 	// A stopped queue waits for completion events: hand re-arming back
 	// to the TX poller (after stopped is set, so the poll that returns

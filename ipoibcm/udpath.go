@@ -91,29 +91,8 @@ func (u *udPath) destroy() {
 	if u.qp == nil {
 		return
 	}
-	for mgid, g := range u.i.mcast.groups {
-		if g.attached {
-			if err := u.qp.DetachMcast(mgid); err != nil {
-				u.i.log.Warn("detach multicast", "mgid", mgid, "err", err)
-			}
-			g.attached = false
-		}
-	}
 	if err := u.qp.Destroy(); err != nil {
 		u.i.log.Warn("destroy UD QP", "err", err)
 	}
 	u.qp = nil
-}
-
-// neighAHLocked is the address handle for UD sends to neighbour n,
-// created on first use and kept until the neighbour is reaped.
-func (i *Interface) neighAHLocked(n *neighbour) (hca.AH, error) {
-	if n.ah == nil {
-		ah, err := i.dev.CreateAH(n.hw.GID())
-		if err != nil {
-			return nil, fmt.Errorf("address handle for neighbour %s: %w", n.hw, err)
-		}
-		n.ah = ah
-	}
-	return n.ah, nil
 }

@@ -3,7 +3,7 @@ package offload
 import (
 	"encoding/binary"
 
-	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+	"github.com/ipoibcm/ipoib/internal/packet"
 )
 
 // CompletePartial finishes a checksum the sender left partial, as a NIC
@@ -18,7 +18,7 @@ func CompletePartial(frame []byte, start, off int) {
 // PartialSum is the checksum CompletePartial would write, for a caller
 // that puts it into a copy of the frame rather than the frame itself.
 func PartialSum(frame []byte, start, off int) uint16 {
-	s := ^checksum.Checksum(frame[start:], 0)
+	s := ^packet.Sum(frame[start:], 0)
 	if s == 0 && off == 6 {
 		// A UDP checksum of 0 means "none"; RFC 768 sends all ones.
 		s = 0xFFFF
@@ -26,34 +26,22 @@ func PartialSum(frame []byte, start, off int) uint16 {
 	return s
 }
 
-// pseudoSum is the folded sum of the TCP/UDP pseudo header (RFC 793,
-// RFC 8200 8.1) for an L4 segment of l4len bytes.
+// pseudoSum is the folded sum of the TCP/UDP pseudo header for an L4
+// segment of l4len bytes.
 func pseudoSum(frame []byte, h *Headers, l4len int) uint16 {
-	ip := frame[h.L3:]
-	var s uint16
-	if h.IPv6 {
-		s = checksum.Checksum(ip[8:40], 0)
-	} else {
-		s = checksum.Checksum(ip[12:20], 0)
-	}
-	var tail [4]byte
-	binary.BigEndian.PutUint16(tail[0:], uint16(h.Proto))
-	binary.BigEndian.PutUint16(tail[2:], uint16(l4len))
-	return checksum.Checksum(tail[:], s)
+	return packet.PseudoHeaderSum(frame[h.L3:], h.IPv6, h.Proto, l4len)
 }
 
 // fill writes the IPv4 header checksum and the full L4 checksum of the
 // packet described by h, ignoring what those fields held.
 func fill(frame []byte, h *Headers) {
 	if !h.IPv6 {
-		ip := frame[h.L3:h.L4]
-		ip[10], ip[11] = 0, 0
-		binary.BigEndian.PutUint16(ip[10:], ^checksum.Checksum(ip, 0))
+		packet.PutIPv4Checksum(frame[h.L3:h.L4])
 	}
 	l4 := frame[h.L4:h.Len]
 	co := h.CsumOffset()
 	l4[co], l4[co+1] = 0, 0
-	s := ^checksum.Checksum(l4, pseudoSum(frame, h, len(l4)))
+	s := ^packet.Sum(l4, pseudoSum(frame, h, len(l4)))
 	if s == 0 && h.Proto == ProtoUDP {
 		s = 0xFFFF
 	}
@@ -65,14 +53,12 @@ func fill(frame []byte, h *Headers) {
 // multiple of 4 bytes long, so the sum carries on over pay unshifted.
 func fillSplit(hdr, pay []byte, h *Headers) {
 	if !h.IPv6 {
-		ip := hdr[h.L3:h.L4]
-		ip[10], ip[11] = 0, 0
-		binary.BigEndian.PutUint16(ip[10:], ^checksum.Checksum(ip, 0))
+		packet.PutIPv4Checksum(hdr[h.L3:h.L4])
 	}
 	l4 := hdr[h.L4:h.End]
 	co := h.CsumOffset()
 	l4[co], l4[co+1] = 0, 0
-	s := ^checksum.Checksum(pay, checksum.Checksum(l4, pseudoSum(hdr, h, h.Len-h.L4)))
+	s := ^packet.Sum(pay, packet.Sum(l4, pseudoSum(hdr, h, h.Len-h.L4)))
 	if s == 0 && h.Proto == ProtoUDP {
 		s = 0xFFFF
 	}
@@ -101,23 +87,21 @@ func VerifyChecksums(frame []byte, l3off int) bool {
 	if err != nil {
 		return false
 	}
-	if !h.IPv6 && checksum.Checksum(frame[h.L3:h.L4], 0) != 0xFFFF {
+	if !h.IPv6 && !packet.IPv4ChecksumValid(frame[h.L3:h.L4]) {
 		return false
 	}
 	l4 := frame[h.L4:h.Len]
 	if h.Proto == ProtoUDP && l4[6] == 0 && l4[7] == 0 {
 		return !h.IPv6
 	}
-	return checksum.Checksum(l4, pseudoSum(frame, &h, len(l4))) == 0xFFFF
+	return packet.Sum(l4, pseudoSum(frame, &h, len(l4))) == 0xFFFF
 }
 
 // fillPartial writes the IPv4 header checksum and leaves the L4 checksum
 // field holding the pseudo-header sum, as Linux does for CHECKSUM_PARTIAL.
 func fillPartial(frame []byte, h *Headers) {
 	if !h.IPv6 {
-		ip := frame[h.L3:h.L4]
-		ip[10], ip[11] = 0, 0
-		binary.BigEndian.PutUint16(ip[10:], ^checksum.Checksum(ip, 0))
+		packet.PutIPv4Checksum(frame[h.L3:h.L4])
 	}
 	binary.BigEndian.PutUint16(frame[h.L4+h.CsumOffset():], pseudoSum(frame, h, h.Len-h.L4))
 }

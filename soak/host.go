@@ -8,8 +8,10 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/ipoibcm/ipoib/internal/packet"
 	"github.com/ipoibcm/ipoib/ipoibcm"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 // soakHost plays the host behind one Interface: an in-memory
@@ -206,7 +208,7 @@ func (h *soakHost) receive(f []byte) {
 }
 
 func (h *soakHost) receiveIPv4(eth frame.EthHeader, ip []byte) {
-	if len(ip) >= ipv4HdrLen && ip[9] == 1 {
+	if len(ip) >= header.IPv4MinimumSize && header.IPv4(ip).Protocol() == packet.ProtoICMPv4 {
 		h.ctr.icmp.Add(1) // frag-needed: the engine's PMTU answer
 		return
 	}

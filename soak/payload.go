@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"hash/crc32"
 	"net/netip"
+
+	"github.com/ipoibcm/ipoib/internal/packet"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 // The soak's packets are IPv4/UDP frames whose UDP payload starts with a
@@ -18,9 +22,7 @@ const (
 	soakMagic      uint32 = 0x534f414b // "SOAK"
 	soakHdrLen            = 24         // magic, src, dst, seq, len, crc
 	soakUDPPort           = 4755       // RFC 4755, both ports
-	ipv4HdrLen            = 20
-	udpHdrLen             = 8
-	soakIPOverhead        = ipv4HdrLen + udpHdrLen
+	soakIPOverhead        = header.IPv4MinimumSize + header.UDPMinimumSize
 	// soakMinIP is the smallest IP packet the soak sends.
 	soakMinIP = soakIPOverhead + soakHdrLen
 )
@@ -70,27 +72,25 @@ func putSoakIPv4(b []byte, src, dst uint16, seq uint64, ipLen int) int {
 	if ipLen < soakMinIP || len(b) < ipLen || ipLen > 0xffff {
 		return 0
 	}
-	ip := b[:ipv4HdrLen]
-	ip[0] = 0x45
-	ip[1] = 0
-	binary.BigEndian.PutUint16(ip[2:4], uint16(ipLen))
-	binary.BigEndian.PutUint16(ip[4:6], uint16(seq))
-	binary.BigEndian.PutUint16(ip[6:8], 0x4000) // DF: the soak never fragments
-	ip[8] = 64
-	ip[9] = 17 // UDP
-	ip[10], ip[11] = 0, 0
-	s, d := soakHostIP(int(src)).As4(), soakHostIP(int(dst)).As4()
-	copy(ip[12:16], s[:])
-	copy(ip[16:20], d[:])
-	binary.BigEndian.PutUint16(ip[10:12], ipv4Checksum(ip))
+	ip := header.IPv4(b[:header.IPv4MinimumSize])
+	ip.Encode(&header.IPv4Fields{
+		TotalLength: uint16(ipLen),
+		ID:          uint16(seq),
+		Flags:       header.IPv4FlagDontFragment, // the soak never fragments
+		TTL:         64,
+		Protocol:    packet.ProtoUDP,
+		SrcAddr:     tcpip.AddrFrom4(soakHostIP(int(src)).As4()),
+		DstAddr:     tcpip.AddrFrom4(soakHostIP(int(dst)).As4()),
+	})
+	packet.PutIPv4Checksum(ip)
 
-	udp := b[ipv4HdrLen:ipLen]
-	binary.BigEndian.PutUint16(udp[0:2], soakUDPPort)
-	binary.BigEndian.PutUint16(udp[2:4], soakUDPPort)
-	binary.BigEndian.PutUint16(udp[4:6], uint16(len(udp)))
-	udp[6], udp[7] = 0, 0 // no UDP checksum (IPv4 allows it); ours is stronger
+	udp := header.UDP(b[header.IPv4MinimumSize:ipLen])
+	udp.Encode(&header.UDPFields{
+		SrcPort: soakUDPPort, DstPort: soakUDPPort, Length: uint16(len(udp)),
+		// No UDP checksum (IPv4 allows it): the soak header's CRC is stronger.
+	})
 
-	p := udp[udpHdrLen:]
+	p := udp[header.UDPMinimumSize:]
 	binary.BigEndian.PutUint32(p[0:4], soakMagic)
 	binary.BigEndian.PutUint16(p[4:6], src)
 	binary.BigEndian.PutUint16(p[6:8], dst)
@@ -115,32 +115,30 @@ func soakCRC(p []byte) uint32 {
 // parseSoakIPv4 checks an IPv4 packet from the host side and returns the
 // soak packet it carries. It never panics: every malformed input returns
 // an error.
-func parseSoakIPv4(ip []byte) (soakPacket, error) {
-	if len(ip) < ipv4HdrLen || ip[0]>>4 != 4 {
+func parseSoakIPv4(b []byte) (soakPacket, error) {
+	h, err := packet.ParseIP(b)
+	switch {
+	case errors.Is(err, packet.ErrNotIP), errors.Is(err, packet.ErrTruncated), h.IPv6:
 		return soakPacket{}, fmt.Errorf("IPv4 header: %w", ErrNotOurs)
-	}
-	ihl := int(ip[0]&0xf) * 4
-	total := int(binary.BigEndian.Uint16(ip[2:4]))
-	if ihl < ipv4HdrLen || total < ihl || total > len(ip) {
-		return soakPacket{}, fmt.Errorf("IPv4 lengths ihl %d total %d of %d: %w", ihl, total, len(ip), ErrTruncated)
-	}
-	if ip[9] != 17 {
-		return soakPacket{}, fmt.Errorf("IP protocol %d: %w", ip[9], ErrNotOurs)
-	}
-	if ipv4Checksum(ip[:ihl]) != 0 {
+	case err != nil:
+		return soakPacket{}, fmt.Errorf("IPv4 lengths ihl %d total %d of %d: %w", h.HeaderLen, h.Len, len(b), ErrTruncated)
+	case h.Protocol != packet.ProtoUDP:
+		return soakPacket{}, fmt.Errorf("IP protocol %d: %w", h.Protocol, ErrNotOurs)
+	case !packet.IPv4ChecksumValid(b):
 		return soakPacket{}, fmt.Errorf("IPv4 header: %w", ErrChecksum)
 	}
-	udp := ip[ihl:total]
-	if len(udp) < udpHdrLen {
+	ip := header.IPv4(b)
+	udp := header.UDP(b[h.HeaderLen:h.Len])
+	if len(udp) < header.UDPMinimumSize {
 		return soakPacket{}, fmt.Errorf("UDP header: %w", ErrTruncated)
 	}
-	if binary.BigEndian.Uint16(udp[2:4]) != soakUDPPort {
+	if udp.DestinationPort() != soakUDPPort {
 		return soakPacket{}, fmt.Errorf("UDP port: %w", ErrNotOurs)
 	}
-	if int(binary.BigEndian.Uint16(udp[4:6])) != len(udp) {
-		return soakPacket{}, fmt.Errorf("UDP length %d of %d: %w", binary.BigEndian.Uint16(udp[4:6]), len(udp), ErrLength)
+	if int(udp.Length()) != len(udp) {
+		return soakPacket{}, fmt.Errorf("UDP length %d of %d: %w", udp.Length(), len(udp), ErrLength)
 	}
-	p := udp[udpHdrLen:]
+	p := udp.Payload()
 	if len(p) < soakHdrLen {
 		return soakPacket{}, fmt.Errorf("soak header: %w", ErrTruncated)
 	}
@@ -158,23 +156,7 @@ func parseSoakIPv4(ip []byte) (soakPacket, error) {
 		Dst:   binary.BigEndian.Uint16(p[6:8]),
 		Seq:   binary.BigEndian.Uint64(p[8:16]),
 		Len:   len(p),
-		SrcIP: netip.AddrFrom4([4]byte(ip[12:16])),
-		DstIP: netip.AddrFrom4([4]byte(ip[16:20])),
+		SrcIP: netip.AddrFrom4(ip.SourceAddress().As4()),
+		DstIP: netip.AddrFrom4(ip.DestinationAddress().As4()),
 	}, nil
-}
-
-// ipv4Checksum is the Internet checksum of h; 0 over a header whose
-// checksum field is correct.
-func ipv4Checksum(h []byte) uint16 {
-	var sum uint32
-	for k := 0; k+1 < len(h); k += 2 {
-		sum += uint32(h[k])<<8 | uint32(h[k+1])
-	}
-	if len(h)%2 == 1 {
-		sum += uint32(h[len(h)-1]) << 8
-	}
-	for sum > 0xffff {
-		sum = sum>>16 + sum&0xffff
-	}
-	return ^uint16(sum)
 }

@@ -3,6 +3,8 @@ package soak
 import (
 	"errors"
 	"testing"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 func TestSoakPacketRoundTrip(t *testing.T) {
@@ -35,7 +37,7 @@ func TestSoakPacketRejects(t *testing.T) {
 		{"ip header bit flip", func(b []byte) []byte { b[8]--; return b }, ErrChecksum},
 		{"truncated", func(b []byte) []byte { return b[:100] }, ErrTruncated},
 		{"not udp", func(b []byte) []byte { b[9] = 6; return b }, ErrNotOurs},
-		{"other port", func(b []byte) []byte { b[ipv4HdrLen+3]++; return b }, ErrNotOurs},
+		{"other port", func(b []byte) []byte { b[header.IPv4MinimumSize+3]++; return b }, ErrNotOurs},
 		{"too short", func(b []byte) []byte { return b[:10] }, ErrNotOurs},
 	}
 	for _, c := range cases {

@@ -42,7 +42,7 @@ func (r *Report) WritePlot(w io.Writer) error {
 
 func (r *Report) plot() (*plot.Plot, error) {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("ipoib soak: %d hosts, %v, %s", r.Settings.Hosts, r.Settings.Duration, verdict(r))
+	p.Title.Text = fmt.Sprintf("ipoib soak: %d hosts, %v, %s", r.Settings.Hosts, r.Settings.Duration, r.Verdict())
 	p.X.Label.Text = "seconds"
 	p.Y.Label.Text = "connections / per second"
 	tl := r.Timeline
@@ -103,11 +103,4 @@ func (r *Report) plot() (*plot.Plot, error) {
 	p.Y.Min = 0
 	p.Y.Max = max(top*1.5, 1) // the legend sits above the lines
 	return p, nil
-}
-
-func verdict(r *Report) string {
-	if r.Failed() {
-		return "FAIL"
-	}
-	return "pass"
 }

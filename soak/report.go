@@ -98,6 +98,10 @@ type Report struct {
 	Heap       Heap              `json:"heap"`
 	Invariants []InvariantResult `json:"invariants"`
 	Violations uint64            `json:"violations"`
+	// Interrupted, if set, says why the traffic stopped before
+	// Settings.Duration: the cause of Run's context (under ipoib soak, the
+	// signal). Elapsed is how long it ran; the end checks ran as always.
+	Interrupted string `json:"interrupted,omitempty"`
 	// Timeline samples the run (about every second, finer for short
 	// soaks) for --plot.
 	Timeline []Sample `json:"timeline"`
@@ -144,6 +148,19 @@ func (s *Settings) backend() string {
 
 // Failed reports whether any invariant was violated.
 func (r *Report) Failed() bool { return r.Violations > 0 }
+
+// Verdict is the report's last word: INTERRUPTED for a run cut short
+// (whatever it saw: a shorter run proves less), else FAIL on any
+// violation, else PASS.
+func (r *Report) Verdict() string {
+	switch {
+	case r.Interrupted != "":
+		return "INTERRUPTED"
+	case r.Failed():
+		return "FAIL"
+	}
+	return "PASS"
+}
 
 func (s *soakRun) report(elapsed time.Duration, before, after soakTotals, fs backendView, sent, received, lost, explained uint64) *Report {
 	cfg := &s.cfg
@@ -253,11 +270,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", inv.Name, inv.Violations, res, inv.First)
 	}
-	verdict := "PASS"
-	if r.Failed() {
-		verdict = "FAIL"
+	if r.Interrupted != "" {
+		fmt.Fprintf(tw, "\n%s\t%d violations in %s of %s (%s)\n", r.Verdict(), r.Violations, r.Elapsed.Round(time.Millisecond), s.Duration, r.Interrupted)
+	} else {
+		fmt.Fprintf(tw, "\n%s\t%d violations\n", r.Verdict(), r.Violations)
 	}
-	fmt.Fprintf(tw, "\n%s\t%d violations\n", verdict, r.Violations)
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("soak report: %w", err)
 	}

@@ -85,6 +85,13 @@ func runSoak(ctx context.Context, cfg Config, open func(*Config, soft.Tap) (soak
 		}()
 	}
 	s.monitor(monCtx)
+	// The caller's context ending before the duration (under ipoib soak:
+	// a signal) cut the traffic short; the end checks still run on what
+	// there was, and the report says the run was interrupted.
+	var interrupted string
+	if ctx.Err() != nil {
+		interrupted = context.Cause(ctx).Error()
+	}
 	endEarly()
 	until.Wait()
 	close(stop)
@@ -97,6 +104,7 @@ func runSoak(ctx context.Context, cfg Config, open func(*Config, soft.Tap) (soak
 		s.cfg.Logger.Warn("soak metrics", "err", err)
 	}
 	rep := s.finish()
+	rep.Interrupted = interrupted
 	if err := s.observe.finish(&s.cfg, rep); err != nil {
 		return rep, err
 	}

@@ -21,7 +21,9 @@ func main() {
 	// write fails with EPIPE and the log line is lost, nothing else.
 	// SIGHUP (the terminal closed) stops the run cleanly like Ctrl-C.
 	signal.Ignore(syscall.SIGPIPE)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	// The context's cause names the signal, for the commands that report an
+	// interrupted run with its exit status (cli.Signalled).
+	ctx, stop := cli.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	code := cli.Main(ctx, os.Args[1:], cli.Env{
 		Stdout:     os.Stdout,
 		Stderr:     os.Stderr,

@@ -6,13 +6,14 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
-// IP protocol numbers the datapath looks at.
+// IP protocol numbers the datapath looks at, untyped so that they
+// compare with a header byte and with gVisor's protocol numbers alike.
 const (
-	ProtoICMPv4 = uint8(header.ICMPv4ProtocolNumber)
-	ProtoIGMP   = uint8(header.IGMPProtocolNumber)
-	ProtoTCP    = uint8(header.TCPProtocolNumber)
-	ProtoUDP    = uint8(header.UDPProtocolNumber)
-	ProtoICMPv6 = uint8(header.ICMPv6ProtocolNumber)
+	ProtoICMPv4 = 1
+	ProtoIGMP   = 2
+	ProtoTCP    = 6
+	ProtoUDP    = 17
+	ProtoICMPv6 = 58
 )
 
 // Errors of the parsers; test with errors.Is.

@@ -115,6 +115,14 @@ func TestChecksums(t *testing.T) {
 			t.Errorf("Sum of %d bytes = %#x, want %#x", n, got, want)
 		}
 	}
+	// All ones stresses the carries.
+	ones := make([]byte, 65535)
+	for i := range ones {
+		ones[i] = 0xff
+	}
+	if got, want := Sum(ones, 0), naiveSum(ones); got != want {
+		t.Fatalf("all ones: %#x, want %#x", got, want)
+	}
 	v4 := ipv4TCP(0)
 	PutIPv4Checksum(v4)
 	if !IPv4ChecksumValid(v4) || naiveSum(v4[:20]) != 0xFFFF {

@@ -1,15 +1,15 @@
 package frame
 
 import (
-	"encoding/binary"
 	"net/netip"
+
+	"github.com/ipoibcm/ipoib/internal/packet"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 // IPv6 and neighbour discovery constants (RFC 8200, RFC 4861).
 const (
-	ipv6HeaderLen = 40
-	ipProtoICMPv6 = 58
-	ndHopLimit    = 255
+	ndHopLimit = 255
 
 	ICMPv6RouterSolicit   = 133
 	ICMPv6RouterAdvert    = 134
@@ -60,17 +60,17 @@ func ndFixedLen(icmpType uint8) int {
 // ndMessage returns the ICMPv6 message of an ND packet (the IPv6 payload,
 // trailing bytes beyond the payload length cut off).
 func ndMessage(ipv6 []byte) ([]byte, error) {
-	if len(ipv6) < ipv6HeaderLen {
+	if len(ipv6) < header.IPv6MinimumSize {
 		return nil, ErrTruncated
 	}
-	if ipv6[0]>>4 != 6 || ipv6[6] != ipProtoICMPv6 || ipv6[7] != ndHopLimit {
+	h, err := packet.ParseIP(ipv6)
+	if !h.IPv6 || h.Protocol != packet.ProtoICMPv6 || header.IPv6(ipv6).HopLimit() != ndHopLimit {
 		return nil, ErrNotND
 	}
-	plen := int(binary.BigEndian.Uint16(ipv6[4:6]))
-	if plen > len(ipv6)-ipv6HeaderLen {
+	if err != nil {
 		return nil, ErrTruncated
 	}
-	msg := ipv6[ipv6HeaderLen : ipv6HeaderLen+plen]
+	msg := ipv6[h.HeaderLen:h.Len]
 	if len(msg) < 4 {
 		return nil, ErrTruncated
 	}
@@ -136,8 +136,7 @@ func ndLayout(msg []byte, dir ndDirection) (int, error) {
 // ndVerifyChecksum checks the ICMPv6 checksum of the ND packet ipv6 whose
 // message is msg.
 func ndVerifyChecksum(ipv6, msg []byte) error {
-	sum := ipv6PseudoHeaderSum(ipv6[8:24], ipv6[24:40], len(msg), ipProtoICMPv6)
-	if checksumFold(checksumAdd(sum, msg)) != 0xffff {
+	if packet.Sum(msg, packet.PseudoHeaderSum(ipv6, true, packet.ProtoICMPv6, len(msg))) != 0xffff {
 		return ErrChecksum
 	}
 	return nil
@@ -158,13 +157,13 @@ func ndPrepare(dst, ipv6 []byte, dir ndDirection) (msg []byte, n int, info NDInf
 	if err := ndVerifyChecksum(ipv6, msg); err != nil {
 		return nil, 0, info, err
 	}
-	n = ipv6HeaderLen + outMsgLen
+	n = header.IPv6MinimumSize + outMsgLen
 	if outMsgLen > 0xffff || len(dst) < n {
 		return nil, 0, info, ErrNoSpace
 	}
 	fixed := ndFixedLen(msg[0])
-	copy(dst[:ipv6HeaderLen], ipv6[:ipv6HeaderLen])
-	copy(dst[ipv6HeaderLen:ipv6HeaderLen+fixed], msg[:fixed])
+	copy(dst[:header.IPv6MinimumSize], ipv6[:header.IPv6MinimumSize])
+	copy(dst[header.IPv6MinimumSize:header.IPv6MinimumSize+fixed], msg[:fixed])
 	info.Type = msg[0]
 	if fixed >= 24 {
 		info.Target = netip.AddrFrom16([16]byte(msg[8:24]))
@@ -175,11 +174,10 @@ func ndPrepare(dst, ipv6 []byte, dir ndDirection) (msg []byte, n int, info NDInf
 // ndFinish sets the payload length and the ICMPv6 checksum of the rewritten
 // packet pkt.
 func ndFinish(pkt []byte) {
-	msg := pkt[ipv6HeaderLen:]
-	binary.BigEndian.PutUint16(pkt[4:6], uint16(len(msg)))
-	msg[2], msg[3] = 0, 0
-	sum := ipv6PseudoHeaderSum(pkt[8:24], pkt[24:40], len(msg), ipProtoICMPv6)
-	binary.BigEndian.PutUint16(msg[2:4], ^checksumFold(checksumAdd(sum, msg)))
+	msg := header.ICMPv6(pkt[header.IPv6MinimumSize:])
+	header.IPv6(pkt).SetPayloadLength(uint16(len(msg)))
+	msg.SetChecksum(0)
+	msg.SetChecksum(^packet.Sum(msg, packet.PseudoHeaderSum(pkt, true, packet.ProtoICMPv6, len(msg))))
 }
 
 // NDToIPoIB rewrites an ND packet from the host for the IB side: every
@@ -193,7 +191,7 @@ func NDToIPoIB(dst, ipv6 []byte, own HWAddr) (n int, info NDInfo, err error) {
 	if err != nil {
 		return 0, NDInfo{}, err
 	}
-	w := ipv6HeaderLen + ndFixedLen(msg[0])
+	w := header.IPv6MinimumSize + ndFixedLen(msg[0])
 	for off := ndFixedLen(msg[0]); off < len(msg); {
 		opt := msg[off : off+int(msg[off+1])*ndOptUnit]
 		off += len(opt)
@@ -230,7 +228,7 @@ func NDToEthernet(dst, ipv6 []byte, macOf func(HWAddr) (MAC, bool)) (n int, info
 	if err != nil {
 		return 0, NDInfo{}, err
 	}
-	w := ipv6HeaderLen + ndFixedLen(msg[0])
+	w := header.IPv6MinimumSize + ndFixedLen(msg[0])
 	for off := ndFixedLen(msg[0]); off < len(msg); {
 		opt := msg[off : off+int(msg[off+1])*ndOptUnit]
 		off += len(opt)

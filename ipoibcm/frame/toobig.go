@@ -3,22 +3,19 @@ package frame
 import (
 	"encoding/binary"
 	"net/netip"
+
+	"github.com/ipoibcm/ipoib/internal/packet"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
-// Constants of the ICMP errors BuildTooBig synthesises.
+// Constants of the ICMP errors BuildTooBig synthesises that gVisor's
+// header package does not name.
 const (
-	ipv4MinHeaderLen   = 20
-	ipProtoICMPv4      = 1
-	ipv4FlagDF         = 0x4000
-	ipv4FragOffsetMask = 0x1fff
 	// ipv4TOSInternetControl is the precedence Linux gives ICMP errors.
 	ipv4TOSInternetControl = 0xc0
-	icmpHeaderLen          = 8
 	errorHopLimit          = 64
 
-	icmpv4DestUnreachable = 3
-	icmpv4FragNeeded      = 4
-	icmpv6PacketTooBig    = 2
 	// icmpv6InfoMask: ICMPv6 types below 128 are errors (RFC 4443 §2.1).
 	icmpv6InfoMask = 0x80
 
@@ -29,12 +26,6 @@ const (
 	icmpv6MaxErrorLen = 1280
 
 	ipv4MinMTU = 68
-
-	ipv6ExtHopByHop = 0
-	ipv6ExtRouting  = 43
-	ipv6ExtFragment = 44
-	ipv6ExtAH       = 51
-	ipv6ExtDestOpts = 60
 )
 
 // BuildTooBig writes into dst a complete Ethernet frame for the host
@@ -81,52 +72,54 @@ func icmpv4IsError(icmpType byte) bool {
 }
 
 func buildFragNeeded(dst []byte, hostMAC, srcMAC MAC, pkt []byte, mtu int) int {
-	if len(pkt) < ipv4MinHeaderLen || mtu < ipv4MinMTU || mtu > 0xffff {
+	if mtu < ipv4MinMTU || mtu > 0xffff {
 		return 0
 	}
-	hlen := int(pkt[0]&0x0f) * 4
-	total := int(binary.BigEndian.Uint16(pkt[2:4]))
-	if hlen < ipv4MinHeaderLen || hlen > len(pkt) || total < hlen {
+	h, err := packet.ParseIPHeader(pkt)
+	if err != nil || h.IPv6 {
 		return 0
 	}
-	frag := binary.BigEndian.Uint16(pkt[6:8])
-	if frag&ipv4FlagDF == 0 || frag&ipv4FragOffsetMask != 0 {
+	off := header.IPv4(pkt)
+	if off.Flags()&header.IPv4FlagDontFragment == 0 || off.FragmentOffset() != 0 {
 		return 0
 	}
-	src, to := [4]byte(pkt[12:16]), [4]byte(pkt[16:20])
+	src, to := [4]byte(off.SourceAddressSlice()), [4]byte(off.DestinationAddressSlice())
 	if toAddr := netip.AddrFrom4(to); !ipv4SingleHost(src) ||
 		toAddr.IsMulticast() || toAddr.IsUnspecified() || to == [4]byte{255, 255, 255, 255} {
 		return 0
 	}
-	avail := min(total, len(pkt))
-	if pkt[9] == ipProtoICMPv4 && (avail <= hlen || icmpv4IsError(pkt[hlen])) {
+	avail := min(h.Len, len(pkt))
+	if h.Protocol == packet.ProtoICMPv4 && (avail <= h.HeaderLen || icmpv4IsError(pkt[h.HeaderLen])) {
 		return 0
 	}
 
-	const headers = EthHdrLen + ipv4MinHeaderLen + icmpHeaderLen
-	quote := min(avail, icmpv4MaxErrorLen-ipv4MinHeaderLen-icmpHeaderLen, len(dst)-headers)
-	if quote < min(avail, hlen+8) {
+	const headers = EthHdrLen + header.IPv4MinimumSize + header.ICMPv4MinimumSize
+	quote := min(avail, icmpv4MaxErrorLen-header.IPv4MinimumSize-header.ICMPv4MinimumSize, len(dst)-headers)
+	if quote < min(avail, h.HeaderLen+8) {
 		return 0
 	}
 	n := headers + quote
 	PutEthernet(dst, EthHeader{Dst: hostMAC, Src: srcMAC, EtherType: EtherTypeIPv4})
 
-	ip := dst[EthHdrLen : EthHdrLen+ipv4MinHeaderLen]
-	ip[0], ip[1] = 0x45, ipv4TOSInternetControl
-	binary.BigEndian.PutUint16(ip[2:4], uint16(ipv4MinHeaderLen+icmpHeaderLen+quote))
-	clear(ip[4:8]) // ID and fragment: the error is ≤ 576 bytes, never fragmented
-	ip[8], ip[9] = errorHopLimit, ipProtoICMPv4
-	clear(ip[10:12])
-	copy(ip[12:16], to[:])
-	copy(ip[16:20], src[:])
-	binary.BigEndian.PutUint16(ip[10:12], ^checksumFold(checksumAdd(0, ip)))
+	// ID and fragment 0: the error is at most 576 bytes, never fragmented.
+	ip := header.IPv4(dst[EthHdrLen : EthHdrLen+header.IPv4MinimumSize])
+	ip.Encode(&header.IPv4Fields{
+		TOS:         ipv4TOSInternetControl,
+		TotalLength: uint16(header.IPv4MinimumSize + header.ICMPv4MinimumSize + quote),
+		TTL:         errorHopLimit,
+		Protocol:    packet.ProtoICMPv4,
+		SrcAddr:     tcpip.AddrFrom4(to),
+		DstAddr:     tcpip.AddrFrom4(src),
+	})
+	packet.PutIPv4Checksum(ip)
 
-	icmp := dst[EthHdrLen+ipv4MinHeaderLen : n]
-	icmp[0], icmp[1] = icmpv4DestUnreachable, icmpv4FragNeeded
+	icmp := header.ICMPv4(dst[EthHdrLen+header.IPv4MinimumSize : n])
+	icmp.SetType(header.ICMPv4DstUnreachable)
+	icmp.SetCode(header.ICMPv4FragmentationNeeded)
 	clear(icmp[2:6]) // checksum, then the unused field of RFC 1191
-	binary.BigEndian.PutUint16(icmp[6:8], uint16(mtu))
-	copy(icmp[icmpHeaderLen:], pkt[:quote])
-	binary.BigEndian.PutUint16(icmp[2:4], ^checksumFold(checksumAdd(0, icmp)))
+	icmp.SetMTU(uint16(mtu))
+	copy(icmp[header.ICMPv4MinimumSize:], pkt[:quote])
+	icmp.SetChecksum(^packet.Sum(icmp, 0))
 	return n
 }
 
@@ -135,11 +128,13 @@ func buildFragNeeded(dst []byte, hostMAC, srcMAC MAC, pkt []byte, mtu int) int {
 // message whose type cannot be seen, unless it is a later fragment). A chain
 // that cannot be walked does not prevent the error.
 func ipv6IneligibleForError(pkt []byte) bool {
-	nh, off, fragOff := pkt[6], ipv6HeaderLen, uint16(0)
+	nh, off, fragOff := header.IPv6ExtensionHeaderIdentifier(header.IPv6(pkt).NextHeader()), header.IPv6MinimumSize, uint16(0)
 	for {
 		switch nh {
-		case ipv6ExtHopByHop, ipv6ExtRouting, ipv6ExtDestOpts, ipv6ExtAH, ipv6ExtFragment:
-		case ipProtoICMPv6:
+		case header.IPv6HopByHopOptionsExtHdrIdentifier, header.IPv6RoutingExtHdrIdentifier,
+			header.IPv6DestinationOptionsExtHdrIdentifier, header.IPv6AuthenticationExtHdrIdentifier,
+			header.IPv6FragmentExtHdrIdentifier:
+		case packet.ProtoICMPv6:
 			if off >= len(pkt) {
 				return fragOff == 0
 			}
@@ -150,13 +145,13 @@ func ipv6IneligibleForError(pkt []byte) bool {
 		if len(pkt)-off < 8 {
 			return false
 		}
-		next := pkt[off]
+		next := header.IPv6ExtensionHeaderIdentifier(pkt[off])
 		var hlen int
 		switch nh {
-		case ipv6ExtFragment:
+		case header.IPv6FragmentExtHdrIdentifier:
 			fragOff = binary.BigEndian.Uint16(pkt[off+2:off+4]) &^ 0x7
 			hlen = 8
-		case ipv6ExtAH:
+		case header.IPv6AuthenticationExtHdrIdentifier:
 			hlen = (int(pkt[off+1]) + 2) * 4
 		default:
 			hlen = (int(pkt[off+1]) + 1) * 8
@@ -166,39 +161,46 @@ func ipv6IneligibleForError(pkt []byte) bool {
 }
 
 func buildPacketTooBig(dst []byte, hostMAC, srcMAC MAC, pkt []byte, mtu int) int {
-	if len(pkt) < ipv6HeaderLen || mtu < ipv4MinMTU || uint64(mtu) > 0xffffffff {
+	if mtu < ipv4MinMTU || uint64(mtu) > 0xffffffff {
 		return 0
 	}
-	src, to := netip.AddrFrom16([16]byte(pkt[8:24])), netip.AddrFrom16([16]byte(pkt[24:40]))
+	h, err := packet.ParseIPHeader(pkt)
+	if err != nil || !h.IPv6 {
+		return 0
+	}
+	off := header.IPv6(pkt)
+	src, to := netip.AddrFrom16([16]byte(off.SourceAddressSlice())), netip.AddrFrom16([16]byte(off.DestinationAddressSlice()))
 	if src.IsUnspecified() || src.IsMulticast() || src.IsLoopback() || to.IsMulticast() || to.IsUnspecified() {
 		return 0
 	}
-	avail := min(ipv6HeaderLen+int(binary.BigEndian.Uint16(pkt[4:6])), len(pkt))
+	avail := min(h.Len, len(pkt))
 	if ipv6IneligibleForError(pkt[:avail]) {
 		return 0
 	}
 
-	const headers = EthHdrLen + ipv6HeaderLen + icmpHeaderLen
-	quote := min(avail, icmpv6MaxErrorLen-ipv6HeaderLen-icmpHeaderLen, len(dst)-headers)
-	if quote < min(avail, ipv6HeaderLen+8) {
+	const headers = EthHdrLen + header.IPv6MinimumSize + header.ICMPv6MinimumSize
+	quote := min(avail, icmpv6MaxErrorLen-header.IPv6MinimumSize-header.ICMPv6MinimumSize, len(dst)-headers)
+	if quote < min(avail, header.IPv6MinimumSize+8) {
 		return 0
 	}
 	n := headers + quote
 	PutEthernet(dst, EthHeader{Dst: hostMAC, Src: srcMAC, EtherType: EtherTypeIPv6})
 
-	ip := dst[EthHdrLen : EthHdrLen+ipv6HeaderLen]
-	binary.BigEndian.PutUint32(ip[0:4], 6<<28)
-	binary.BigEndian.PutUint16(ip[4:6], uint16(icmpHeaderLen+quote))
-	ip[6], ip[7] = ipProtoICMPv6, errorHopLimit
-	copy(ip[8:24], pkt[24:40])
-	copy(ip[24:40], pkt[8:24])
+	ip := header.IPv6(dst[EthHdrLen : EthHdrLen+header.IPv6MinimumSize])
+	ip.Encode(&header.IPv6Fields{
+		PayloadLength:     uint16(header.ICMPv6MinimumSize + quote),
+		TransportProtocol: header.ICMPv6ProtocolNumber,
+		HopLimit:          errorHopLimit,
+		SrcAddr:           off.DestinationAddress(),
+		DstAddr:           off.SourceAddress(),
+	})
 
-	icmp := dst[EthHdrLen+ipv6HeaderLen : n]
-	icmp[0], icmp[1] = icmpv6PacketTooBig, 0
-	clear(icmp[2:4])
-	binary.BigEndian.PutUint32(icmp[4:8], uint32(mtu))
-	copy(icmp[icmpHeaderLen:], pkt[:quote])
-	sum := ipv6PseudoHeaderSum(ip[8:24], ip[24:40], len(icmp), ipProtoICMPv6)
-	binary.BigEndian.PutUint16(icmp[2:4], ^checksumFold(checksumAdd(sum, icmp)))
+	icmp := header.ICMPv6(dst[EthHdrLen+header.IPv6MinimumSize : n])
+	icmp.SetType(header.ICMPv6PacketTooBig)
+	icmp.SetCode(0)
+	icmp.SetChecksum(0)
+	icmp.SetMTU(uint32(mtu))
+	copy(icmp[header.ICMPv6MinimumSize:], pkt[:quote])
+	icmp.SetChecksum(^packet.Sum(icmp, packet.PseudoHeaderSum(ip, true, packet.ProtoICMPv6, len(icmp))))
 	return n
 }

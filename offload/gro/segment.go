@@ -3,8 +3,8 @@ package gro
 import (
 	"encoding/binary"
 
+	"github.com/ipoibcm/ipoib/internal/packet"
 	"github.com/ipoibcm/ipoib/offload"
-	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 )
 
 // TCP flag bits (the byte at offset 13 of the TCP header).
@@ -104,7 +104,7 @@ func (s *segment) classify(frame []byte, meta offload.Meta, l3off int) {
 		return
 	}
 	if !h.IPv6 && (ip[0] != 0x45 || binary.BigEndian.Uint16(ip[6:])&^ipv4DF != 0 ||
-		checksum.Checksum(ip[:20], 0) != 0xFFFF) {
+		!packet.IPv4ChecksumValid(ip)) {
 		return
 	}
 	switch {

@@ -32,9 +32,8 @@ func (r *fragRenumberer) renumber(frame []byte) {
 		return
 	}
 	ip := header.IPv4(frame[ethernetHeaderLen:])
-	flagsOffset := binary.BigEndian.Uint16(ip[6:8])
-	more, offset := flagsOffset&0x2000 != 0, flagsOffset&0x1fff
-	if (!more && offset == 0) || ip.ID() != 0 || ip[0]>>4 != 4 {
+	more, offset := ip.More(), ip.FragmentOffset()
+	if (!more && offset == 0) || ip.ID() != 0 || header.IPVersion(ip) != header.IPv4Version {
 		return
 	}
 	if offset == 0 {

@@ -1,8 +1,7 @@
 package netstack
 
 import (
-	"encoding/binary"
-
+	"github.com/ipoibcm/ipoib/internal/packet"
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
@@ -72,50 +71,18 @@ func parseFrameHeaders(frame []byte, proto uint16) (h frameHeaders, ok bool) {
 	if len(frame) < ethernetHeaderLen {
 		return h, false
 	}
-	ip := frame[ethernetHeaderLen:]
-	var ipLen int
-	switch proto {
-	case uint16(header.IPv4ProtocolNumber):
-		if len(ip) < header.IPv4MinimumSize || ip[0]>>4 != 4 {
-			return h, false
-		}
-		ipLen = int(ip[0]&0x0f) * 4
-		// Any fragment, first included: its transport header is not the
-		// stack's business until reassembly.
-		fragment := binary.BigEndian.Uint16(ip[6:8])&0x3fff != 0
-		if ipLen < header.IPv4MinimumSize || len(ip) < ipLen || fragment {
-			return h, false
-		}
-		h.transport = ip[9]
-	case uint16(header.IPv6ProtocolNumber):
-		if len(ip) < header.IPv6MinimumSize || ip[0]>>4 != 6 {
-			return h, false
-		}
-		ipLen = header.IPv6MinimumSize
-		h.transport = ip[6]
-	default:
+	ip, err := packet.ParseIP(frame[ethernetHeaderLen:])
+	// Any fragment, first included: its transport header is not the
+	// stack's business until reassembly.
+	if err != nil || ip.Fragment || ip.IPv6 != (proto == uint16(header.IPv6ProtocolNumber)) ||
+		(!ip.IPv6 && proto != uint16(header.IPv4ProtocolNumber)) {
 		return h, false
 	}
-	h.l4 = ethernetHeaderLen + ipLen
-	l4 := ip[ipLen:]
-	var l4Len int
-	switch h.transport {
-	case uint8(header.TCPProtocolNumber):
-		if len(l4) < header.TCPMinimumSize {
-			return h, false
-		}
-		l4Len = int(l4[12]>>4) * 4
-		if l4Len < header.TCPMinimumSize || len(l4) < l4Len {
-			return h, false
-		}
-	case uint8(header.UDPProtocolNumber):
-		if len(l4) < header.UDPMinimumSize {
-			return h, false
-		}
-		l4Len = header.UDPMinimumSize
-	default:
+	h.l4, h.transport = ethernetHeaderLen+ip.HeaderLen, ip.Protocol
+	n, err := packet.TransportLen(h.transport, frame[h.l4:ethernetHeaderLen+ip.Len])
+	if err != nil {
 		return h, false
 	}
-	h.end = h.l4 + l4Len
+	h.end = h.l4 + n
 	return h, true
 }

@@ -2,6 +2,7 @@ package netstack
 
 import (
 	"encoding/binary"
+	"github.com/ipoibcm/ipoib/internal/packet"
 
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
@@ -26,19 +27,19 @@ func isStalePMTU(frame []byte, linkMTU int) bool {
 		return false
 	}
 	ip := frame[ethernetHeaderLen:]
+	h, err := packet.ParseIPHeader(ip)
+	if err != nil {
+		return false
+	}
 	switch binary.BigEndian.Uint16(frame[12:14]) {
 	case uint16(header.IPv4ProtocolNumber):
-		if len(ip) < header.IPv4MinimumSize || ip[0]>>4 != 4 || ip[9] != uint8(header.ICMPv4ProtocolNumber) {
+		if h.IPv6 || h.Protocol != packet.ProtoICMPv4 || len(ip) < h.HeaderLen+header.ICMPv4MinimumSize {
 			return false
 		}
-		ihl := int(ip[0]&0x0f) * 4
-		if ihl < header.IPv4MinimumSize || len(ip) < ihl+header.ICMPv4MinimumSize {
-			return false
-		}
-		if binary.BigEndian.Uint16(ip[6:8])&0x3fff != 0 {
+		if h.Fragment {
 			return false // a fragment: leave it to reassembly
 		}
-		icmp := header.ICMPv4(ip[ihl:])
+		icmp := header.ICMPv4(ip[h.HeaderLen:])
 		if icmp.Type() != header.ICMPv4DstUnreachable || icmp.Code() != header.ICMPv4FragmentationNeeded {
 			return false
 		}
@@ -47,7 +48,7 @@ func isStalePMTU(frame []byte, linkMTU int) bool {
 		// makes its own estimate, which is not ours to judge.
 		return mtu != 0 && mtu >= linkMTU
 	case uint16(header.IPv6ProtocolNumber):
-		if len(ip) < header.IPv6MinimumSize+header.ICMPv6MinimumSize || ip[0]>>4 != 6 || ip[6] != uint8(header.ICMPv6ProtocolNumber) {
+		if !h.IPv6 || h.Protocol != packet.ProtoICMPv6 || len(ip) < header.IPv6MinimumSize+header.ICMPv6MinimumSize {
 			return false
 		}
 		icmp := header.ICMPv6(ip[header.IPv6MinimumSize:])

@@ -4,6 +4,10 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"slices"
+
+	"github.com/ipoibcm/ipoib/internal/packet"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 // RoCEv2Port is the IANA UDP destination port of RoCEv2.
@@ -18,31 +22,29 @@ const ipv4TTL = 64
 // with a valid header checksum. udpLen is the UDP header plus payload.
 func PutIPv4Header(b []byte, src, dst netip.Addr, udpLen int) {
 	_ = b[IPv4HeaderLen-1]
-	b[0] = 0x45
-	b[1] = 0
-	binary.BigEndian.PutUint16(b[2:], uint16(IPv4HeaderLen+udpLen))
-	binary.BigEndian.PutUint16(b[4:], 0)      // Identification
-	binary.BigEndian.PutUint16(b[6:], 0x4000) // DF, offset 0
-	b[8] = ipv4TTL
-	b[9] = 17
-	b[10], b[11] = 0, 0
-	s, d := src.Unmap().As4(), dst.Unmap().As4()
-	copy(b[12:16], s[:])
-	copy(b[16:20], d[:])
-	binary.BigEndian.PutUint16(b[10:], ^onesSum(0, b[:IPv4HeaderLen]))
+	ip := header.IPv4(b)
+	ip.Encode(&header.IPv4Fields{
+		TotalLength: uint16(IPv4HeaderLen + udpLen),
+		Flags:       header.IPv4FlagDontFragment,
+		TTL:         ipv4TTL,
+		Protocol:    packet.ProtoUDP,
+		SrcAddr:     tcpip.AddrFrom4(src.Unmap().As4()),
+		DstAddr:     tcpip.AddrFrom4(dst.Unmap().As4()),
+	})
+	packet.PutIPv4Checksum(ip)
 }
 
 // PutIPv6Header writes a 40-byte IPv6 header (traffic class and flow
 // label 0, hop limit 64, next header UDP).
 func PutIPv6Header(b []byte, src, dst netip.Addr, udpLen int) {
 	_ = b[IPv6HeaderLen-1]
-	binary.BigEndian.PutUint32(b, 6<<28)
-	binary.BigEndian.PutUint16(b[4:], uint16(udpLen))
-	b[6] = 17
-	b[7] = 64
-	s, d := src.As16(), dst.As16()
-	copy(b[8:24], s[:])
-	copy(b[24:40], d[:])
+	header.IPv6(b).Encode(&header.IPv6Fields{
+		PayloadLength:     uint16(udpLen),
+		TransportProtocol: header.UDPProtocolNumber,
+		HopLimit:          64,
+		SrcAddr:           tcpip.AddrFrom16(src.As16()),
+		DstAddr:           tcpip.AddrFrom16(dst.As16()),
+	})
 }
 
 // PutIPHeader writes an IPv4 header when src is IPv4 (or v4-mapped), else
@@ -60,35 +62,13 @@ func PutIPHeader(b []byte, src, dst netip.Addr, udpLen int) int {
 // over IPv4 (the ICRC masks it anyway).
 func PutUDPHeader(b []byte, sport, dport uint16, udpLen int) {
 	_ = b[UDPHeaderLen-1]
-	binary.BigEndian.PutUint16(b, sport)
-	binary.BigEndian.PutUint16(b[2:], dport)
-	binary.BigEndian.PutUint16(b[4:], uint16(udpLen))
-	b[6], b[7] = 0, 0
+	header.UDP(b).Encode(&header.UDPFields{SrcPort: sport, DstPort: dport, Length: uint16(udpLen)})
 }
 
-// onesSum adds b to the ones-complement sum s, folded to 16 bits.
-func onesSum(s uint32, b []byte) uint16 {
-	for len(b) >= 2 {
-		s += uint32(binary.BigEndian.Uint16(b))
-		b = b[2:]
-	}
-	if len(b) == 1 {
-		s += uint32(b[0]) << 8
-	}
-	for s > 0xFFFF {
-		s = s>>16 + s&0xFFFF
-	}
-	return uint16(s)
-}
-
-// udpChecksum computes the UDP checksum over the pseudo-header and the
-// UDP segment u (header with a zero checksum field, plus payload).
-func udpChecksum(src, dst netip.Addr, u []byte) uint16 {
-	var s uint32
-	sb, db := src.AsSlice(), dst.AsSlice()
-	s += uint32(onesSum(0, sb)) + uint32(onesSum(0, db))
-	s += 17 + uint32(len(u))
-	c := ^onesSum(s, u)
+// udpChecksum is the checksum of the UDP datagram u (its checksum field
+// zero) behind the IP header ip.
+func udpChecksum(ip, u []byte) uint16 {
+	c := ^packet.Sum(u, packet.PseudoHeaderSum(ip, header.IPVersion(ip) == header.IPv6Version, packet.ProtoUDP, len(u)))
 	if c == 0 {
 		c = 0xFFFF
 	}
@@ -133,6 +113,6 @@ func AppendFrame(dstBuf []byte, src, dst netip.AddrPort, pkt []byte, ethernet bo
 	if err := PutICRC(ip, u, p); err != nil {
 		return dstBuf[:start], err
 	}
-	binary.BigEndian.PutUint16(u[6:], udpChecksum(sa, da, f[ipLen:]))
+	header.UDP(u).SetChecksum(udpChecksum(ip, f[ipLen:]))
 	return dstBuf, nil
 }

@@ -1,8 +1,9 @@
 package wire
 
 import (
-	"encoding/binary"
 	"errors"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 // maxSegmentLen bounds the datagram size CheckGSOSuperFrame looks for: a
@@ -29,20 +30,21 @@ func CheckGSOSuperFrame(ipHdr, udpHdr, pkt []byte) (int, error) {
 	}
 	copy(udp[:], udpHdr)
 	hl := copy(ip[:], ipHdr)
-	v4 := ip[0]>>4 == 4
+	v4 := header.IPVersion(ip[:]) == header.IPv4Version
 	var baseID uint16
 	if v4 {
-		baseID = binary.BigEndian.Uint16(ip[4:])
+		baseID = header.IPv4(ip[:]).ID()
 	}
 	// segment rewrites the headers for segment j of n bytes and checks it.
 	segment := func(j int, b []byte) error {
 		if v4 {
-			binary.BigEndian.PutUint16(ip[2:], uint16(hl+UDPHeaderLen+len(b)))
-			binary.BigEndian.PutUint16(ip[4:], baseID+uint16(j))
+			h := header.IPv4(ip[:])
+			h.SetTotalLength(uint16(hl + UDPHeaderLen + len(b)))
+			h.SetID(baseID + uint16(j))
 		} else {
-			binary.BigEndian.PutUint16(ip[4:], uint16(UDPHeaderLen+len(b)))
+			header.IPv6(ip[:]).SetPayloadLength(uint16(UDPHeaderLen + len(b)))
 		}
-		binary.BigEndian.PutUint16(udp[4:], uint16(UDPHeaderLen+len(b)))
+		header.UDP(udp[:]).SetLength(uint16(UDPHeaderLen + len(b)))
 		return CheckICRC(ip[:hl], udp[:], b)
 	}
 	for s := BTHLen + ICRCLen; s < len(pkt)-BTHLen && s <= maxSegmentLen; s++ {

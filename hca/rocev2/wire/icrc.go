@@ -3,14 +3,15 @@ package wire
 import (
 	"encoding/binary"
 	"hash/crc32"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 // IP and UDP header sizes the ICRC covers.
 const (
-	IPv4HeaderLen = 20
-	IPv6HeaderLen = 40
-	UDPHeaderLen  = 8
-	maxIPv4HdrLen = 60
+	IPv4HeaderLen = header.IPv4MinimumSize
+	IPv6HeaderLen = header.IPv6MinimumSize
+	UDPHeaderLen  = header.UDPMinimumSize
 )
 
 // crcAfterMaskedLRH is the running IEEE CRC after the eight 0xFF bytes that
@@ -28,19 +29,19 @@ func ICRC(ipHdr, udpHdr, ib []byte) (uint32, error) {
 		return 0, DropTruncated
 	}
 	crc := crcAfterMaskedLRH
-	switch ipHdr[0] >> 4 {
-	case 4:
-		ihl := int(ipHdr[0]&0xF) * 4
+	switch header.IPVersion(ipHdr) {
+	case header.IPv4Version:
+		ihl := int(header.IPv4(ipHdr).HeaderLength())
 		if ihl < IPv4HeaderLen || len(ipHdr) < ihl {
 			return 0, DropTruncated
 		}
-		var h [maxIPv4HdrLen]byte
+		var h [header.IPv4MaximumHeaderSize]byte
 		copy(h[:], ipHdr[:ihl])
 		h[1] = 0xFF               // TOS
 		h[8] = 0xFF               // TTL
 		h[10], h[11] = 0xFF, 0xFF // header checksum
 		crc = updateSmall(crc, h[:ihl])
-	case 6:
+	case header.IPv6Version:
 		if len(ipHdr) < IPv6HeaderLen {
 			return 0, DropTruncated
 		}

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"encoding/binary"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"hash/crc32"
 	"math/bits"
 )
@@ -142,10 +143,10 @@ func CheckICRCGSO(ipHdr, udpHdr, pkt []byte, c *IDShiftCache) (uint16, error) {
 	if diff == 0 {
 		return 0, nil
 	}
-	if len(ipHdr) == 0 || ipHdr[0]>>4 != 4 {
+	if header.IPVersion(ipHdr) != header.IPv4Version {
 		return 0, DropBadICRC
 	}
-	id, ok := c.Get(int(ipHdr[0]&0xF)*4, len(pkt)).MatchID(diff)
+	id, ok := c.Get(int(header.IPv4(ipHdr).HeaderLength()), len(pkt)).MatchID(diff)
 	if !ok {
 		return 0, DropBadICRC
 	}

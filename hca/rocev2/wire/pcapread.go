@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/ipoibcm/ipoib/internal/packet"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 // More link types a live capture produces (tshark -i any gives SLL).
@@ -119,11 +122,11 @@ func IPPacket(linkType uint32, frame []byte) (ip []byte, ok bool, err error) {
 		if len(frame) == 0 {
 			return nil, false, DropTruncated
 		}
-		switch frame[0] >> 4 {
-		case 4:
-			etherType = 0x0800
-		case 6:
-			etherType = 0x86dd
+		switch header.IPVersion(frame) {
+		case header.IPv4Version:
+			etherType = uint16(header.IPv4ProtocolNumber)
+		case header.IPv6Version:
+			etherType = uint16(header.IPv6ProtocolNumber)
 		}
 	case LinkTypeUpperPDU:
 		return nil, false, nil // text records (ipoib capture's events), never IP
@@ -142,50 +145,30 @@ func IPPacket(linkType uint32, frame []byte) (ip []byte, ok bool, err error) {
 // false for any other packet, err is set for a UDP-to-port packet whose
 // headers are cut or inconsistent.
 func RoCEv2Datagram(ip []byte, port uint16) (ipHdr, udpHdr, payload []byte, ok bool, err error) {
-	if len(ip) == 0 {
+	h, err := packet.ParseIP(ip)
+	switch {
+	case errors.Is(err, packet.ErrNotIP):
+		return nil, nil, nil, false, nil
+	case errors.Is(err, packet.ErrTruncated):
+		return nil, nil, nil, false, DropTruncated
+	case h.Protocol != packet.ProtoUDP || h.Fragment:
+		// Not UDP, or a fragment; RoCEv2 uses no IPv6 extension headers.
+		return nil, nil, nil, false, nil
+	case err != nil:
 		return nil, nil, nil, false, DropTruncated
 	}
-	var hl, total int
-	switch ip[0] >> 4 {
-	case 4:
-		if len(ip) < IPv4HeaderLen {
-			return nil, nil, nil, false, DropTruncated
-		}
-		hl = int(ip[0]&0xF) * 4
-		total = int(binary.BigEndian.Uint16(ip[2:]))
-		if ip[9] != 17 || binary.BigEndian.Uint16(ip[6:])&0x3FFF != 0 {
-			return nil, nil, nil, false, nil // not UDP, or a fragment
-		}
-		if hl < IPv4HeaderLen || total < hl || total > len(ip) {
-			return nil, nil, nil, false, DropTruncated
-		}
-	case 6:
-		if len(ip) < IPv6HeaderLen {
-			return nil, nil, nil, false, DropTruncated
-		}
-		if ip[6] != 17 {
-			return nil, nil, nil, false, nil // extension headers are not used by RoCEv2
-		}
-		hl = IPv6HeaderLen
-		total = hl + int(binary.BigEndian.Uint16(ip[4:]))
-		if total > len(ip) {
-			return nil, nil, nil, false, DropTruncated
-		}
-	default:
-		return nil, nil, nil, false, nil
-	}
-	udp := ip[hl:total]
+	udp := header.UDP(ip[h.HeaderLen:h.Len])
 	if len(udp) < UDPHeaderLen {
 		return nil, nil, nil, false, DropTruncated
 	}
-	if binary.BigEndian.Uint16(udp[2:]) != port && binary.BigEndian.Uint16(udp[0:]) != port {
+	if udp.DestinationPort() != port && udp.SourcePort() != port {
 		return nil, nil, nil, false, nil
 	}
-	ul := int(binary.BigEndian.Uint16(udp[4:]))
+	ul := int(udp.Length())
 	if ul < UDPHeaderLen || ul > len(udp) {
 		return nil, nil, nil, false, DropTruncated
 	}
-	return ip[:hl], udp[:UDPHeaderLen], udp[UDPHeaderLen:ul], true, nil
+	return ip[:h.HeaderLen], udp[:UDPHeaderLen], udp[UDPHeaderLen:ul], true, nil
 }
 
 // startSection reads the rest of a section header block whose first 24

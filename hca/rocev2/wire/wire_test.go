@@ -5,6 +5,9 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"net/netip"
 	"strings"
 	"testing"
@@ -211,8 +214,11 @@ func TestAppendFrameIPv4Checks(t *testing.T) {
 	if len(f) != 48 || f[6] != 0x40 || f[4] != 0 || f[5] != 0 {
 		t.Fatalf("frame % x", f)
 	}
-	if onesSum(0, f[:20]) != 0xFFFF {
+	if !header.IPv4(f[:20]).IsChecksumValid() {
 		t.Fatal("IPv4 header checksum invalid")
+	}
+	if u := header.UDP(f[20:]); !u.IsChecksumValid(tcpip.AddrFrom4([4]byte(f[12:16])), tcpip.AddrFrom4([4]byte(f[16:20])), checksum.Checksum(u.Payload(), 0)) {
+		t.Fatalf("UDP checksum %#x invalid", u.Checksum())
 	}
 	if err := CheckICRC(f[:20], f[20:28], f[28:]); err != nil {
 		t.Fatal(err)

@@ -22,7 +22,9 @@ const soakSummary = "stale-connection reaping soak with fault injection"
 // soakFlags is `ipoib soak`: it turns the flags into a soak.Config, every
 // value checked before the fabric exists, runs the soak with a progress
 // line on stderr (rewritten in place on a terminal), prints the table (or
-// --json) on stdout and exits 1 on any violation.
+// --json) on stdout and exits 1 on any violation. A soak a signal
+// interrupted reports what ran, says INTERRUPTED and exits 128+signal
+// (130 for SIGINT, 143 for SIGTERM), whatever it saw.
 func soakFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	cfg := soak.DefaultConfig()
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long traffic runs (the end checks follow)")
@@ -95,7 +97,10 @@ func soakFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 		if err != nil {
 			return fail(env, "soak", err)
 		}
-		if rep.Failed() {
+		switch {
+		case rep.Interrupted != "":
+			return interruptedExit(ctx)
+		case rep.Failed():
 			return ExitFail
 		}
 		return ExitOK
