@@ -3,7 +3,6 @@ package netstack
 import (
 	"context"
 	"net/netip"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -73,22 +72,6 @@ func testContext(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// waitGoroutines waits until at most want goroutines remain and fails
-// with a dump of the survivors. A goroutine's exit has no event to wait
-// on, so the count is polled with a short sleep until a deadline.
-func waitGoroutines(t *testing.T, want int) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > want {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			n := runtime.Stack(buf, true)
-			t.Fatalf("%d goroutines left, want <= %d:\n%s", runtime.NumGoroutine(), want, buf[:n])
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // drain empties h's queue without blocking and returns the frames.

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ipoibcm/ipoib/internal/testutil"
 	"github.com/ipoibcm/ipoib/ipoibcm"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
@@ -443,7 +444,7 @@ func TestCloseStopsEverything(t *testing.T) {
 	if err := a.SetLinkUp(true); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("SetLinkUp after Close = %v, want net.ErrClosed", err)
 	}
-	waitGoroutines(t, base)
+	testutil.WaitGoroutines(t, base)
 }
 
 func TestHostPortBasics(t *testing.T) {
