@@ -27,6 +27,11 @@ const (
 	// the child's InterfaceInfo.
 	OpChildAdd Op = "child_add"
 	OpChildDel Op = "child_del"
+	// OpStop asks the process to exit in order ('ipoib down'); it answers
+	// with what it will remove, then removes it and exits. OpReload asks
+	// it to re-read its configuration ('ipoib reload', as SIGHUP).
+	OpStop   Op = "stop"
+	OpReload Op = "reload"
 )
 
 // MaxMessage bounds one request or response line; a longer line is a
@@ -104,6 +109,33 @@ type Response struct {
 	PID        int              `json:"pid,omitempty"`
 	Interfaces []InterfaceInfo  `json:"interfaces,omitempty"`
 	Stats      []InterfaceStats `json:"stats,omitempty"`
+	// Stopping answers OpStop, Reload OpReload.
+	Stopping *StopInfo     `json:"stopping,omitempty"`
+	Reload   *ReloadResult `json:"reload,omitempty"`
+}
+
+// StopInfo is what a stopping process will have removed once it exited:
+// a client waits for each to be gone.
+type StopInfo struct {
+	PID int `json:"pid"`
+	// Start is the process's start time (internal/proc.StartTime), which
+	// tells it from a later process given the same pid.
+	Start uint64 `json:"start"`
+	// Socket is the control socket's path.
+	Socket string `json:"socket"`
+	// TAPs are the kernel interfaces it made in the client's namespace
+	// (none for a fabric, whose TAPs live in its namespaces).
+	TAPs []string `json:"taps,omitempty"`
+	// Namespaces are the named network namespaces it made.
+	Namespaces []string `json:"namespaces,omitempty"`
+}
+
+// ReloadResult says what a reload changed: Applied are one line each,
+// NotLive the keys that changed in the file but cannot change while the
+// process runs (left as they were).
+type ReloadResult struct {
+	Applied []string `json:"applied,omitempty"`
+	NotLive []string `json:"not_live,omitempty"`
 }
 
 // decodeLine decodes exactly one JSON object from line into v, rejecting
@@ -130,7 +162,7 @@ func ParseRequest(line []byte) (Request, error) {
 		return Request{}, err
 	}
 	switch r.Op {
-	case OpList, OpStats:
+	case OpList, OpStats, OpStop, OpReload:
 	case OpCapture:
 		if c := r.Capture; c != nil {
 			switch c.Kind {

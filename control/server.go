@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ipoibcm/ipoib/internal/proc"
 )
@@ -43,6 +44,19 @@ type ChildParent interface {
 	DeleteChild(name string) error
 	// Children are the running children, sorted by name.
 	Children() []Endpoint
+}
+
+// Process is the process behind a socket, for the requests that act on
+// it as a whole rather than on one interface.
+type Process interface {
+	// Stopping says what will be gone once the process exited; Stop
+	// begins that exit. The server calls Stop after the response with
+	// Stopping's answer went out, since the exit closes the socket.
+	Stopping() StopInfo
+	Stop()
+	// Reload re-reads the configuration and applies what can change
+	// while running.
+	Reload() (ReloadResult, error)
 }
 
 // SocketPath is the socket the process with the given pid and start time
@@ -91,14 +105,26 @@ func ownerAlive(pid int, start uint64, legacy bool) bool {
 // socket; its successors do, so the directory does not fill up and no
 // client dials a dead socket.
 func removeStale(dir string) ([]string, error) {
+	live, _, err := sweep(dir)
+	return live, err
+}
+
+// RemoveStale deletes the sockets in dir whose process is gone, as
+// Discover does, and returns their paths ('ipoib cleanup').
+func RemoveStale(dir string) ([]string, error) {
+	_, removed, err := sweep(dir)
+	return removed, err
+}
+
+// sweep is removeStale returning both the live and the removed paths.
+func sweep(dir string) (live, removed []string, _ error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("control: read %s: %w", dir, err)
+		return nil, nil, fmt.Errorf("control: read %s: %w", dir, err)
 	}
-	var live []string
 	var errs []error
 	for _, e := range entries {
 		if e.Type()&fs.ModeSocket == 0 {
@@ -116,9 +142,11 @@ func removeStale(dir string) ([]string, error) {
 		// Another process may have removed it first; that is fine.
 		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("control: remove stale socket: %w", err))
+			continue
 		}
+		removed = append(removed, path)
 	}
-	return live, errors.Join(errs...)
+	return live, removed, errors.Join(errs...)
 }
 
 // Server answers control requests for a fixed set of endpoints.
@@ -127,6 +155,8 @@ type Server struct {
 	ln        *net.UnixListener
 	endpoints []Endpoint
 	log       *slog.Logger
+	// process answers OpStop and OpReload; nil: refused.
+	process atomic.Pointer[processBox]
 
 	// ctx ends at Close: it stops running captures.
 	ctx    context.Context
@@ -203,6 +233,11 @@ func Listen(dir string, endpoints []Endpoint, logger *slog.Logger) (*Server, err
 	return s, nil
 }
 
+type processBox struct{ p Process }
+
+// SetProcess makes the server answer OpStop and OpReload with p.
+func (s *Server) SetProcess(p Process) { s.process.Store(&processBox{p}) }
+
 // Path is the socket's file name.
 func (s *Server) Path() string { return s.path }
 
@@ -252,7 +287,13 @@ func (s *Server) serve(c net.Conn) {
 			s.log.Warn("control: encode response", "err", err)
 			return
 		}
-		if err := w.Flush(); err != nil {
+		err := w.Flush()
+		if resp.Stopping != nil {
+			// Answered (or the client went away): now exit.
+			s.process.Load().p.Stop()
+			return
+		}
+		if err != nil {
 			return
 		}
 	}
@@ -267,6 +308,10 @@ func (s *Server) handle(line []byte) Response {
 	req, err := ParseRequest(line)
 	if err != nil {
 		return Response{Error: err.Error()}
+	}
+	switch req.Op {
+	case OpStop, OpReload:
+		return s.handleProcess(req)
 	}
 	var eps []Endpoint
 	if req.Op != OpChildAdd && req.Op != OpChildDel {
@@ -300,6 +345,36 @@ func (s *Server) handle(line []byte) Response {
 			return Response{Error: oneLine(err)}
 		}
 		resp.Interfaces = []InterfaceInfo{info}
+	}
+	return resp
+}
+
+// handleProcess answers OpStop and OpReload. A host or name in the
+// request must be one of the process's interfaces: a client addressing
+// ib0 of one process does not stop another.
+func (s *Server) handleProcess(req Request) Response {
+	if req.Host != "" || req.Name != "" {
+		if _, err := s.selectEndpoints(req.Host, req.Name); err != nil {
+			return Response{Error: err.Error()}
+		}
+	}
+	box := s.process.Load()
+	if box == nil {
+		return Response{Error: fmt.Sprintf("this process does not take %s requests", req.Op)}
+	}
+	resp := Response{PID: os.Getpid()}
+	switch req.Op {
+	case OpStop:
+		info := box.p.Stopping()
+		info.Socket = s.path
+		resp.Stopping = &info
+		s.log.Info("stop requested over the control socket")
+	case OpReload:
+		r, err := box.p.Reload()
+		if err != nil {
+			return Response{Error: oneLine(err)}
+		}
+		resp.Reload = &r
 	}
 	return resp
 }

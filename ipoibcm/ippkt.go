@@ -3,6 +3,9 @@ package ipoibcm
 import (
 	"encoding/binary"
 	"net/netip"
+
+	"github.com/ipoibcm/ipoib/internal/packet"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 // Minimal IP header inspection for the decisions the engine makes on host
@@ -11,9 +14,9 @@ import (
 // here panics on bad input (FuzzIPInspect).
 
 const (
-	ipProtoIGMP       = 2
-	ipProtoICMPv6     = 58
-	ipv6HopByHop      = 0
+	ipProtoIGMP       = packet.ProtoIGMP
+	ipProtoICMPv6     = packet.ProtoICMPv6
+	ipv6HopByHop      = uint8(header.IPv6HopByHopOptionsExtHdrIdentifier)
 	ndNeighborSolicit = 135
 
 	igmpV1Report = 0x12
@@ -26,40 +29,34 @@ const (
 )
 
 func validIPv4(p []byte) bool {
-	if len(p) < 20 || p[0]>>4 != 4 {
-		return false
-	}
-	ihl := int(p[0]&0xf) * 4
-	total := int(binary.BigEndian.Uint16(p[2:4]))
-	return ihl >= 20 && total >= ihl && total <= len(p)
+	h, err := packet.ParseIP(p)
+	return err == nil && !h.IPv6
 }
 
 func validIPv6(p []byte) bool {
-	if len(p) < 40 || p[0]>>4 != 6 {
-		return false
-	}
-	return 40+int(binary.BigEndian.Uint16(p[4:6])) <= len(p)
+	h, err := packet.ParseIP(p)
+	return err == nil && h.IPv6
 }
 
 func ipv4Dst(p []byte) netip.Addr {
-	if len(p) < 20 {
+	if len(p) < header.IPv4MinimumSize {
 		return netip.Addr{}
 	}
-	return netip.AddrFrom4([4]byte(p[16:20]))
+	return netip.AddrFrom4([4]byte(header.IPv4(p).DestinationAddressSlice()))
 }
 
 func ipv6Src(p []byte) netip.Addr {
-	if len(p) < 40 {
+	if len(p) < header.IPv6MinimumSize {
 		return netip.Addr{}
 	}
-	return netip.AddrFrom16([16]byte(p[8:24]))
+	return netip.AddrFrom16([16]byte(header.IPv6(p).SourceAddressSlice()))
 }
 
 func ipv6Dst(p []byte) netip.Addr {
-	if len(p) < 40 {
+	if len(p) < header.IPv6MinimumSize {
 		return netip.Addr{}
 	}
-	return netip.AddrFrom16([16]byte(p[24:40]))
+	return netip.AddrFrom16([16]byte(header.IPv6(p).DestinationAddressSlice()))
 }
 
 // solicitedNode is ff02::1:ffXX:XXXX for a.
@@ -121,18 +118,18 @@ func parseMcastReport(etherType uint16, p []byte, into []mcastChange) ([]mcastCh
 // table to be parsed.
 func mayBeMcastReport(etherType uint16, p []byte) bool {
 	if etherType == 0x0800 {
-		return p[9] == ipProtoIGMP
+		return header.IPv4(p).Protocol() == ipProtoIGMP
 	}
-	return p[6] == ipProtoICMPv6 || p[6] == ipv6HopByHop
+	next := header.IPv6(p).NextHeader()
+	return next == ipProtoICMPv6 || next == ipv6HopByHop
 }
 
 func parseIGMP(p []byte, into []mcastChange) ([]mcastChange, mcastVerdict) {
-	if !validIPv4(p) || p[9] != ipProtoIGMP {
+	h, err := packet.ParseIP(p)
+	if err != nil || h.IPv6 || h.Protocol != ipProtoIGMP {
 		return into, mcastNotReport
 	}
-	ihl := int(p[0]&0xf) * 4
-	total := int(binary.BigEndian.Uint16(p[2:4]))
-	m := p[ihl:total]
+	m := p[h.HeaderLen:h.Len]
 	if len(m) < 1 {
 		return into, mcastBadReport
 	}
@@ -158,12 +155,11 @@ func parseIGMP(p []byte, into []mcastChange) ([]mcastChange, mcastVerdict) {
 // parseMLD reads MLD behind at most one hop-by-hop header (MLD carries
 // the Router Alert option there).
 func parseMLD(p []byte, into []mcastChange) ([]mcastChange, mcastVerdict) {
-	if !validIPv6(p) {
+	h, err := packet.ParseIP(p)
+	if err != nil || !h.IPv6 {
 		return into, mcastNotReport
 	}
-	next := p[6]
-	off := 40
-	end := 40 + int(binary.BigEndian.Uint16(p[4:6]))
+	next, off, end := h.Protocol, h.HeaderLen, h.Len
 	if next == ipv6HopByHop {
 		if off+8 > end {
 			return into, mcastNotReport
@@ -243,7 +239,7 @@ func hostMulticastMAC(etherType uint16, p []byte) ([6]byte, bool) {
 
 // isIPv4Broadcast reports a limited broadcast destination.
 func isIPv4Broadcast(p []byte) bool {
-	return len(p) >= 20 && p[16] == 255 && p[17] == 255 && p[18] == 255 && p[19] == 255
+	return len(p) >= header.IPv4MinimumSize && [4]byte(header.IPv4(p).DestinationAddressSlice()) == [4]byte{255, 255, 255, 255}
 }
 
 const (
@@ -255,8 +251,8 @@ const (
 func ipSrc(etherType uint16, p []byte) netip.Addr {
 	switch etherType {
 	case 0x0800:
-		if len(p) >= 20 {
-			return netip.AddrFrom4([4]byte(p[12:16]))
+		if len(p) >= header.IPv4MinimumSize {
+			return netip.AddrFrom4([4]byte(header.IPv4(p).SourceAddressSlice()))
 		}
 	case 0x86DD:
 		return ipv6Src(p)

@@ -177,6 +177,10 @@ func (d *Device) setup(cfg LinkConfig) error {
 			return fmt.Errorf("netlink: %w", err)
 		}
 	}
+	// Before the link can come up: its first NETDEV_UP announces it.
+	if err := d.enableAnnounce(); err != nil {
+		return err
+	}
 	return configureLink(d.nl, link, cfg)
 }
 

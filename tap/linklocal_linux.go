@@ -17,7 +17,8 @@ import (
 // MAC: IPv6 address generation mode none, any other fe80:: address
 // removed, ll added. IPoIB derives ib0's from the port GUID
 // (ipoibcm.LinkLocal). The kernel flushes IPv6 addresses when a link goes
-// down, so SetLinkUp(true) puts ll back.
+// down, so SetLinkUp(true) puts ll back, and so does Watch when the host
+// sets the link up itself.
 func (d *Device) SetLinkLocal(ll netip.Addr) error {
 	if !ll.Is6() || !ll.IsLinkLocalUnicast() || ll.Zone() != "" {
 		return fmt.Errorf("tap %s: link-local %v is not an fe80::/64 address", d.name, ll)
@@ -35,6 +36,21 @@ func (d *Device) SetLinkLocal(ll netip.Addr) error {
 		return fmt.Errorf("tap %s: IPv6 address generation mode none: %w", d.name, err)
 	}
 	d.linkLocal = ll
+	return d.applyLinkLocal(l)
+}
+
+// restoreLinkLocal puts the link-local back after the host set the link
+// down and up (Watch).
+func (d *Device) restoreLinkLocal() error {
+	d.nlMu.Lock()
+	defer d.nlMu.Unlock()
+	if d.closed.Load() || !d.linkLocal.IsValid() {
+		return nil
+	}
+	l, err := d.link()
+	if err != nil {
+		return err
+	}
 	return d.applyLinkLocal(l)
 }
 

@@ -28,7 +28,9 @@ func (s HostState) Equal(o HostState) bool {
 // Watch calls fn with the device's state now and after every link or
 // address change the kernel reports for it (netlink RTM_NEWLINK and
 // RTM_NEWADDR/DELADDR subscriptions in the device's namespace), until
-// done closes. fn runs on one goroutine, in order; the subscriptions'
+// done closes. When the host sets the link up again, Watch first puts
+// back the link-local address SetLinkLocal chose, as Linux's addrconf
+// makes ib0's again on NETDEV_UP. fn runs on one goroutine, in order; the subscriptions'
 // goroutines end once done is closed.
 func (d *Device) Watch(done <-chan struct{}, fn func(HostState)) error {
 	var ns *netns.NsHandle
@@ -75,6 +77,14 @@ func (d *Device) Watch(done <-chan struct{}, fn func(HostState)) error {
 			s, err := d.HostState()
 			if err != nil || s.Equal(last) {
 				continue // closed, or a change that does not concern us
+			}
+			if s.Up && !last.Up {
+				// The host set ib0 up again after a down, which flushed
+				// its IPv6 addresses; with address generation off the
+				// kernel makes no link-local of its own.
+				if err := d.restoreLinkLocal(); err == nil {
+					s, _ = d.HostState()
+				}
 			}
 			last = s
 			fn(s)

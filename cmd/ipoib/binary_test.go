@@ -220,12 +220,19 @@ type daemon struct {
 // ready.
 func startDaemon(t *testing.T, ready string, args ...string) *daemon {
 	t.Helper()
+	return startDaemonCmd(t, ready, ipoibCmd(context.Background(), t, args...), args...)
+}
+
+// startDaemonCmd is startDaemon for a prepared command (one run through
+// 'ip netns exec', say); args name it in failures.
+func startDaemonCmd(t *testing.T, ready string, cmd *exec.Cmd, args ...string) *daemon {
+	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	d := &daemon{t: t, r: r, lines: make(chan string, 1024), exit: make(chan struct{})}
-	d.cmd = ipoibCmd(context.Background(), t, args...)
+	d.cmd = cmd
 	d.cmd.Stdout, d.cmd.Stderr = w, w
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -120,6 +120,33 @@ func hostStats(t *testing.T, ctl, host string) (control.InterfaceInfo, map[strin
 	return control.InterfaceInfo{}, nil
 }
 
+// linkLocalOf is ns's ib0 link-local address (fe80::/64).
+func linkLocalOf(t *testing.T, ns string) string {
+	t.Helper()
+	out, err := exec.Command("ip", "-n", ns, "-6", "-j", "addr", "show", "dev", "ib0").Output()
+	if err != nil {
+		t.Fatalf("ip -n %s addr: %v", ns, err)
+	}
+	var links []struct {
+		AddrInfo []struct {
+			Local string `json:"local"`
+			Scope string `json:"scope"`
+		} `json:"addr_info"`
+	}
+	if err := json.Unmarshal(out, &links); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range links {
+		for _, a := range l.AddrInfo {
+			if a.Scope == "link" {
+				return a.Local
+			}
+		}
+	}
+	t.Fatalf("%s ib0 has no link-local address: %s", ns, out)
+	return ""
+}
+
 // TestBinaryHostDownStopsEngine: `ip link set ib0 down` on one host of a
 // fabric stops its engine as Linux's ipoib_stop does: every connection
 // torn down (counted), show says DOWN and host_link down. While the other
@@ -153,6 +180,7 @@ func TestBinaryHostDownStopsEngine(t *testing.T) {
 		t.Fatalf("before down: %d TX, %d RX connections on %s; want some of each", tx, rx, h2)
 	}
 
+	ll := linkLocalOf(t, h2)
 	ipIn(t, h2, "link", "set", "ib0", "down")
 	if !fab.waitLog("host down: every connection is gone") {
 		t.Fatalf("no 'every connection is gone' within 10 s of down\n%s", fab.output())
@@ -202,6 +230,11 @@ func TestBinaryHostDownStopsEngine(t *testing.T) {
 	}
 	if err := ping(h2, a1, "-c", "1", "-w", "10"); err != nil {
 		t.Fatalf("ping h2 -> h1 after up: %v", err)
+	}
+	// The kernel flushed h2's IPv6 addresses on down; its link-local from
+	// the port GID is back after up, and answers.
+	if err := ping(h1, ll+"%ib0", "-6", "-c", "1", "-w", "10"); err != nil {
+		t.Fatalf("ping6 h1 -> %s (h2's link-local) after down and up: %v", ll, err)
 	}
 	tcpAcross(t, h1, h2, a2, 1<<20)
 	tcpAcross(t, h2, h1, a1, 1<<20)

@@ -1,7 +1,6 @@
 package rocev2
 
 import (
-	"net"
 	"net/netip"
 	"slices"
 	"testing"
@@ -80,10 +79,7 @@ func TestSocketDropsCounted(t *testing.T) {
 	d := f.newDevice(t)
 	to := d.LocalAddr()
 	src := netip.AddrPortFrom(netip.MustParseAddr("127.33.0.100"), f.port)
-	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(src))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := listenDF(t, src)
 	defer c.Close()
 	pkt := validGSIPacket(t, src, to)
 	// Holding the device lock stalls the receive loop after at most one
@@ -103,4 +99,35 @@ func TestSocketDropsCounted(t *testing.T) {
 		t.Fatalf("no socket drops with the receive loop stalled for %d datagrams: %+v", n, s)
 	}
 	t.Logf("%d datagrams: %d read, %d dropped by the kernel", n, s.RxPackets, s.SocketDrops)
+}
+
+// SetAllow takes effect on the next datagram: a source dropped by the
+// list at creation is admitted once the list names it, and dropped again
+// once it no longer does; an invalid prefix leaves the list as it was.
+func TestSetAllowLive(t *testing.T) {
+	f := newTestFabric(t, 33, Faults{})
+	b := f.newDevice(t)
+	other := netip.AddrPortFrom(netip.MustParseAddr("127.33.0.200"), f.port)
+	to := b.LocalAddr()
+	if err := b.SetAllow([]netip.Prefix{netip.MustParsePrefix("127.33.0.99/32")}); err != nil {
+		t.Fatal(err)
+	}
+	sendRaw(t, other, to, validGSIPacket(t, other, to))
+	f.waitRx(t, b, func(s Stats) bool { return s.Dropped(wire.DropNotAllowed) == 1 })
+	if err := b.SetAllow([]netip.Prefix{netip.MustParsePrefix("::ffff:127.33.0.0/120")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.Allow(); len(got) != 1 || got[0] != netip.MustParsePrefix("127.33.0.0/24") {
+		t.Fatalf("Allow() = %v, want the mapped prefix unmapped", got)
+	}
+	sendRaw(t, other, to, validGSIPacket(t, other, to))
+	f.waitRx(t, b, func(s Stats) bool { return slices.Contains(b.Members(), other.Addr()) })
+	if err := b.SetAllow([]netip.Prefix{{}}); err == nil {
+		t.Fatal("an invalid prefix was accepted")
+	}
+	if err := b.SetAllow([]netip.Prefix{netip.MustParsePrefix("127.33.0.99/32")}); err != nil {
+		t.Fatal(err)
+	}
+	sendRaw(t, other, to, validGSIPacket(t, other, to))
+	f.waitRx(t, b, func(s Stats) bool { return s.Dropped(wire.DropNotAllowed) == 2 })
 }

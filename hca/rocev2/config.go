@@ -74,6 +74,14 @@ type Config struct {
 	// one datagram. Both offloads are used only where the kernel has
 	// them; the switches exist to measure and test the plain paths.
 	DisableGSO, DisableGRO bool
+	// UDPReceive (IPv4) reads datagrams from the UDP socket instead of a
+	// packet socket. A UDP socket hides the IPv4 ID the ICRC covers, so
+	// it accepts only the IDs this backend's own senders use (0..63,
+	// docs/wire.md §4.6); a packet socket sees the ID and accepts any
+	// RoCEv2 sender, but needs CAP_NET_RAW: without it the device falls
+	// back to the UDP socket and says so in its log. IPv6 always uses
+	// the UDP socket (no ID).
+	UDPReceive bool
 	// NoOffloads makes the device report no checksum offload and no UD
 	// LSO (and skip verifying received checksums), as an HCA without
 	// them.
@@ -114,16 +122,9 @@ func (c *Config) normalize() error {
 	if c.MTU == 0 {
 		c.MTU = hca.MTU4096
 	}
-	allow := make([]netip.Prefix, 0, len(c.Allow))
-	for _, p := range c.Allow {
-		if !p.IsValid() {
-			return fmt.Errorf("rocev2: allow prefix %v: %w", p, hca.ErrInvalidArgument)
-		}
-		if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
-			// Sources arrive unmapped: ::ffff:a.b.c.d/n is a.b.c.d/(n-96).
-			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
-		}
-		allow = append(allow, p.Masked())
+	allow, err := normalizeAllow(c.Allow)
+	if err != nil {
+		return err
 	}
 	c.Allow = allow
 	if c.MaxMembers <= 0 {
@@ -183,4 +184,21 @@ func TransportTimeout(t uint8) time.Duration {
 func (c *Config) scale(d time.Duration) time.Duration {
 	s := time.Duration(float64(d) * c.TimeScale)
 	return max(s, time.Microsecond)
+}
+
+// normalizeAllow checks an allow list and puts it in the form sources
+// are compared in.
+func normalizeAllow(in []netip.Prefix) ([]netip.Prefix, error) {
+	allow := make([]netip.Prefix, 0, len(in))
+	for _, p := range in {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("rocev2: allow prefix %v: %w", p, hca.ErrInvalidArgument)
+		}
+		if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+			// Sources arrive unmapped: ::ffff:a.b.c.d/n is a.b.c.d/(n-96).
+			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+		}
+		allow = append(allow, p.Masked())
+	}
+	return allow, nil
 }

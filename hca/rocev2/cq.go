@@ -7,14 +7,12 @@ import (
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/hca/internal/core"
 )
 
-// cqe is one ring entry; qp lets Poll count completions of QPs already
-// destroyed. The consumer only sees wc.
-type cqe struct {
-	wc hca.WC
-	qp *qp
-}
+// cqe is one ring entry; its QP lets Poll count completions of QPs
+// already destroyed.
+type cqe = core.Entry[*qp]
 
 // cq is a completion queue: a fixed ring of WCs. Producers push under the
 // device lock and then cq.mu; Poll and Notify take only cq.mu, so a poller
@@ -24,8 +22,7 @@ type cq struct {
 	cfg hca.CQConfig
 
 	mu        sync.Mutex
-	ring      []cqe
-	head, n   int
+	ring      core.Ring[*qp]
 	armed     bool
 	destroyed bool
 
@@ -44,10 +41,10 @@ func (c *cq) push(q *qp, wc *hca.WC) {
 		return
 	}
 	if len(c.held) > 0 || c.dev.holdDraw() {
-		c.hold(cqe{wc: *wc, qp: q})
+		c.hold(cqe{WC: *wc, QP: q})
 		return
 	}
-	c.insert(cqe{wc: *wc, qp: q})
+	c.insert(cqe{WC: *wc, QP: q})
 }
 
 // insert appends e to the ring; called with dev.mu held. When the ring is
@@ -58,7 +55,7 @@ func (c *cq) insert(e cqe) {
 		c.mu.Unlock()
 		return
 	}
-	if c.n == len(c.ring) {
+	if !c.ring.Push(e) {
 		c.mu.Unlock()
 		c.dev.ctr.cqOverflows.Add(1)
 		if c.cfg.OnEvent != nil {
@@ -66,8 +63,6 @@ func (c *cq) insert(e cqe) {
 		}
 		return
 	}
-	c.ring[(c.head+c.n)%len(c.ring)] = e
-	c.n++
 	fire := c.armed
 	c.armed = false
 	c.mu.Unlock()
@@ -81,19 +76,8 @@ func (c *cq) insert(e cqe) {
 // it) and counted in Stats.CompletionsAfterDestroy: a consumer that drains
 // before destroying never sees one.
 func (c *cq) Poll(into []hca.WC) int {
-	var afterDestroy uint64
 	c.mu.Lock()
-	k := min(len(into), c.n)
-	for i := 0; i < k; i++ {
-		slot := &c.ring[c.head]
-		into[i] = slot.wc
-		if slot.qp != nil && slot.qp.destroyed.Load() {
-			afterDestroy++
-		}
-		*slot = cqe{} // drop the context and QP references
-		c.head = (c.head + 1) % len(c.ring)
-	}
-	c.n -= k
+	k, afterDestroy := c.ring.Poll(into)
 	c.mu.Unlock()
 	if afterDestroy > 0 {
 		c.dev.ctr.completionsAfterDestroy.Add(afterDestroy)
@@ -105,7 +89,7 @@ func (c *cq) Notify(reportMissed bool) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.armed = true
-	return reportMissed && c.n > 0
+	return reportMissed && c.ring.Len() > 0
 }
 
 func (c *cq) Destroy() error {
@@ -121,8 +105,7 @@ func (c *cq) Destroy() error {
 		return fmt.Errorf("rocev2: destroy CQ: %w", hca.ErrDestroyed)
 	}
 	c.destroyed = true
-	clear(c.ring)
-	c.n = 0
+	c.ring.Clear()
 	c.dropHeld()
 	delete(d.cqs, c)
 	return nil
@@ -132,8 +115,7 @@ func (c *cq) Destroy() error {
 type srq struct {
 	dev       *Device
 	cfg       hca.SRQConfig
-	ring      []hca.RecvWR
-	head, n   int
+	ring      core.Queue[hca.RecvWR]
 	limit     int // armed limit, 0 = disarmed
 	destroyed bool
 	refs      int
@@ -147,25 +129,21 @@ func (s *srq) PostRecv(wrs []hca.RecvWR) (int, error) {
 		return 0, fmt.Errorf("rocev2: SRQ post: %w", hca.ErrDestroyed)
 	}
 	for i := range wrs {
-		if s.n == len(s.ring) {
+		if s.ring.Full() {
 			return i, fmt.Errorf("rocev2: SRQ post %d of %d: %w", i, len(wrs), hca.ErrQueueFull)
 		}
-		s.ring[(s.head+s.n)%len(s.ring)] = wrs[i]
-		s.n++
+		s.ring.Push(wrs[i])
 	}
 	return len(wrs), nil
 }
 
 // take removes the head buffer; called with dev.mu held.
 func (s *srq) take() (hca.RecvWR, bool) {
-	if s.n == 0 {
+	wr, ok := s.ring.Pop()
+	if !ok {
 		return hca.RecvWR{}, false
 	}
-	wr := s.ring[s.head]
-	s.ring[s.head] = hca.RecvWR{}
-	s.head = (s.head + 1) % len(s.ring)
-	s.n--
-	if s.limit > 0 && s.n < s.limit {
+	if s.limit > 0 && s.ring.Len() < s.limit {
 		s.limit = 0
 		if s.cfg.OnEvent != nil {
 			s.dev.deferEvent(s.cfg.OnEvent, hca.AsyncEvent{Type: hca.EventSRQLimitReached})
@@ -180,7 +158,7 @@ func (s *srq) ArmLimit(limit int) error {
 	if s.destroyed {
 		return fmt.Errorf("rocev2: SRQ arm: %w", hca.ErrDestroyed)
 	}
-	if limit < 0 || limit > len(s.ring) {
+	if limit < 0 || limit > s.ring.Cap() {
 		return fmt.Errorf("rocev2: SRQ limit %d: %w", limit, hca.ErrInvalidArgument)
 	}
 	s.limit = limit
@@ -190,7 +168,7 @@ func (s *srq) ArmLimit(limit int) error {
 func (s *srq) Posted() int {
 	s.dev.mu.Lock()
 	defer s.dev.mu.Unlock()
-	return s.n
+	return s.ring.Len()
 }
 
 func (s *srq) Destroy() error {

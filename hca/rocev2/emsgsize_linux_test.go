@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,23 +15,16 @@ import (
 	"github.com/ipoibcm/ipoib/hca"
 )
 
-// fakeClock is the devices' warning clock in a test: it moves only when
-// the test says so.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) read() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
+// ageWarnings moves d's warning clocks back by by, as if that much time
+// had passed since each kind of warning last went out.
+func (d *Device) ageWarnings(by time.Duration) {
+	for _, w := range []*rateLimitedWarn{&d.warnTooBig, &d.warnTx, &d.warnRxTooBig} {
+		w.mu.Lock()
+		if !w.last.IsZero() {
+			w.last = w.last.Add(-by)
+		}
+		w.mu.Unlock()
+	}
 }
 
 // TestEMSGSIZECountedAndWarned makes the kernel refuse datagrams: three
@@ -51,7 +43,6 @@ func TestEMSGSIZECountedAndWarned(t *testing.T) {
 	const routeMTU = 1200
 	addrA, addrB, addrC := netip.MustParseAddr("198.18.61.1"), netip.MustParseAddr("198.18.61.2"), netip.MustParseAddr("198.18.61.3")
 	rec := &warnRecorder{}
-	clk := &fakeClock{now: time.Unix(1_000_000, 0)}
 	devs := make(map[netip.Addr]*Device)
 	err := inPrivateNetns([]netip.Addr{addrA, addrB, addrC}, func() error {
 		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
@@ -71,8 +62,7 @@ func TestEMSGSIZECountedAndWarned(t *testing.T) {
 			return err
 		}
 		for _, a := range []netip.Addr{addrA, addrB, addrC} {
-			d, err := newDevice(Config{Bind: netip.AddrPortFrom(a, 4791), MTU: hca.MTU4096, Logger: slog.New(rec)},
-				hooks{now: clk.read})
+			d, err := New(Config{Bind: netip.AddrPortFrom(a, 4791), MTU: hca.MTU4096, Logger: slog.New(rec)})
 			if err != nil {
 				return err
 			}
@@ -156,7 +146,7 @@ func TestEMSGSIZECountedAndWarned(t *testing.T) {
 
 	// The next interval's first refusal is reported with the 19 held
 	// back.
-	clk.advance(warnEvery)
+	a.dev.ageWarnings(warnEvery)
 	send(b, ahB, big, 1)
 	tooBig(21)
 	warns = rec.withMsg("EMSGSIZE")

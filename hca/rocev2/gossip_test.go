@@ -11,16 +11,14 @@ import (
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
 )
 
-// gossipFabric is loopback devices with Config.Gossip whose receive
-// batches all signal one channel.
+// gossipFabric is loopback devices with Config.Gossip.
 type gossipFabric struct {
 	port uint16
-	rx   chan struct{}
 	devs []*Device
 }
 
 func newGossipFabric(t *testing.T) *gossipFabric {
-	g := &gossipFabric{port: borrowPort4(t, netip.MustParseAddr("127.34.0.1")), rx: make(chan struct{}, 1)}
+	g := &gossipFabric{port: borrowPort4(t, netip.MustParseAddr("127.34.0.1"))}
 	t.Cleanup(func() {
 		for _, d := range g.devs {
 			if err := d.Close(); err != nil {
@@ -47,12 +45,7 @@ func (g *gossipFabric) open(t *testing.T, host byte, peers ...byte) *Device {
 	for _, p := range peers {
 		cfg.Peers = append(cfg.Peers, netip.AddrFrom4([4]byte{127, 34, 0, p}))
 	}
-	d, err := newDevice(cfg, hooks{afterRxBatch: func() {
-		select {
-		case g.rx <- struct{}{}:
-		default:
-		}
-	}})
+	d, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,19 +53,10 @@ func (g *gossipFabric) open(t *testing.T, host byte, peers ...byte) *Device {
 	return d
 }
 
-// waitFor blocks until cond holds, re-checking after every received
-// batch of any device.
+// waitFor blocks until cond holds.
 func (g *gossipFabric) waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	guard := time.NewTimer(20 * time.Second)
-	defer guard.Stop()
-	for !cond() {
-		select {
-		case <-g.rx:
-		case <-guard.C:
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
+	waitUntil(t, cond, func() string { return "waiting for " + what })
 }
 
 func sameMembers(d *Device, want []netip.Addr) bool {
@@ -139,10 +123,7 @@ func TestGossipNoAmplification(t *testing.T) {
 		d.AddPeer(netip.AddrFrom4([4]byte{127, 34, 1, byte(h)}))
 	}
 	src := netip.AddrPortFrom(netip.MustParseAddr("127.34.0.200"), g.port)
-	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(src))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := listenDF(t, src)
 	defer c.Close()
 	const n = 20
 	for k := range n {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
+	"golang.org/x/sys/unix"
 )
 
 // testFabric makes devices on 127.<net>.0.N, all on one UDP port: the
@@ -19,12 +20,10 @@ type testFabric struct {
 	next   byte
 	faults Faults
 	devs   []*Device
-	// rx signals, per device, that a received batch was processed.
-	rx map[*Device]chan struct{}
 }
 
 func newTestFabric(t *testing.T, netID byte, faults Faults) *testFabric {
-	f := &testFabric{net: netID, next: 1, faults: faults, rx: make(map[*Device]chan struct{})}
+	f := &testFabric{net: netID, next: 1, faults: faults}
 	t.Cleanup(func() {
 		for _, d := range f.devs {
 			if err := d.Close(); err != nil {
@@ -68,17 +67,10 @@ func (f *testFabric) open(t *testing.T, cfg Config) *Device {
 	for _, d := range f.devs {
 		cfg.Peers = append(cfg.Peers, d.LocalAddr().Addr())
 	}
-	rx := make(chan struct{}, 1)
-	d, err := newDevice(cfg, hooks{afterRxBatch: func() {
-		select {
-		case rx <- struct{}{}:
-		default:
-		}
-	}})
+	d, err := New(cfg)
 	if err != nil {
 		t.Fatalf("rocev2.New: %v", err)
 	}
-	f.rx[d] = rx
 	for _, o := range f.devs {
 		o.AddPeer(d.LocalAddr().Addr())
 	}
@@ -90,6 +82,30 @@ func (f *testFabric) open(t *testing.T, cfg Config) *Device {
 }
 
 func (f *testFabric) newDevice(t *testing.T) *Device { return f.open(t, f.config(t)) }
+
+// listenDF binds an IPv4 UDP socket that sends with DF set from an
+// unconnected socket, so with IPv4 ID 0: the ID the ICRCs of packets
+// built by wire.AppendFrame cover. A plain socket (IP_PMTUDISC_WANT)
+// sends varying IDs, which a device that sees the ID rejects.
+func listenDF(t *testing.T, a netip.AddrPort) *net.UDPConn {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
+	}); err != nil || serr != nil {
+		c.Close()
+		t.Fatal(err, serr)
+	}
+	return c
+}
 
 // waitCQ is a CQ whose completion handler signals a channel.
 type waitCQ struct {
@@ -203,17 +219,27 @@ func fill(b []byte, seed int) {
 	}
 }
 
-// waitRx blocks until d processed a received batch after the call and
-// cond holds, failing after a generous guard timeout.
+// waitRx blocks until d's counters satisfy cond, failing after a
+// generous guard timeout.
 func (f *testFabric) waitRx(t *testing.T, d *Device, cond func(Stats) bool) {
+	t.Helper()
+	waitUntil(t, func() bool { return cond(d.Stats()) }, func() string { return fmt.Sprintf("stats %+v", d.Stats()) })
+}
+
+// waitUntil re-checks cond, which reads what a device's receive loop
+// writes (its counters, its peers), until it holds, and fails after a
+// generous guard timeout with what says why.
+func waitUntil(t *testing.T, cond func() bool, why func() string) {
 	t.Helper()
 	guard := time.NewTimer(20 * time.Second)
 	defer guard.Stop()
-	for !cond(d.Stats()) {
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
 		select {
-		case <-f.rx[d]:
+		case <-tick.C:
 		case <-guard.C:
-			t.Fatalf("condition not reached; stats %+v", d.Stats())
+			t.Fatalf("condition not reached; %s", why())
 		}
 	}
 }

@@ -149,6 +149,17 @@ func TestIPv6TwoDevicesWithLoss(t *testing.T) {
 	if sa.FaultDropped == 0 || sa.Retransmits == 0 {
 		t.Fatalf("faults not exercised: %+v", sa)
 	}
+	// The per-QP count adds up to the device's: each end has one RC QP
+	// (and the GSI QP, which never retransmits).
+	for i, e := range []*rcEnd{a, b} {
+		n, ok := e.dev.QPRetransmits(e.qp.QPN())
+		if total := devs[i].Stats().Retransmits; !ok || n != total {
+			t.Fatalf("device %d: QP retransmits %d (found %v), device total %d", i, n, ok, total)
+		}
+	}
+	if _, ok := a.dev.QPRetransmits(0xFFFFFF); ok {
+		t.Fatal("QPRetransmits found a QP that does not exist")
+	}
 	// Every datagram's ICRC, computed over the IPv6 pseudo-header both
 	// sides reconstruct, must verify.
 	for _, d := range devs {

@@ -118,9 +118,6 @@ func (d *Device) groupLoop(g *group) {
 			d.receiveGroup(buf[:n], from, g, &p)
 		}
 		d.unlock()
-		if d.hooks.afterRxBatch != nil {
-			d.hooks.afterRxBatch()
-		}
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/hca/internal/core"
 )
 
 // timerKind says what a QP's single timer is waiting for.
@@ -36,14 +37,17 @@ type sendWQE struct {
 
 // qp is a queue pair; every field but destroyed is guarded by dev.mu.
 type qp struct {
-	dev    *Device
-	qpn    hca.QPN
-	typ    hca.QPType
-	cfg    hca.QPConfig
-	sendCQ *cq
-	recvCQ *cq
-	srq    *srq
-	state  hca.QPState
+	dev *Device
+	qpn hca.QPN
+	// retransmits counts the packets this QP sent again (dev.mu held);
+	// the device's total is Stats.Retransmits.
+	retransmits uint64
+	typ         hca.QPType
+	cfg         hca.QPConfig
+	sendCQ      *cq
+	recvCQ      *cq
+	srq         *srq
+	state       hca.QPState
 	// destroyed is written under dev.mu and read by Poll, which takes
 	// only the CQ lock.
 	destroyed atomic.Bool
@@ -51,15 +55,14 @@ type qp struct {
 	// pkeyIndex is the QP's index in the port's P_Key table: it holds an
 	// index, not a value, so a rewritten table moves it (IBTA 10.9).
 	pkeyIndex int
-	mcast     map[hca.GID]struct{}
+	mcast     core.Attachments
 	// lastWQESent makes EventQPLastWQEReached fire once per QP.
 	lastWQESent bool
 	// src is the socket the QP's packets leave from (its UDP source
 	// port, see sourcePorts).
 	src *udpSocket
 
-	rq            []hca.RecvWR // own receive queue ring (non-SRQ)
-	rqHead, rqLen int
+	rq core.Queue[hca.RecvWR] // own receive queue (non-SRQ)
 
 	udPSN uint32
 	// zcGen is the last work batch that sent any of the QP's send
@@ -129,7 +132,7 @@ func (d *Device) CreateQP(cfg hca.QPConfig) (hca.QP, error) {
 		return nil, fmt.Errorf("rocev2: create QP type %v: %w", cfg.Type, hca.ErrInvalidArgument)
 	}
 	if s == nil {
-		q.rq = make([]hca.RecvWR, max(cfg.MaxRecvWR, 1))
+		q.rq = core.NewQueue[hca.RecvWR](max(cfg.MaxRecvWR, 1))
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -272,11 +275,8 @@ func (q *qp) toError() {
 		q.curValid = false
 	}
 	q.inMsg = false
-	for q.rqLen > 0 {
-		wr := q.rq[q.rqHead]
-		q.rq[q.rqHead] = hca.RecvWR{}
-		q.rqHead = (q.rqHead + 1) % len(q.rq)
-		q.rqLen--
+	for q.rq.Len() > 0 {
+		wr, _ := q.rq.Pop()
 		q.completeRecv(wr.ID, hca.StatusWRFlushErr, 0, nil)
 	}
 	if q.srq != nil && !q.lastWQESent {
@@ -294,8 +294,7 @@ func (q *qp) reset() uint64 {
 	q.disarmTimer()
 	clear(q.sq)
 	q.sqHead, q.sqLen, q.txIdx, q.txOff = 0, 0, 0, 0
-	clear(q.rq)
-	q.rqHead, q.rqLen = 0, 0
+	q.rq.Clear()
 	q.cur, q.curValid, q.inMsg, q.curOff = hca.RecvWR{}, false, false, 0
 	q.ackPending = false
 	return q.zcGen
@@ -319,11 +318,10 @@ func (q *qp) PostRecv(wrs []hca.RecvWR) (int, error) {
 			q.completeRecv(wrs[i].ID, hca.StatusWRFlushErr, 0, nil)
 			continue
 		}
-		if q.rqLen == len(q.rq) {
+		if q.rq.Full() {
 			return i, fmt.Errorf("rocev2: post recv %d of %d: %w", i, len(wrs), hca.ErrQueueFull)
 		}
-		q.rq[(q.rqHead+q.rqLen)%len(q.rq)] = wrs[i]
-		q.rqLen++
+		q.rq.Push(wrs[i])
 	}
 	return len(wrs), nil
 }
@@ -333,14 +331,7 @@ func (q *qp) takeRecv() (hca.RecvWR, bool) {
 	if q.srq != nil {
 		return q.srq.take()
 	}
-	if q.rqLen == 0 {
-		return hca.RecvWR{}, false
-	}
-	wr := q.rq[q.rqHead]
-	q.rq[q.rqHead] = hca.RecvWR{}
-	q.rqHead = (q.rqHead + 1) % len(q.rq)
-	q.rqLen--
-	return wr, true
+	return q.rq.Pop()
 }
 
 func (q *qp) PostSend(wrs []hca.SendWR) (int, error) {
@@ -373,19 +364,17 @@ func (q *qp) AttachMcast(mgid hca.GID) error {
 	if q.destroyed.Load() {
 		return q.errDestroyed("attach")
 	}
-	if q.typ != hca.QPTypeUD || !mgid.IsMulticast() {
-		return fmt.Errorf("rocev2: attach %v QP to %v: %w", q.typ, mgid, hca.ErrInvalidArgument)
+	added, err := q.mcast.CheckAttach(q.typ, mgid)
+	if err != nil {
+		return fmt.Errorf("rocev2: QP %#x: %w", q.qpn, err)
 	}
-	if _, ok := q.mcast[mgid]; ok {
+	if !added {
 		return nil
 	}
 	if err := d.attachGroup(q, mgid); err != nil {
 		return err
 	}
-	if q.mcast == nil {
-		q.mcast = make(map[hca.GID]struct{})
-	}
-	q.mcast[mgid] = struct{}{}
+	q.mcast.Add(mgid)
 	return nil
 }
 
@@ -396,10 +385,9 @@ func (q *qp) DetachMcast(mgid hca.GID) error {
 	if q.destroyed.Load() {
 		return q.errDestroyed("detach")
 	}
-	if _, ok := q.mcast[mgid]; !ok {
-		return fmt.Errorf("rocev2: QP %#x not attached to %v: %w", q.qpn, mgid, hca.ErrInvalidArgument)
+	if err := q.mcast.Detach(mgid); err != nil {
+		return fmt.Errorf("rocev2: QP %#x: %w", q.qpn, err)
 	}
-	delete(q.mcast, mgid)
 	return d.detachGroup(q, mgid)
 }
 
@@ -412,9 +400,9 @@ func (q *qp) Destroy() error {
 		d.mu.Unlock()
 		return q.errDestroyed("destroy")
 	}
-	if len(q.mcast) > 0 {
+	if err := q.mcast.CheckDestroy(); err != nil {
 		d.mu.Unlock()
-		return fmt.Errorf("rocev2: destroy QP %#x attached to %d groups: %w", q.qpn, len(q.mcast), hca.ErrBusy)
+		return fmt.Errorf("rocev2: destroy QP %#x: %w", q.qpn, err)
 	}
 	q.destroyed.Store(true)
 	q.disarmTimer()
@@ -436,9 +424,12 @@ func (q *qp) Destroy() error {
 		q.srq.refs--
 	}
 	clear(q.sq)
-	clear(q.rq)
+	q.rq.Clear()
 	return nil
 }
+
+// Destroyed reports whether Destroy has run, for the CQ ring.
+func (q *qp) Destroyed() bool { return q.destroyed.Load() }
 
 // errDestroyed counts a verb called on a destroyed QP
 // (Stats.DestroyedQPOps) and returns its error.

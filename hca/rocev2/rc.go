@@ -94,6 +94,7 @@ func (q *qp) pump() {
 		}
 		if psnDiff(q.txPSN, q.sentEnd) < 0 {
 			d.ctr.retransmits.Add(1)
+			q.retransmits++
 		}
 		q.txPSN = psnAdd(q.txPSN, 1)
 		if psnDiff(q.txPSN, q.sentEnd) > 0 {

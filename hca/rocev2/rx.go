@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
@@ -68,28 +69,31 @@ func (d *Device) rxLoop() {
 				d.receiveMessage(b, from, seg, &p)
 			}
 		}
-		for _, q := range d.ackQPs {
-			if q.ackPending {
-				q.ackPending = false
-				if !q.destroyed.Load() && q.state != hca.QPStateError {
-					q.sendAck(wire.SyndromeACK, q.ackPSN)
-				}
+		d.sendBatchAcks()
+		d.unlock()
+	}
+}
+
+// sendBatchAcks sends the coalesced ACKs a received batch left pending.
+// mu held.
+func (d *Device) sendBatchAcks() {
+	for _, q := range d.ackQPs {
+		if q.ackPending {
+			q.ackPending = false
+			if !q.destroyed.Load() && q.state != hca.QPStateError {
+				q.sendAck(wire.SyndromeACK, q.ackPSN)
 			}
 		}
-		clear(d.ackQPs)
-		d.ackQPs = d.ackQPs[:0]
-		d.unlock()
-		if d.hooks.afterRxBatch != nil {
-			d.hooks.afterRxBatch()
-		}
 	}
+	clear(d.ackQPs)
+	d.ackQPs = d.ackQPs[:0]
 }
 
 // warnOversize reports, rate-limited, a datagram larger than this
 // device's IB MTU allows: the peer runs a larger --ib-mtu, and everything
 // it sends in full-size packets is lost here.
 func (d *Device) warnOversize(from netip.AddrPort, n int) {
-	d.warnRxTooBig.warn(d.cfg.Logger, d.now(), 1, "rocev2: datagram larger than our IB MTU, dropped: the peer uses a larger --ib-mtu",
+	d.warnRxTooBig.warn(d.cfg.Logger, time.Now(), 1, "rocev2: datagram larger than our IB MTU, dropped: the peer uses a larger --ib-mtu",
 		"dev", d.cfg.Name, "from", from, "bytes", n, "max", d.maxPacket, "ib_mtu", int(d.cfg.MTU))
 }
 
@@ -123,9 +127,13 @@ func (d *Device) receiveMessage(b []byte, from netip.AddrPort, seg int, p *wire.
 
 // receive validates one datagram and hands it to its QP. mu held.
 func (d *Device) receive(b []byte, from netip.AddrPort, p *wire.Packet) {
-	if !d.accept(b, from, d.local.Addr(), p) {
-		return
+	if d.accept(b, from, d.local.Addr(), p) {
+		d.deliver(p, from)
 	}
+}
+
+// deliver hands an accepted packet to its QP. mu held.
+func (d *Device) deliver(p *wire.Packet, from netip.AddrPort) {
 	switch op := p.BTH.Opcode; {
 	case op == wire.OpUDSendOnly:
 		d.recvUD(p, from.Addr())
@@ -172,6 +180,28 @@ func (d *Device) accept(b []byte, from netip.AddrPort, dst netip.Addr, p *wire.P
 		d.ctr.drop(wire.ReasonOf(err))
 		return false
 	}
+	return d.admit(b, from, dst, p)
+}
+
+// acceptWithHeaders is accept for a datagram received with its IP and
+// UDP headers (the packet socket): its ICRC is checked over them, the
+// IPv4 ID included. mu held.
+func (d *Device) acceptWithHeaders(b, ipHdr, udpHdr []byte, from netip.AddrPort, dst netip.Addr, p *wire.Packet) bool {
+	if err := wire.ParsePacket(b, p); err != nil {
+		d.ctr.drop(wire.ReasonOf(err))
+		return false
+	}
+	if err := wire.CheckICRC(ipHdr, udpHdr, b); err != nil {
+		d.ctr.drop(wire.ReasonOf(err))
+		return false
+	}
+	return d.admit(b, from, dst, p)
+}
+
+// admit shows a parsed datagram whose ICRC is right to the tap, checks
+// its P_Key and learns its sender; false if it was dropped (counted). mu
+// held.
+func (d *Device) admit(b []byte, from netip.AddrPort, dst netip.Addr, p *wire.Packet) bool {
 	if d.cfg.Tap != nil {
 		d.cfg.Tap.Datagram(from, netip.AddrPortFrom(dst, d.local.Port()), b)
 	}

@@ -3,7 +3,6 @@ package rocev2
 import (
 	"bytes"
 	"math/rand/v2"
-	"net"
 	"net/netip"
 	"runtime"
 	"strings"
@@ -18,10 +17,7 @@ import (
 // port, so the device treats it as a fabric peer.
 func sendRaw(t *testing.T, from netip.AddrPort, to netip.AddrPort, b []byte) {
 	t.Helper()
-	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(from))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := listenDF(t, from)
 	defer c.Close()
 	if _, err := c.WriteToUDPAddrPort(b, to); err != nil {
 		t.Fatal(err)
@@ -115,6 +111,21 @@ func FuzzReceive(f *testing.F) {
 		d.mu.Lock()
 		d.receive(pkt, from, &p)
 		d.unlock()
+		// The same bytes through the packet socket's path, behind the IP
+		// and UDP headers they would have on the wire (a valid ICRC for
+		// those, but for one bit half the time).
+		if frame, err := wire.AppendFrame(nil, from, d.LocalAddr(), b, false); err == nil {
+			if qpn&2 == 2 {
+				frame[len(frame)-1] ^= 0x10
+			}
+			var f packetFrame
+			if parsePacketFrame(rxFrame(frame, 0), 14, &f) == nil {
+				var hdr [68]byte
+				d.mu.Lock()
+				d.receiveFrame(&f, hdr[:], &p)
+				d.unlock()
+			}
+		}
 	})
 }
 
@@ -124,7 +135,8 @@ func FuzzReceive(f *testing.F) {
 func deviceLoops() (int, string) {
 	buf := make([]byte, 1<<20)
 	s := string(buf[:runtime.Stack(buf, true)])
-	return strings.Count(s, "rocev2.(*Device).rxLoop(") + strings.Count(s, "rocev2.(*Device).timerLoop("), s
+	return strings.Count(s, "rocev2.(*Device).rxLoop(") + strings.Count(s, "rocev2.(*Device).rxPacketLoop(") +
+		strings.Count(s, "rocev2.(*Device).timerLoop("), s
 }
 
 func TestCloseStopsGoroutines(t *testing.T) {

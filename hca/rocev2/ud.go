@@ -121,7 +121,7 @@ func (d *Device) recvUD(p *wire.Packet, from netip.Addr) {
 	if hca.QPN(p.BTH.DestQP) == hca.QPNMulticast {
 		delivered, otherPartition := false, false
 		for _, q := range d.qps {
-			if len(q.mcast) == 0 || uint32(q.qkey) != p.DETH.QKey || q.state < hca.QPStateRTR || q.state == hca.QPStateError {
+			if q.mcast.Len() == 0 || uint32(q.qkey) != p.DETH.QKey || q.state < hca.QPStateRTR || q.state == hca.QPStateError {
 				continue
 			}
 			if !info.pkey.Matches(q.pkey()) {

@@ -36,11 +36,3 @@ func (w *rateLimitedWarn) warn(log *slog.Logger, now time.Time, n uint64, msg st
 	w.mu.Unlock()
 	log.Warn(msg, append(args, "datagrams", n, "suppressed_since_last", held)...)
 }
-
-// now is the clock of the device's warnings.
-func (d *Device) now() time.Time {
-	if d.hooks.now != nil {
-		return d.hooks.now()
-	}
-	return time.Now()
-}

@@ -9,14 +9,12 @@ import (
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/hca/internal/core"
 )
 
-// cqEntry is one CQE; qp lets Poll count completions of destroyed QPs and
-// lets the purge policy find them. The consumer only sees wc.
-type cqEntry struct {
-	wc hca.WC
-	qp *qp
-}
+// cqEntry is one CQE; its QP lets Poll count completions of destroyed
+// QPs and lets the purge policy find them.
+type cqEntry = core.Entry[*qp]
 
 // heldEntry is a completion held back by Faults.CompletionDelay or a
 // CompletionHold.
@@ -31,10 +29,8 @@ type cq struct {
 	dev *Device
 	cfg hca.CQConfig
 
-	mu    sync.Mutex // guards ring, head, n, armed, rng
-	ring  []cqEntry
-	head  int
-	n     int
+	mu    sync.Mutex // guards ring, armed, rng
+	ring  core.Ring[*qp]
 	armed bool
 	rng   *rand.Rand // spurious-event draws; seeded from the fabric rng
 
@@ -64,7 +60,7 @@ func (d *Device) CreateCQ(cfg hca.CQConfig) (hca.CQ, error) {
 		f:    f,
 		dev:  d,
 		cfg:  cfg,
-		ring: make([]cqEntry, cfg.Size),
+		ring: core.NewRing[*qp](cfg.Size),
 		rng:  rand.New(rand.NewPCG(f.rng.Uint64(), f.rng.Uint64())),
 	}
 	d.cqs[c] = struct{}{}
@@ -78,7 +74,7 @@ func (f *Fabric) complete(c *cq, q *qp, wc hca.WC) {
 	if c.destroyed.Load() {
 		return
 	}
-	e := cqEntry{wc: wc, qp: q}
+	e := cqEntry{WC: wc, QP: q}
 	if c.holding {
 		c.holdLocked(e)
 		return
@@ -135,18 +131,12 @@ func (c *cq) moveDueLocked(now time.Time, limit int) int {
 // completion event if the CQ was armed.
 func (c *cq) push(e cqEntry) {
 	c.mu.Lock()
-	if c.n == len(c.ring) {
+	if !c.ring.Push(e) {
 		c.mu.Unlock()
 		c.f.stats.cqOverflows.Add(1)
 		c.f.event(c.cfg.OnEvent, hca.AsyncEvent{Type: hca.EventCQErr})
 		return
 	}
-	i := c.head + c.n
-	if i >= len(c.ring) {
-		i -= len(c.ring)
-	}
-	c.ring[i] = e
-	c.n++
 	fire := c.armed
 	c.armed = false
 	c.mu.Unlock()
@@ -175,22 +165,8 @@ func (c *cq) fireCompletion() {
 
 // Poll moves up to len(into) completions out of the CQ.
 func (c *cq) Poll(into []hca.WC) int {
-	var afterDestroy uint64
 	c.mu.Lock()
-	n := min(len(into), c.n)
-	for i := 0; i < n; i++ {
-		e := &c.ring[c.head]
-		into[i] = e.wc
-		if e.qp != nil && e.qp.destroyed.Load() {
-			afterDestroy++
-		}
-		*e = cqEntry{}
-		c.head++
-		if c.head == len(c.ring) {
-			c.head = 0
-		}
-	}
-	c.n -= n
+	n, afterDestroy := c.ring.Poll(into)
 	c.mu.Unlock()
 	if afterDestroy > 0 {
 		c.f.stats.completionsAfterDestroy.Add(afterDestroy)
@@ -208,7 +184,7 @@ func (c *cq) Notify(reportMissed bool) bool {
 		return false
 	}
 	c.armed = true
-	nonEmpty := c.n > 0
+	nonEmpty := c.ring.Len() > 0
 	spurious := p > 0 && c.rng.Float64() < p
 	if spurious {
 		c.armed = false
@@ -239,8 +215,7 @@ func (c *cq) Destroy() error {
 func (f *Fabric) destroyCQLocked(c *cq) {
 	c.destroyed.Store(true)
 	c.mu.Lock()
-	clear(c.ring)
-	c.n = 0
+	c.ring.Clear()
 	c.armed = false
 	c.mu.Unlock()
 	f.live.held -= len(c.held)
@@ -255,7 +230,7 @@ func (c *cq) purge(q *qp) int {
 	removed := 0
 	kept := c.held[:0]
 	for _, h := range c.held {
-		if h.e.qp == q {
+		if h.e.QP == q {
 			removed++
 			continue
 		}
@@ -266,21 +241,7 @@ func (c *cq) purge(q *qp) int {
 	c.f.live.held -= removed
 
 	c.mu.Lock()
-	w := 0
-	for i := 0; i < c.n; i++ {
-		src := (c.head + i) % len(c.ring)
-		e := c.ring[src]
-		if e.qp == q {
-			removed++
-			continue
-		}
-		c.ring[(c.head+w)%len(c.ring)] = e
-		w++
-	}
-	for i := w; i < c.n; i++ {
-		c.ring[(c.head+i)%len(c.ring)] = cqEntry{}
-	}
-	c.n = w
+	removed += c.ring.Purge(q)
 	c.mu.Unlock()
 	return removed
 }

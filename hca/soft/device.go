@@ -240,8 +240,8 @@ func (d *Device) Close() error {
 	}
 	slices.SortFunc(qps, func(a, b *qp) int { return int(a.qpn) - int(b.qpn) })
 	for _, q := range qps {
-		for len(q.mcast) > 0 {
-			f.detachLocked(q, q.mcast[0])
+		for q.mcast.Len() > 0 {
+			_ = f.detachLocked(q, q.mcast.All()[0]) // attached: cannot fail
 		}
 		f.destroyQPLocked(q)
 	}

@@ -56,7 +56,7 @@ func (d *Device) McastStats() McastStats {
 	}
 	var attached []hca.GID
 	for _, q := range d.qps {
-		for _, g := range q.mcast {
+		for _, g := range q.mcast.All() {
 			if !slices.Contains(attached, g) {
 				attached = append(attached, g)
 			}

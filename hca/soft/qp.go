@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/hca/internal/core"
 )
 
 // sendState is the state of an RC QP's send queue head.
@@ -43,7 +44,7 @@ type qp struct {
 	gen       uint64 // bumped on every change that cancels pending timers
 	pkeyIndex int
 	qkey      hca.QKey
-	mcast     []hca.GID
+	mcast     core.Attachments
 	lastWQE   bool // LAST_WQE_REACHED raised since the last Reset
 
 	// RC connection attributes.
@@ -55,7 +56,7 @@ type qp struct {
 	timeout    uint8
 	peer       *qp // cached lookup of (destGID, destQPN)
 
-	sq        ring[hca.SendWR] // RC sends not yet completed
+	sq        core.Queue[hca.SendWR] // RC sends not yet completed
 	sendState sendState
 	rnrLeft   int
 	retryLeft int
@@ -120,10 +121,10 @@ func (d *Device) CreateQP(cfg hca.QPConfig) (hca.QP, error) {
 		f: f, dev: d, qpn: qpn, typ: cfg.Type, cfg: cfg,
 		sendCQ: scq, recvCQ: rcq, srq: s,
 		state: hca.QPStateReset,
-		sq:    newRing[hca.SendWR](cfg.MaxSendWR),
+		sq:    core.NewQueue[hca.SendWR](cfg.MaxSendWR),
 	}
 	if s == nil {
-		q.rq.wrs = newRing[hca.RecvWR](cfg.MaxRecvWR)
+		q.rq.wrs = core.NewQueue[hca.RecvWR](cfg.MaxRecvWR)
 	} else {
 		s.users++
 	}
@@ -166,6 +167,9 @@ func (q *qp) State() hca.QPState {
 	defer q.f.mu.Unlock()
 	return q.state
 }
+
+// Destroyed reports whether Destroy has run, for the CQ ring.
+func (q *qp) Destroyed() bool { return q.destroyed.Load() }
 
 // errDestroyed counts an operation on a destroyed QP and builds its error.
 func (q *qp) errDestroyed(op string) error {
@@ -240,8 +244,8 @@ func (q *qp) Modify(attr hca.QPAttr) error {
 func (f *Fabric) resetLocked(q *qp) {
 	q.state = hca.QPStateReset
 	q.gen++
-	q.sq.clear()
-	q.rq.wrs.clear()
+	q.sq.Clear()
+	q.rq.wrs.Clear()
 	q.sendState = sendReady
 	q.waitingOn = nil
 	q.lastWQE = false
@@ -261,14 +265,14 @@ func (f *Fabric) toError(q *qp) {
 	q.sendState = sendReady
 	q.waitingOn = nil
 	for {
-		wr, ok := q.sq.pop()
+		wr, ok := q.sq.Pop()
 		if !ok {
 			break
 		}
 		f.complete(q.sendCQ, q, q.sendWC(wr.ID, hca.StatusWRFlushErr, 0))
 	}
 	for {
-		wr, ok := q.rq.wrs.pop()
+		wr, ok := q.rq.wrs.Pop()
 		if !ok {
 			break
 		}
@@ -326,7 +330,7 @@ func (q *qp) PostSend(wrs []hca.SendWR) (int, error) {
 		return len(wrs), nil
 	}
 	for i := range wrs {
-		if q.state == hca.QPStateRTS && q.sq.full() {
+		if q.state == hca.QPStateRTS && q.sq.Full() {
 			f.progressSends(q)
 		}
 		if q.state == hca.QPStateError {
@@ -337,7 +341,7 @@ func (q *qp) PostSend(wrs []hca.SendWR) (int, error) {
 		if err := f.checkRCOffload(&wrs[i]); err != nil {
 			return i, fmt.Errorf("soft: post send %d of %d on %s: %w", i, len(wrs), q, err)
 		}
-		if !q.sq.push(wrs[i]) {
+		if !q.sq.Push(wrs[i]) {
 			return i, fmt.Errorf("soft: post send %d of %d on %s: %w", i, len(wrs), q, hca.ErrQueueFull)
 		}
 	}
@@ -366,7 +370,7 @@ func (q *qp) PostRecv(wrs []hca.RecvWR) (int, error) {
 		return len(wrs), nil
 	}
 	for i := range wrs {
-		if !q.rq.wrs.push(wrs[i]) {
+		if !q.rq.wrs.Push(wrs[i]) {
 			f.wakeWaiters(&q.rq)
 			return i, fmt.Errorf("soft: post recv %d of %d on %s: %w", i, len(wrs), q, hca.ErrQueueFull)
 		}
@@ -383,13 +387,13 @@ func (q *qp) AttachMcast(mgid hca.GID) error {
 	if q.destroyed.Load() {
 		return q.errDestroyed("attach mcast")
 	}
-	if q.typ != hca.QPTypeUD || !mgid.IsMulticast() {
-		return fmt.Errorf("soft: attach %s to %s: %w", q, mgid, hca.ErrInvalidArgument)
+	added, err := q.mcast.Attach(q.typ, mgid)
+	if err != nil {
+		return fmt.Errorf("soft: %s: %w", q, err)
 	}
-	if slices.Contains(q.mcast, mgid) {
+	if !added {
 		return nil
 	}
-	q.mcast = append(q.mcast, mgid)
 	f.groups[mgid] = append(f.groups[mgid], q)
 	f.live.mcast++
 	return nil
@@ -403,15 +407,16 @@ func (q *qp) DetachMcast(mgid hca.GID) error {
 	if q.destroyed.Load() {
 		return q.errDestroyed("detach mcast")
 	}
-	if !slices.Contains(q.mcast, mgid) {
-		return fmt.Errorf("soft: detach %s from %s: not attached: %w", q, mgid, hca.ErrInvalidArgument)
+	if err := f.detachLocked(q, mgid); err != nil {
+		return fmt.Errorf("soft: detach %s: %w", q, err)
 	}
-	f.detachLocked(q, mgid)
 	return nil
 }
 
-func (f *Fabric) detachLocked(q *qp, mgid hca.GID) {
-	q.mcast = slices.DeleteFunc(q.mcast, func(g hca.GID) bool { return g == mgid })
+func (f *Fabric) detachLocked(q *qp, mgid hca.GID) error {
+	if err := q.mcast.Detach(mgid); err != nil {
+		return err
+	}
 	members := slices.DeleteFunc(f.groups[mgid], func(m *qp) bool { return m == q })
 	if len(members) == 0 {
 		delete(f.groups, mgid)
@@ -419,6 +424,7 @@ func (f *Fabric) detachLocked(q *qp, mgid hca.GID) {
 		f.groups[mgid] = members
 	}
 	f.live.mcast--
+	return nil
 }
 
 // Destroy releases the QP. It fails with ErrBusy while attached to
@@ -431,8 +437,8 @@ func (q *qp) Destroy() error {
 	if q.destroyed.Load() {
 		return q.errDestroyed("destroy")
 	}
-	if len(q.mcast) > 0 {
-		return fmt.Errorf("soft: destroy %s attached to %d groups: %w", q, len(q.mcast), hca.ErrBusy)
+	if err := q.mcast.CheckDestroy(); err != nil {
+		return fmt.Errorf("soft: destroy %s: %w", q, err)
 	}
 	f.destroyQPLocked(q)
 	return nil
@@ -441,8 +447,8 @@ func (q *qp) Destroy() error {
 func (f *Fabric) destroyQPLocked(q *qp) {
 	q.destroyed.Store(true)
 	q.gen++
-	q.sq.clear()
-	q.rq.wrs.clear()
+	q.sq.Clear()
+	q.rq.wrs.Clear()
 	q.sendState = sendReady
 	q.waitingOn = nil
 	q.peer = nil

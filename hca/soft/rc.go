@@ -29,13 +29,13 @@ const (
 // progressSends works through s's send queue until it is empty or the head
 // must wait; under f.mu.
 func (f *Fabric) progressSends(s *qp) {
-	for s.state == hca.QPStateRTS && s.sendState == sendReady && s.sq.len() > 0 {
-		wr := s.sq.peek()
+	for s.state == hca.QPStateRTS && s.sendState == sendReady && s.sq.Len() > 0 {
+		wr := s.sq.Peek()
 		res, r := f.deliverRC(s, wr)
 		switch res {
 		case rcDelivered:
 			id, n := wr.ID, len(wr.Data)
-			s.sq.pop()
+			s.sq.Pop()
 			s.rnrLeft, s.retryLeft = int(s.rnrRetry), int(s.retryCount)
 			f.complete(s.sendCQ, s, s.sendWC(id, hca.StatusSuccess, n))
 		case rcNoBuffer, rcInjectedRNR:
@@ -60,7 +60,7 @@ func (f *Fabric) progressSends(s *qp) {
 // failHead completes s's head send with st and moves s to Error, which
 // flushes the sends behind it.
 func (f *Fabric) failHead(s *qp, st hca.Status) {
-	wr, _ := s.sq.pop()
+	wr, _ := s.sq.Pop()
 	f.complete(s.sendCQ, s, s.sendWC(wr.ID, st, 0))
 	f.toError(s)
 }

@@ -92,24 +92,7 @@ func TestReceiveNewestFirstFlushesInPostedOrder(t *testing.T) {
 	}
 }
 
-func TestRingPopNewestWraps(t *testing.T) {
-	r := newRing[int](3)
-	for _, v := range []int{1, 2, 3} {
-		r.push(v)
-	}
-	r.pop()   // head moves to slot 1
-	r.push(4) // lands in slot 0: the ring has wrapped
-	var got []int
-	for r.len() > 0 {
-		v, _ := r.popNewest()
-		got = append(got, v)
-	}
-	if !slices.Equal(got, []int{4, 3, 2}) {
-		t.Fatalf("popNewest order %v, want [4 3 2]", got)
-	}
-	if _, ok := r.popNewest(); ok {
-		t.Fatal("popNewest on an empty ring succeeded")
-	}
+func TestReceiveOrderString(t *testing.T) {
 	if s := ReceiveOrder(7).String(); s != "ReceiveOrder(7)" {
 		t.Fatalf("String of an unknown order: %q", s)
 	}

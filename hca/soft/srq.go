@@ -4,12 +4,13 @@ import (
 	"fmt"
 
 	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/hca/internal/core"
 )
 
 // recvQueue is a receive queue (a QP's own RQ or an SRQ) plus the RC
 // senders parked on it waiting for a buffer (RNR retry 7).
 type recvQueue struct {
-	wrs     ring[hca.RecvWR]
+	wrs     core.Queue[hca.RecvWR]
 	waiters []*qp
 }
 
@@ -39,7 +40,7 @@ func (d *Device) CreateSRQ(cfg hca.SRQConfig) (hca.SRQ, error) {
 	if d.closed {
 		return nil, fmt.Errorf("soft: %s: create SRQ: %w", d.name, hca.ErrDestroyed)
 	}
-	s := &srq{f: f, dev: d, cfg: cfg, rq: recvQueue{wrs: newRing[hca.RecvWR](cfg.MaxWR)}}
+	s := &srq{f: f, dev: d, cfg: cfg, rq: recvQueue{wrs: core.NewQueue[hca.RecvWR](cfg.MaxWR)}}
 	d.srqs[s] = struct{}{}
 	f.live.srqs++
 	return s, nil
@@ -54,7 +55,7 @@ func (s *srq) PostRecv(wrs []hca.RecvWR) (int, error) {
 		return 0, fmt.Errorf("soft: SRQ post recv: %w", hca.ErrDestroyed)
 	}
 	for i := range wrs {
-		if !s.rq.wrs.push(wrs[i]) {
+		if !s.rq.wrs.Push(wrs[i]) {
 			f.wakeWaiters(&s.rq)
 			return i, fmt.Errorf("soft: SRQ post recv %d of %d: %w", i, len(wrs), hca.ErrQueueFull)
 		}
@@ -81,7 +82,7 @@ func (s *srq) ArmLimit(limit int) error {
 func (s *srq) Posted() int {
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
-	return s.rq.wrs.len()
+	return s.rq.wrs.Len()
 }
 
 // Destroy frees the SRQ; it fails with ErrBusy while QPs use it.
@@ -101,7 +102,7 @@ func (s *srq) Destroy() error {
 
 func (f *Fabric) destroySRQLocked(s *srq) {
 	s.destroyed = true
-	s.rq.wrs.clear()
+	s.rq.wrs.Clear()
 	s.rq.waiters = nil
 	delete(s.dev.srqs, s)
 	f.live.srqs--
@@ -115,7 +116,7 @@ func (f *Fabric) takeRecv(r *qp) (hca.RecvWR, bool) {
 	}
 	s := r.srq
 	wr, ok := f.popRecv(&s.rq)
-	if ok && s.limit > 0 && s.rq.wrs.len() < s.limit {
+	if ok && s.limit > 0 && s.rq.wrs.Len() < s.limit {
 		s.limit = 0
 		f.event(s.cfg.OnEvent, hca.AsyncEvent{Type: hca.EventSRQLimitReached})
 	}
@@ -148,7 +149,7 @@ func (f *Fabric) wakeWaiters(rq *recvQueue) {
 // Config.ReceiveOrder; under f.mu.
 func (f *Fabric) popRecv(rq *recvQueue) (hca.RecvWR, bool) {
 	if f.cfg.ReceiveOrder == ReceiveNewestFirst {
-		return rq.wrs.popNewest()
+		return rq.wrs.PopNewest()
 	}
-	return rq.wrs.pop()
+	return rq.wrs.Pop()
 }

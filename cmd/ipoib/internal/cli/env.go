@@ -2,6 +2,7 @@ package cli
 
 import (
 	"io"
+	"os"
 )
 
 // inProcOptions configures the in-process benchmark (ipoib bench without
@@ -31,6 +32,15 @@ type Env struct {
 	ControlDir string
 	// MarkerDir holds namespace owner markers (tap.DefaultMarkerDir).
 	MarkerDir string
+	// Hangup delivers SIGHUP: 'ipoib up --config' re-reads its file on
+	// it; every other command stops as on SIGINT (the terminal closed).
+	Hangup <-chan os.Signal
+	// NotifySocket is $NOTIFY_SOCKET: the service manager's readiness
+	// socket (internal/sdnotify), empty outside one.
+	NotifySocket string
+	// Journal says stderr is journald's stream ($JOURNAL_STREAM names
+	// it): log lines then carry their priority.
+	Journal bool
 
 	// fabricReady, if set, is called once the lab serves its control
 	// socket (tests synchronise on it).

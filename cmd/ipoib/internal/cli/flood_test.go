@@ -23,6 +23,7 @@ import (
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
 	"github.com/ipoibcm/ipoib/ipoibcm"
 	"github.com/ipoibcm/ipoib/tap/netstack"
+	"golang.org/x/sys/unix"
 )
 
 // upNode is one 'ipoib up' built in-process exactly as runUp configures
@@ -110,6 +111,13 @@ func newREQFlooder(t *testing.T, sources int, dst netip.AddrPort, service uint64
 			t.Fatal(err)
 		}
 		_ = c.SetReadBuffer(4 << 20)
+		// DF from an unconnected socket: IPv4 ID 0, the ID the REQs'
+		// ICRCs (wire.AppendFrame) cover. The device sees the ID.
+		if raw, err := c.SyscallConn(); err == nil {
+			_ = raw.Control(func(fd uintptr) {
+				_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
+			})
+		}
 		f.socks = append(f.socks, c)
 		f.srcs = append(f.srcs, src)
 		f.wg.Add(1)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 
 	"github.com/ipoibcm/ipoib/internal/flagcheck"
@@ -37,7 +38,12 @@ func commands() []command {
 		{name: "soak", summary: soakSummary, flags: soakFlags},
 		{name: "up", summary: "bring up ib0 on this host over RoCEv2/UDP to other hosts (root)", flags: upFlags},
 		{name: "child", summary: "add or delete a P_Key child interface (ib0.8001) of a running fabric host or 'ipoib up'", flags: childFlags, positional: "add PKEY | del NAME|PKEY"},
+		{name: "down", summary: "stop a running 'ipoib up' and wait until its TAPs and socket are gone", flags: downFlags},
+		{name: "reload", summary: "have a running 'ipoib up --config' re-read its file and apply what can change live (as SIGHUP)", flags: reloadFlags},
+		{name: "config", summary: "check an 'ipoib up' config file without starting anything", flags: configFlags, positional: "check FILE"},
 		{name: "capture", summary: "record a host's HCA traffic and engine events as pcapng (RoCEv2, for tshark)", flags: captureFlags},
+		{name: "cleanup", summary: "remove the marked namespaces and control sockets a crashed ipoib left (root)", flags: cleanupFlags},
+		{name: "version", summary: "print the module version, VCS revision and time, and Go version", flags: versionFlags},
 	}
 }
 
@@ -60,11 +66,30 @@ func Main(ctx context.Context, args []string, env Env) int {
 	}
 	for _, c := range commands() {
 		if c.name == name {
+			if c.name != "up" && env.Hangup != nil {
+				var cancel context.CancelFunc
+				ctx, cancel = stopOnHangup(ctx, env.Hangup)
+				defer cancel()
+			}
 			return runCommand(ctx, c, rest, &env)
 		}
 	}
 	fmt.Fprintf(env.Stderr, "ipoib: unknown command %q (run 'ipoib help')\n", name)
 	return ExitUsage
+}
+
+// stopOnHangup is ctx, ended also by a SIGHUP (the terminal closed),
+// with the signal as its cause, as NotifyContext does.
+func stopOnHangup(ctx context.Context, hup <-chan os.Signal) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		select {
+		case s := <-hup:
+			cancel(Signalled{Signal: s})
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(nil) }
 }
 
 func isHelp(arg string) bool {
@@ -153,6 +178,7 @@ func fail(env *Env, cmd string, err error) int {
 type levelFlag struct{ level slog.Level }
 
 func (l *levelFlag) String() string { return strings.ToLower(l.level.String()) }
+func (l *levelFlag) Get() any       { return l.String() }
 func (l *levelFlag) Set(s string) error {
 	return l.level.UnmarshalText([]byte(s))
 }

@@ -31,10 +31,18 @@ func showFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	watch := fs.Bool("watch", false, "print per-second rates (packets, Mbit/s, drops) every --interval until interrupted")
 	interval := fs.Duration("interval", time.Second, "--watch: time between samples")
 	count := fs.Int("count", 0, "--watch: stop after this many rate lines per interface (0: until interrupted)")
+	peers := fs.Bool("peers", false, "one line per peer: GID, IP, hardware address, connection state each way, last receive, bytes each way, retransmits (also 'ipoib show peers')")
+	flat := fs.Bool("S", false, "every counter as one 'name: value' line with stable dotted names, like ethtool -S")
 	dir := controlDirFlag(fs, env)
 	return func(ctx context.Context, args []string) int {
+		if len(args) == 1 && args[0] == "peers" {
+			*peers, args = true, nil
+		}
 		if len(args) > 0 {
-			return usageError(env, "show", fmt.Sprintf("unexpected argument %q", args[0]))
+			return usageError(env, "show", fmt.Sprintf("unexpected argument %q (only 'peers')", args[0]))
+		}
+		if n := countTrue(*peers, *flat, *asJSON, *brief, *watch); n > 1 {
+			return usageError(env, "show", "pick one of peers, -S, --json, --brief, --watch")
 		}
 		if *dev != "" {
 			if msg := flagcheck.Ifname("dev", *dev); msg != "" {
@@ -66,6 +74,10 @@ func showFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 			ferr = enc.Encode(snaps)
 		case *brief:
 			ferr = control.FormatBrief(env.Stdout, snaps)
+		case *peers:
+			ferr = control.FormatPeers(env.Stdout, snaps)
+		case *flat:
+			ferr = control.FormatFlat(env.Stdout, snaps)
 		default:
 			opts := control.FormatOptions{ShowZero: *all}
 			for i, s := range snaps {
@@ -87,6 +99,16 @@ func showFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 		}
 		return ExitOK
 	}
+}
+
+func countTrue(bs ...bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
 }
 
 // queryStats gathers every process's snapshots, sorted by host. The

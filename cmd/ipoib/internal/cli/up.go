@@ -5,11 +5,15 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
+	"os"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/ipoibcm/ipoib/cmd/ipoib/internal/config"
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/internal/flagcheck"
 )
@@ -66,103 +70,109 @@ type UpOptions struct {
 	ControlDir string
 	// Metrics, if set, is the address of the Prometheus endpoint.
 	Metrics string
+	// LogLevel is the level --log-level asks for.
+	LogLevel slog.Level
+	// ConfigPath is the --config file, Children its [[child]] tables,
+	// created once the interface runs.
+	ConfigPath string
+	Children   []config.Child
 	// Ready, if set, is called once the control socket serves.
 	Ready func(controlPath string)
+
+	// What the running process adds: reload resolves the options again
+	// (nil: nothing to reload), hangup delivers SIGHUP, notify is the
+	// service manager's socket, level the logger's level.
+	reload func() (UpOptions, error)
+	hangup <-chan os.Signal
+	notify string
+	level  *slog.LevelVar
+}
+
+// upFlagSet is the flags of 'ipoib up', declared on one FlagSet. A
+// reload declares them again on a fresh one, so the values of the file
+// and of the command line are resolved exactly as at the start.
+type upFlagSet struct {
+	fs                             *flag.FlagSet
+	dev, addr, hcaName, bind       *string
+	port                           *uint
+	peers, multicast, allow        *string
+	maxRX, maxRXPeer, maxHalfOpen  *int
+	mode, pkey, pkeyTable          *string
+	mtu, ibMTU                     *int
+	loss, dup, reorder, delay      *float64
+	delayTime                      *time.Duration
+	seed                           *uint64
+	rcRetry                        *uint
+	ackTimeout                     *time.Duration
+	offloads                       *string
+	udpOffload                     *bool
+	host, metricsAddr, dir, config *string
+	lvl                            *levelFlag
+	prof                           *profileFlags
+}
+
+func declareUpFlags(fs *flag.FlagSet, env *Env) *upFlagSet {
+	u := &upFlagSet{fs: fs}
+	u.config = fs.String("config", "", "read the settings from this TOML file (keys: the flag names; [[child]] tables: P_Key children); flags given override it; SIGHUP or 'ipoib reload' re-reads it")
+	u.dev = fs.String("dev", "ib0", "TAP device name")
+	u.addr = fs.String("addr", "", "IP prefix of the device, e.g. 10.77.0.1/24 (required)")
+	u.hcaName = fs.String("hca", "rocev2", "HCA backend: rocev2")
+	u.bind = fs.String("bind", "", "local IP address for RoCEv2/UDP, e.g. 192.0.2.1 (required; its GID is ::ffff:<addr>)")
+	u.port = fs.Uint("port", 4791, "UDP port of the fabric (every host uses the same)")
+	u.peers = fs.String("peers", "", "comma-separated IP addresses of other hosts: with --multicast=off the seeds of head-end replication (members they know, and hosts heard from inside --allow, join too, up to 1024); optional with --multicast=on")
+	u.multicast = fs.String("multicast", "on", "on: multicast UD goes to the IP group of its MGID and the network replicates (needs IGMP/MLD multicast on the link); off: head-end replication, one unicast copy per member")
+	u.allow = fs.String("allow", "", "comma-separated underlay source prefixes to accept, or 'any'; others are dropped before parsing (default: --peers and the subnet --bind is on)")
+	u.maxRX = fs.Int("max-rx-conns", 2048, "passive connections at most (REQs over it get REJ NO_QP); a peer holding an established one may replace it")
+	u.maxRXPeer = fs.Int("max-rx-conns-per-peer", 4, "passive connections from one peer GID at most")
+	u.maxHalfOpen = fs.Int("max-half-open", 256, "passive handshakes awaiting the peer's RTU at most; a REQ beyond evicts one of the source holding the most")
+	u.mode = fs.String("mode", "connected", "initial mode: connected or datagram")
+	u.pkey = fs.String("pkey", "0xffff", "partition of the device: its P_Key (0x8001); no subnet manager runs, so the port's P_Key table is {0xffff, this}, bit 15 clear making the port a limited member (0x0001)")
+	u.pkeyTable = fs.String("pkey-table", "", "more comma-separated P_Keys for the port's table, the partitions 'ipoib child add' may use here (bit 15 the membership, as --pkey)")
+	u.mtu = fs.Int("mtu", 0, "IP MTU of the device; 0 = the mode's default (65520 connected, IB MTU - 4 datagram)")
+	u.ibMTU = fs.Int("ib-mtu", 4096, "IB path MTU: 1024, 2048 or 4096 (the UDP path must carry it plus 60 bytes)")
+	u.loss = fs.Float64("loss", 0, "fault injection: probability of dropping an outgoing UDP datagram")
+	u.dup = fs.Float64("dup", 0, "fault injection: probability of sending a datagram twice")
+	u.reorder = fs.Float64("reorder", 0, "fault injection: probability of swapping a datagram with the next")
+	u.delay = fs.Float64("delay", 0, "fault injection: probability of holding a datagram back by --delay-time")
+	u.delayTime = fs.Duration("delay-time", time.Millisecond, "fault injection: how long --delay holds a datagram")
+	u.seed = fs.Uint64("seed", 1, "fault injection random seed")
+	u.rcRetry = fs.Uint("rc-retry", 6, "RC transport retry count the CM REQ asks for and both QPs use (0..7, 7 = forever): Linux IPoIB-CM asks for 0, which one lost UDP datagram would turn into a dropped connection")
+	u.ackTimeout = fs.Duration("ack-timeout", 50*time.Millisecond, "RC transport (ACK) timeout at least: the go-back-N retransmit delay when a datagram is lost")
+	u.offloads = fs.String("offloads", "on", "on: open the TAP with a virtio header so TSO/USO super frames and partial checksums cross it (UD LSO and checksum offload underneath, GRO toward the host); off: one complete frame per read and write")
+	u.udpOffload = fs.Bool("udp-offload", true, "use UDP GSO/GRO on the RoCEv2 socket where the kernel has them (false: one datagram per send and receive)")
+	u.host = fs.String("host", "", "name on the control socket (ipoib show/mode --host); default <dev>@<bind>")
+	u.metricsAddr = fs.String("metrics", "", "serve Prometheus/OpenMetrics metrics at http://ADDR/metrics (e.g. 127.0.0.1:9101; empty: off)")
+	u.lvl = &levelFlag{level: slog.LevelInfo}
+	fs.Var(u.lvl, "log-level", "log level: debug, info, warn, error")
+	u.dir = controlDirFlag(fs, env)
+	u.prof = addProfileFlags(fs)
+	return u
 }
 
 func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
-	dev := fs.String("dev", "ib0", "TAP device name")
-	addr := fs.String("addr", "", "IP prefix of the device, e.g. 10.77.0.1/24 (required)")
-	hcaName := fs.String("hca", "rocev2", "HCA backend: rocev2")
-	bind := fs.String("bind", "", "local IP address for RoCEv2/UDP, e.g. 192.0.2.1 (required; its GID is ::ffff:<addr>)")
-	port := fs.Uint("port", 4791, "UDP port of the fabric (every host uses the same)")
-	peers := fs.String("peers", "", "comma-separated IP addresses of other hosts: with --multicast=off the seeds of head-end replication (members they know, and hosts heard from inside --allow, join too, up to 1024); optional with --multicast=on")
-	multicast := fs.String("multicast", "on", "on: multicast UD goes to the IP group of its MGID and the network replicates (needs IGMP/MLD multicast on the link); off: head-end replication, one unicast copy per member")
-	allow := fs.String("allow", "", "comma-separated underlay source prefixes to accept, or 'any'; others are dropped before parsing (default: --peers and the subnet --bind is on)")
-	maxRX := fs.Int("max-rx-conns", 2048, "passive connections at most (REQs over it get REJ NO_QP); a peer holding an established one may replace it")
-	maxRXPeer := fs.Int("max-rx-conns-per-peer", 4, "passive connections from one peer GID at most")
-	maxHalfOpen := fs.Int("max-half-open", 256, "passive handshakes awaiting the peer's RTU at most; a REQ beyond evicts one of the source holding the most")
-	mode := fs.String("mode", "connected", "initial mode: connected or datagram")
-	pkey := fs.String("pkey", "0xffff", "partition of the device: its P_Key (0x8001); no subnet manager runs, so the port's P_Key table is {0xffff, this}, bit 15 clear making the port a limited member (0x0001)")
-	pkeyTable := fs.String("pkey-table", "", "more comma-separated P_Keys for the port's table, the partitions 'ipoib child add' may use here (bit 15 the membership, as --pkey)")
-	mtu := fs.Int("mtu", 0, "IP MTU of the device; 0 = the mode's default (65520 connected, IB MTU - 4 datagram)")
-	ibMTU := fs.Int("ib-mtu", 4096, "IB path MTU: 1024, 2048 or 4096 (the UDP path must carry it plus 60 bytes)")
-	loss := fs.Float64("loss", 0, "fault injection: probability of dropping an outgoing UDP datagram")
-	dup := fs.Float64("dup", 0, "fault injection: probability of sending a datagram twice")
-	reorder := fs.Float64("reorder", 0, "fault injection: probability of swapping a datagram with the next")
-	delay := fs.Float64("delay", 0, "fault injection: probability of holding a datagram back by --delay-time")
-	delayTime := fs.Duration("delay-time", time.Millisecond, "fault injection: how long --delay holds a datagram")
-	seed := fs.Uint64("seed", 1, "fault injection random seed")
-	rcRetry := fs.Uint("rc-retry", 6, "RC transport retry count the CM REQ asks for and both QPs use (0..7, 7 = forever): Linux IPoIB-CM asks for 0, which one lost UDP datagram would turn into a dropped connection")
-	ackTimeout := fs.Duration("ack-timeout", 50*time.Millisecond, "RC transport (ACK) timeout at least: the go-back-N retransmit delay when a datagram is lost")
-	offloads := fs.String("offloads", "on", "on: open the TAP with a virtio header so TSO/USO super frames and partial checksums cross it (UD LSO and checksum offload underneath, GRO toward the host); off: one complete frame per read and write")
-	udpOffload := fs.Bool("udp-offload", true, "use UDP GSO/GRO on the RoCEv2 socket where the kernel has them (false: one datagram per send and receive)")
-	host := fs.String("host", "", "name on the control socket (ipoib show/mode --host); default <dev>@<bind>")
-	metricsAddr := fs.String("metrics", "", "serve Prometheus/OpenMetrics metrics at http://ADDR/metrics (e.g. 127.0.0.1:9101; empty: off)")
-	lvl := &levelFlag{level: slog.LevelInfo}
-	fs.Var(lvl, "log-level", "log level: debug, info, warn, error")
-	dir := controlDirFlag(fs, env)
-	prof := addProfileFlags(fs)
+	u := declareUpFlags(fs, env)
 	return func(ctx context.Context, args []string) int {
-		o, msg := parseUp(args, upRaw{*dev, *addr, *hcaName, *bind, *port, *peers, *mode, *mtu, *ibMTU, *multicast})
-		if msg != "" {
-			return usageError(env, "up", msg)
-		}
-		k, msg := flagcheck.PKey("--pkey", *pkey)
-		if msg != "" {
-			return usageError(env, "up", msg)
-		}
-		o.PKey = hca.PKey(k)
-		for _, f := range strings.Split(*pkeyTable, ",") {
-			if f = strings.TrimSpace(f); f == "" {
-				continue
-			}
-			k, msg := flagcheck.PKey("--pkey-table", f)
-			if msg != "" {
-				return usageError(env, "up", msg)
-			}
-			o.PKeyTable = append(o.PKeyTable, hca.PKey(k))
-		}
-		if msg := flagcheck.First(
-			flagcheck.Probability("loss", *loss), flagcheck.Probability("dup", *dup),
-			flagcheck.Probability("reorder", *reorder), flagcheck.Probability("delay", *delay),
-			flagcheck.Duration("delay-time", *delayTime, 0),
-			flagcheck.UintMax("rc-retry", *rcRetry, 7),
-			flagcheck.Duration("ack-timeout", *ackTimeout, time.Millisecond),
-			flagcheck.OnOff("offloads", *offloads),
-		); msg != "" {
-			return usageError(env, "up", msg)
-		}
-		o.Offloads = *offloads == "on"
-		allowed, err := ParseAllow(*allow, o.Bind.Addr().Is4())
+		cmdline := setFlags(fs)
+		o, err := resolveUp(u, args, cmdline)
 		if err != nil {
-			return usageError(env, "up", "--allow: "+err.Error())
-		}
-		for _, l := range []struct {
-			name string
-			v    int
-		}{{"max-rx-conns", *maxRX}, {"max-rx-conns-per-peer", *maxRXPeer}, {"max-half-open", *maxHalfOpen}} {
-			if l.v < 1 {
-				return usageError(env, "up", fmt.Sprintf("--%s %d: want at least 1", l.name, l.v))
-			}
-		}
-		o.Allow, o.MaxRXConns, o.MaxRXConnsPerPeer, o.MaxHalfOpen = allowed, *maxRX, *maxRXPeer, *maxHalfOpen
-		o.RCRetry, o.AckTimeout, o.UDPOffload = uint8(*rcRetry), *ackTimeout, *udpOffload
-		o.Loss, o.Dup, o.Reorder, o.Delay, o.DelayTime, o.Seed = *loss, *dup, *reorder, *delay, *delayTime, *seed
-		o.Host, o.ControlDir, o.Metrics = *host, *dir, *metricsAddr
-		if o.Host == "" {
-			o.Host = o.Dev + "@" + o.Bind.Addr().String()
+			return resolveError(env, "up", err)
 		}
 		if env.Euid() != 0 {
 			fmt.Fprintf(env.Stderr, "ipoib up: %v: needs root (CAP_NET_ADMIN) to create TAP device %s\n", ErrSetup, o.Dev)
 			return ExitUsage
 		}
 		o.Ready = env.upReady
-		stopProfile, err := prof.start()
+		o.reload = func() (UpOptions, error) { return reloadUp(env, cmdline) }
+		o.hangup = env.Hangup
+		o.notify = env.NotifySocket
+		level := new(slog.LevelVar)
+		level.Set(o.LogLevel)
+		o.level = level
+		stopProfile, err := u.prof.start()
 		if err != nil {
 			return fail(env, "up", err)
 		}
-		err = errors.Join(runUp(ctx, o, newLogger(env.Stderr, lvl.level)), stopProfile())
+		err = errors.Join(runUp(ctx, o, newLeveledLogger(env, level)), stopProfile())
 		switch {
 		case err == nil:
 			return ExitOK
@@ -173,6 +183,220 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 		fmt.Fprintf(env.Stderr, "ipoib up: %s\n", oneLine(err))
 		return ExitFail
 	}
+}
+
+// setFlags are the flags given on the command line, by name, with their
+// values as flag.Value spells them.
+func setFlags(fs *flag.FlagSet) map[string]string {
+	m := map[string]string{}
+	fs.Visit(func(f *flag.Flag) { m[f.Name] = f.Value.String() })
+	return m
+}
+
+// reloadUp resolves 'ipoib up' again as at its start: the file re-read,
+// the command line's flags over it.
+func reloadUp(env *Env, cmdline map[string]string) (UpOptions, error) {
+	fs := flag.NewFlagSet("ipoib up", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	u := declareUpFlags(fs, env)
+	for name, v := range cmdline {
+		if err := fs.Set(name, v); err != nil {
+			return UpOptions{}, fmt.Errorf("--%s: %w", name, err)
+		}
+	}
+	return resolveUp(u, nil, cmdline)
+}
+
+// resolveUp applies the config file (if --config names one) under the
+// command line's flags and checks the result; a failure is one line
+// naming the flag, or the file, line and key.
+func resolveUp(u *upFlagSet, args []string, cmdline map[string]string) (UpOptions, error) {
+	var file *config.File
+	if *u.config != "" {
+		f, err := config.Load(*u.config, upSchema(u.fs))
+		if err != nil {
+			return UpOptions{}, err
+		}
+		for _, s := range f.Settings {
+			if _, given := cmdline[s.Key]; given {
+				continue
+			}
+			if err := u.fs.Set(s.Key, s.Value); err != nil {
+				return UpOptions{}, &config.Error{Path: f.Path, Line: s.Line, Key: s.Key, Msg: fmt.Sprintf("%q: %v", s.Value, err)}
+			}
+		}
+		for _, key := range []string{"addr", "bind"} {
+			_, inFile := f.Setting(key)
+			if _, given := cmdline[key]; !inFile && !given {
+				return UpOptions{}, &config.Error{Path: f.Path, Line: 1, Key: key, Msg: fmt.Sprintf("missing required key (or give --%s)", key)}
+			}
+		}
+		file = f
+	}
+	o, msg := u.options(args)
+	if msg != "" {
+		return UpOptions{}, attribute(msg, file, cmdline)
+	}
+	if file != nil {
+		o.ConfigPath = file.Path
+		kids, err := upChildren(o, file)
+		if err != nil {
+			return UpOptions{}, err
+		}
+		o.Children = kids
+	}
+	return o, nil
+}
+
+// attribute turns a flag's message ("--addr ...") into the file's
+// ("ib0.conf:3: addr ...") when the value came from the file.
+func attribute(msg string, f *config.File, cmdline map[string]string) error {
+	name, ok := strings.CutPrefix(msg, "--")
+	if f == nil || !ok {
+		return errors.New(msg)
+	}
+	if i := strings.IndexAny(name, " :="); i >= 0 {
+		name = name[:i]
+	}
+	s, inFile := f.Setting(name)
+	if _, given := cmdline[name]; given || !inFile {
+		return errors.New(msg)
+	}
+	return &config.Error{Path: f.Path, Line: s.Line, Key: name, Msg: strings.TrimLeft(strings.TrimPrefix(msg, "--"+name), " :")}
+}
+
+// resolveError reports a failed resolveUp: a file's error as it is (it
+// names file, line and key), a flag's as a usage error; status 2 both.
+func resolveError(env *Env, cmd string, err error) int {
+	var ce *config.Error
+	if errors.As(err, &ce) || strings.HasPrefix(err.Error(), "config: ") {
+		fmt.Fprintf(env.Stderr, "ipoib %s: %s\n", cmd, oneLine(err))
+		return ExitUsage
+	}
+	return usageError(env, cmd, err.Error())
+}
+
+// upSchema is the keys a config file may have: every flag of up but
+// --config, its kind taken from the flag's value.
+func upSchema(fs *flag.FlagSet) config.Schema {
+	s := config.Schema{}
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name == "config" {
+			return
+		}
+		kind := config.String
+		if g, ok := f.Value.(flag.Getter); ok {
+			switch g.Get().(type) {
+			case bool:
+				kind = config.Bool
+			case int, int64:
+				kind = config.Int
+			case uint, uint64:
+				kind = config.Uint
+			case float64:
+				kind = config.Float
+			case time.Duration:
+				kind = config.Duration
+			}
+		}
+		if upListFlags[f.Name] {
+			kind = config.List
+		}
+		s[f.Name] = kind
+	})
+	return s
+}
+
+// upListFlags are the comma-separated flags, an array in the file.
+var upListFlags = map[string]bool{"peers": true, "allow": true, "pkey-table": true}
+
+// upChildren checks the file's children against the port they will be
+// made on: a partition in its P_Key table, not the device's own, names
+// that do not clash.
+func upChildren(o UpOptions, f *config.File) ([]config.Child, error) {
+	table := upPKeyTable(o.PKey, o.PKeyTable)
+	own := upPartition(o.PKey)
+	names := map[string]int{o.Dev: 0}
+	var out []config.Child
+	for i, c := range f.Children {
+		at := func(key, msg string, args ...any) error {
+			return &config.Error{Path: f.Path, Line: c.Line, Key: fmt.Sprintf("%s[%d]%s", config.ChildKey, i+1, key), Msg: fmt.Sprintf(msg, args...)}
+		}
+		full := hca.PKey(c.PKey) | 0x8000
+		if full == own {
+			return nil, at(".pkey", "partition 0x%04x is %s's own (pkey)", uint16(full), o.Dev)
+		}
+		if !slices.ContainsFunc(table, func(k hca.PKey) bool { return k&0x7FFF == full&0x7FFF }) {
+			return nil, at(".pkey", "partition 0x%04x is not in the port's P_Key table: add it to pkey-table", uint16(full))
+		}
+		if c.Name == "" {
+			c.Name = childName(o.Dev, c.PKey)
+		}
+		if line, dup := names[c.Name]; dup {
+			if line == 0 {
+				return nil, at(".name", "%s is the device's own name", c.Name)
+			}
+			return nil, at(".name", "%s is also the child at line %d", c.Name, line)
+		}
+		names[c.Name] = c.Line
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// options validates the flag values; a non-empty message is a usage
+// error naming the flag.
+func (u *upFlagSet) options(args []string) (UpOptions, string) {
+	o, msg := parseUp(args, upRaw{*u.dev, *u.addr, *u.hcaName, *u.bind, *u.port, *u.peers, *u.mode, *u.mtu, *u.ibMTU, *u.multicast})
+	if msg != "" {
+		return o, msg
+	}
+	k, msg := flagcheck.PKey("--pkey", *u.pkey)
+	if msg != "" {
+		return o, msg
+	}
+	o.PKey = hca.PKey(k)
+	for _, f := range strings.Split(*u.pkeyTable, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		k, msg := flagcheck.PKey("--pkey-table", f)
+		if msg != "" {
+			return o, msg
+		}
+		o.PKeyTable = append(o.PKeyTable, hca.PKey(k))
+	}
+	if msg := flagcheck.First(
+		flagcheck.Probability("loss", *u.loss), flagcheck.Probability("dup", *u.dup),
+		flagcheck.Probability("reorder", *u.reorder), flagcheck.Probability("delay", *u.delay),
+		flagcheck.Duration("delay-time", *u.delayTime, 0),
+		flagcheck.UintMax("rc-retry", *u.rcRetry, 7),
+		flagcheck.Duration("ack-timeout", *u.ackTimeout, time.Millisecond),
+		flagcheck.OnOff("offloads", *u.offloads),
+	); msg != "" {
+		return o, msg
+	}
+	o.Offloads = *u.offloads == "on"
+	allowed, err := ParseAllow(*u.allow, o.Bind.Addr().Is4())
+	if err != nil {
+		return o, "--allow: " + err.Error()
+	}
+	for _, l := range []struct {
+		name string
+		v    int
+	}{{"max-rx-conns", *u.maxRX}, {"max-rx-conns-per-peer", *u.maxRXPeer}, {"max-half-open", *u.maxHalfOpen}} {
+		if l.v < 1 {
+			return o, fmt.Sprintf("--%s %d: want at least 1", l.name, l.v)
+		}
+	}
+	o.Allow, o.MaxRXConns, o.MaxRXConnsPerPeer, o.MaxHalfOpen = allowed, *u.maxRX, *u.maxRXPeer, *u.maxHalfOpen
+	o.RCRetry, o.AckTimeout, o.UDPOffload = uint8(*u.rcRetry), *u.ackTimeout, *u.udpOffload
+	o.Loss, o.Dup, o.Reorder, o.Delay, o.DelayTime, o.Seed = *u.loss, *u.dup, *u.reorder, *u.delay, *u.delayTime, *u.seed
+	o.Host, o.ControlDir, o.Metrics, o.LogLevel = *u.host, *u.dir, *u.metricsAddr, u.lvl.level
+	if o.Host == "" {
+		o.Host = o.Dev + "@" + o.Bind.Addr().String()
+	}
+	return o, ""
 }
 
 // upRaw is the flag values parseUp checks.

@@ -9,8 +9,10 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/ipoibcm/ipoib/capture"
+	"github.com/ipoibcm/ipoib/cmd/ipoib/internal/config"
 	"github.com/ipoibcm/ipoib/control"
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/cm"
@@ -36,6 +38,8 @@ type upHost struct {
 	view *hostView
 	// kids are the P_Key children (ipoib child add).
 	kids childSet
+	// peers samples the peers' activity; nil: not tracked.
+	peers *peerTracker
 }
 
 // AddChild creates a P_Key child (control.ChildParent), its TAP next to
@@ -71,7 +75,21 @@ func (h *upHost) Info() control.InterfaceInfo {
 // Stats is the engine's snapshot with the RoCEv2 device's counters (per
 // drop reason, retransmits, injected faults) added as "rocev2", so 'ipoib
 // show' prints them with the interface.
-func (h *upHost) Stats() any { return statsWithDevice(h.ifc.Stats(), "rocev2", h.dev.Stats()) }
+//
+// With a peer tracker (a running 'ipoib up') it adds each peer's last
+// receive and retransmits as control.PeerActivityKey.
+func (h *upHost) Stats() any {
+	st := h.ifc.Stats()
+	out := statsWithDevice(st, "rocev2", h.dev.Stats())
+	if h.peers == nil {
+		return out
+	}
+	act := h.peers.activity(time.Now(), st, func(qpn uint32) uint64 {
+		n, _ := h.dev.QPRetransmits(hca.QPN(qpn))
+		return n
+	})
+	return withSection(out, control.PeerActivityKey, act)
+}
 
 func (h *upHost) SetMode(mode string) error { return setInterfaceMode(h.ifc, mode) }
 
@@ -146,12 +164,10 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 	if err != nil {
 		return setup(fmt.Errorf("TAP %s: %w", o.Dev, err))
 	}
-	var m *metrics.Metrics
-	var events ipoibcm.EventObserver
-	if o.Metrics != "" {
-		m = metrics.New()
-		events = m.Observer(o.Host)
-	}
+	// The metrics registry exists even with no address, so a reload can
+	// start serving it: its observer counts connection events only.
+	m := metrics.New()
+	events := m.Observer(o.Host)
 	icfg := upInterfaceConfig(o, mode, dev, port, log)
 	icfg.Events = ipoibcm.Observers(events, mux.Observer(o.Host))
 	ifc, err := ipoibcm.New(icfg)
@@ -171,7 +187,7 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 		return setup(err)
 	}
 	cleanup = append(cleanup, func() error { view.Close(); return nil })
-	h := &upHost{name: o.Host, ifc: ifc, dev: dev, mux: mux, addrs: []netip.Prefix{o.Addr}, view: view}
+	h := &upHost{name: o.Host, ifc: ifc, dev: dev, mux: mux, addrs: []netip.Prefix{o.Addr}, view: view, peers: newPeerTracker(peerSample)}
 	h.kids = childSet{host: o.Host, parent: ifc, log: log, admit: fixedPKeyTable(dev),
 		config: func(name string, port ipoibcm.HostPort) ipoibcm.Config {
 			c := upInterfaceConfig(o, mode, dev, port, log)
@@ -182,28 +198,41 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 			return tap.Open(tap.Config{Name: name, Link: tap.LinkConfig{Addrs: addrs}})
 		}}
 	cleanup = append(cleanup, h.kids.closeAll)
+	for _, c := range o.Children {
+		if _, err := h.kids.add(childRequest(c)); err != nil {
+			return setup(fmt.Errorf("%s:%d: child %s: %w", o.ConfigPath, c.Line, c.Name, err))
+		}
+	}
 	srv, err := control.Listen(o.ControlDir, []control.Endpoint{h}, log)
 	if err != nil {
 		return setup(err)
 	}
 	cleanup = append(cleanup, srv.Close)
-	if m != nil {
-		m.Add(metrics.Source{Host: o.Host, Stats: ifc.Stats, DeviceName: "rocev2", Device: func() any { return dev.Stats() }})
-		ms, err := metrics.Serve(o.Metrics, m, log)
-		if err != nil {
-			return setup(err)
-		}
-		cleanup = append(cleanup, ms.Close)
-		log.Info("metrics", "url", "http://"+ms.Addr().String()+"/metrics")
+	m.Add(metrics.Source{Host: o.Host, Stats: ifc.Stats, DeviceName: "rocev2", Device: func() any { return dev.Stats() }})
+	svc, err := newUpService(o, h, m, log)
+	if err != nil {
+		return setup(err)
 	}
+	cleanup = append(cleanup, svc.close)
+	srv.SetProcess(svc)
 	log.Info("up; stop with Ctrl-C", "dev", o.Dev, "addr", o.Addr, "bind", dev.LocalAddr(), "hwaddr", ifc.HWAddr(),
-		"mode", ifc.Mode(), "mtu", ifc.MTU(), "peers", o.Peers, "multicast", o.Multicast, "allow", dcfg.Allow, "control", srv.Path())
+		"mode", ifc.Mode(), "mtu", ifc.MTU(), "peers", o.Peers, "multicast", o.Multicast, "allow", dcfg.Allow,
+		"children", len(o.Children), "config", o.ConfigPath, "control", srv.Path())
 	if o.Ready != nil {
 		o.Ready(srv.Path())
 	}
-	<-ctx.Done()
+	svc.run(ctx)
 	log.Info("shutting down", "dev", o.Dev)
 	return nil
+}
+
+// childRequest is a config file's child as 'ipoib child add' asks.
+func childRequest(c config.Child) control.ChildRequest {
+	r := control.ChildRequest{PKey: c.PKey, Name: c.Name}
+	for _, a := range c.Addrs {
+		r.Addrs = append(r.Addrs, a.String())
+	}
+	return r
 }
 
 // upPKeyTable is the RoCEv2 port's P_Key table for 'ipoib up --pkey
