@@ -21,8 +21,7 @@ const (
 	// LinkDirectGSO is the direct link with host GSO on: the hosts' TCP
 	// super frames cross whole with their offload metadata
 	// (DirectLinkOffloads), as veth carries GSO packets whatever the MTU.
-	// It is the baseline issue 11's acceptance names for the datagram
-	// row.
+	// It is the baseline of the datagram row (docs/performance.md).
 	LinkDirectGSO = "direct-gso"
 )
 

@@ -256,7 +256,7 @@ func BenchmarkInProcDirect(b *testing.B) {
 
 // BenchmarkInProcDirectGSO is BenchmarkInProcDirect over the direct link
 // with host GSO and the offload metadata carried across (the direct-gso
-// row): the baseline of issue 11's datagram target.
+// row): the baseline of the datagram row's target (docs/performance.md).
 func BenchmarkInProcDirectGSO(b *testing.B) {
 	for _, mtu := range []int{65520, 4092} {
 		b.Run(fmt.Sprintf("mtu%d", mtu), func(b *testing.B) {

@@ -184,32 +184,63 @@ func TestStreamDropsWhenBehindAndSaysSo(t *testing.T) {
 	}
 }
 
+// TestStreamMaxPackets: MaxPackets counts what the file holds, as
+// tcpdump -c does: packet blocks of either interface, so an RC message
+// is its frames and ACK, an event one record, and the last message is
+// cut at the limit.
 func TestStreamMaxPackets(t *testing.T) {
-	var buf bytes.Buffer
-	s, err := NewStream(&buf, StreamConfig{MaxPackets: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := soft.Message{Kind: soft.MessageUD, SrcGID: gid(1), DstGID: gid(2), SrcQPN: 9, DstQPN: 10, Data: []byte{8, 6, 0, 0}}
-	for range 5 {
-		s.Message(&m)
-	}
-	select {
-	case <-s.Done():
-	default:
-		t.Fatal("Done not closed after 3 messages")
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, b := range readPcapng(t, buf.Bytes()) {
-		if b.typ == 6 {
-			n++
-		}
-	}
-	if n != 3 {
-		t.Fatalf("%d packets written, want 3", n)
+	ud := soft.Message{Kind: soft.MessageUD, SrcGID: gid(1), DstGID: gid(2), SrcQPN: 9, DstQPN: 10, Data: []byte{8, 6, 0, 0}}
+	rc := soft.Message{Kind: soft.MessageRC, SrcGID: gid(1), DstGID: gid(2), SrcQPN: 0x20, DstQPN: 0x30, MTU: 4096, Data: make([]byte, 10000)}
+	ev := ipoibcm.Event{Kind: ipoibcm.EventReaped, QPN: 0x41}
+	for _, tc := range []struct {
+		name           string
+		max            uint64
+		feed           func(s *Stream)
+		fabric, events int
+	}{
+		{"five UD, three kept", 3, func(s *Stream) {
+			for range 5 {
+				s.Message(&ud)
+			}
+		}, 3, 0},
+		// 3 frames and an ACK, an event, then 2 of the next message's 4.
+		{"RC cut at the limit", 7, func(s *Stream) {
+			s.Message(&rc)
+			s.Event("h1", &ev)
+			s.Message(&rc)
+			s.Message(&ud)
+		}, 6, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			s, err := NewStream(&buf, StreamConfig{MaxPackets: tc.max})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.feed(s)
+			select {
+			case <-s.Done():
+			case <-time.After(10 * time.Second):
+				t.Fatalf("Done not closed with %d packets", tc.max)
+			}
+			s.Message(&ud) // after Done: not recorded
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			fabric, events := 0, 0
+			for _, b := range readPcapng(t, buf.Bytes()) {
+				switch {
+				case b.typ == 6 && b.iface == ifaceFabric:
+					fabric++
+				case b.typ == 6:
+					events++
+				}
+			}
+			if fabric != tc.fabric || events != tc.events {
+				t.Fatalf("file holds %d frames and %d event records, want %d and %d (MaxPackets %d)",
+					fabric, events, tc.fabric, tc.events, tc.max)
+			}
+		})
 	}
 }
 

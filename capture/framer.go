@@ -2,6 +2,7 @@ package capture
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -35,8 +36,16 @@ type framer struct {
 	pw       *wire.PcapngWriter
 	psn, msn map[qpKey]uint32
 	pkt, frm []byte
-	packets  uint64 // frames written to interface 0
+	// packets counts the packet blocks written, on either interface: what
+	// tshark lists as frames.
+	packets uint64
+	// limit stops the file at this many packet blocks (0: none); a record
+	// that would pass it is cut, as tcpdump -c cuts a stream.
+	limit uint64
 }
+
+// errFull is returned by write once the file holds limit packets.
+var errFull = errors.New("capture: packet limit reached")
 
 func newFramer(w io.Writer) (*framer, error) {
 	pw, err := wire.NewPcapngWriter(w, "ipoib capture", []wire.PcapngInterface{
@@ -73,7 +82,7 @@ func (f *framer) write(r *record) error {
 	switch r.kind {
 	case recEvent, recNote:
 		f.frm = appendUpperPDU(f.frm[:0], "data-text-lines", r.text)
-		return f.pw.WritePacket(ifaceEvents, r.at, f.frm, r.text)
+		return f.packet(ifaceEvents, r, f.frm, r.text)
 	case recUD:
 		spec := wire.PacketSpec{
 			BTH:     wire.BTH{Opcode: wire.OpUDSendOnly, PKey: uint16(r.pkey), DestQP: uint32(r.dstQPN), PSN: f.nextPSN(qpKey{r.srcGID, r.srcQPN})},
@@ -92,8 +101,7 @@ func (f *framer) write(r *record) error {
 			return fmt.Errorf("capture: frame %v -> %v: %w", r.src, r.dst, err)
 		}
 		f.frm = frm
-		f.packets++
-		return f.pw.WritePacket(ifaceFabric, r.at, frm, "")
+		return f.packet(ifaceFabric, r, frm, "")
 	case recRNR:
 		// The responder NAKs the sender's next PSN (the head message's
 		// first packet), which it will send again.
@@ -155,8 +163,22 @@ func (f *framer) frame(r *record, src, dst hca.GID, srcQPN, dstQPN hca.QPN, spec
 		return fmt.Errorf("capture: frame %v -> %v: %w", sa, da, err)
 	}
 	f.frm = frm
+	return f.packet(ifaceFabric, r, frm, "")
+}
+
+// packet writes one packet block of r unless the limit is reached.
+func (f *framer) packet(iface int, r *record, data []byte, comment string) error {
+	if f.limit > 0 && f.packets >= f.limit {
+		return errFull
+	}
+	if err := f.pw.WritePacket(iface, r.at, data, comment); err != nil {
+		return err
+	}
 	f.packets++
-	return f.pw.WritePacket(ifaceFabric, r.at, frm, "")
+	if f.limit > 0 && f.packets == f.limit {
+		return errFull
+	}
+	return nil
 }
 
 // Exported-PDU tags (Wireshark's exported_pdu.h): the dissector to hand

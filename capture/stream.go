@@ -25,8 +25,11 @@ type StreamConfig struct {
 	Filter Filter
 	// Budget bounds the bytes queued for the writer (DefaultBudget if 0).
 	Budget int
-	// MaxPackets stops recording after this many messages (0: no limit);
-	// Done closes then.
+	// MaxPackets stops the file at this many packets (0: no limit), as
+	// tcpdump -c does: packet blocks of either interface, RoCEv2 frames
+	// and event records alike, which is what tshark lists. An RC message
+	// is several frames and its ACK, so the last message may be cut. Done
+	// closes when the file holds them.
 	MaxPackets uint64
 }
 
@@ -46,7 +49,7 @@ type Stream struct {
 	closed   bool
 	wake     chan struct{}
 
-	done     chan struct{} // MaxPackets reached
+	done     chan struct{} // MaxPackets written
 	doneOnce sync.Once
 	stopped  chan struct{} // writer goroutine gone
 	err      error         // first write error, under mu
@@ -62,6 +65,7 @@ func NewStream(w io.Writer, cfg StreamConfig) (*Stream, error) {
 	if err != nil {
 		return nil, err
 	}
+	fr.limit = cfg.MaxPackets
 	s := &Stream{cfg: cfg, fr: fr, bw: bw, wake: make(chan struct{}, 1), done: make(chan struct{}), stopped: make(chan struct{})}
 	go s.run()
 	return s, nil
@@ -81,8 +85,10 @@ func (s *Stream) Datagram(src, dst netip.AddrPort, pkt []byte) {
 	}
 }
 
-// admit queues the record build makes, of n data bytes, if the count and
-// the budget allow; a record over budget is dropped and counted.
+// admit queues the record build makes, of n data bytes, if the budget
+// allows; a record over budget is dropped and counted. Every message is
+// at least one packet, so past MaxPackets messages nothing more can fit
+// in the file and nothing is queued.
 func (s *Stream) admit(n int, build func() record) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -95,9 +101,6 @@ func (s *Stream) admit(n int, build func() record) {
 	}
 	s.push(build())
 	s.accepted++
-	if s.cfg.MaxPackets > 0 && s.accepted == s.cfg.MaxPackets {
-		s.doneOnce.Do(func() { close(s.done) })
-	}
 }
 
 // Event implements Sink.
@@ -107,7 +110,7 @@ func (s *Stream) Event(host string, e *ipoibcm.Event) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed || s.cfg.MaxPackets > 0 && s.accepted >= s.cfg.MaxPackets {
+	if s.closed {
 		return
 	}
 	r := eventRecord(host, e)
@@ -135,7 +138,7 @@ func (s *Stream) Backlog() int {
 	return s.queued
 }
 
-// Done closes when MaxPackets messages were recorded.
+// Done closes when the file holds MaxPackets packets.
 func (s *Stream) Done() <-chan struct{} { return s.done }
 
 // Counts returns the messages recorded and the records dropped so far.
@@ -168,7 +171,11 @@ func (s *Stream) run() {
 			}
 			batch[k] = record{} // let the data go
 		}
-		if err == nil && (closed || len(batch) == 0) {
+		full := errors.Is(err, errFull)
+		if full {
+			err = nil
+		}
+		if err == nil && (closed || full || len(batch) == 0) {
 			err = s.bw.Flush()
 		}
 		s.mu.Lock()
@@ -178,6 +185,13 @@ func (s *Stream) run() {
 		if err != nil && s.err == nil {
 			s.err = err
 			s.closed = true // nothing more is queued
+		}
+		if full {
+			s.closed = true
+			clear(s.queue) // past the limit: never written
+			s.queue = s.queue[:0]
+			s.queued = 0
+			s.doneOnce.Do(func() { close(s.done) })
 		}
 		stop := s.closed && len(s.queue) == 0
 		s.mu.Unlock()

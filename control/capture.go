@@ -19,7 +19,8 @@ type CaptureRequest struct {
 	QPN uint32 `json:"qpn,omitempty"`
 	// Kind is "all" (or empty), "cm" or "data".
 	Kind string `json:"kind,omitempty"`
-	// Count stops after this many messages (0: no limit).
+	// Count stops the capture when it holds this many packets (frames
+	// and event records, as tshark lists them; 0: no limit).
 	Count uint64 `json:"count,omitempty"`
 	// DurationMS stops after this long (0: until the client hangs up).
 	DurationMS int64 `json:"duration_ms,omitempty"`
@@ -29,12 +30,17 @@ type CaptureRequest struct {
 // (the soft fabric's hosts).
 type Capturer interface {
 	// Capture writes a pcapng capture of the endpoint's traffic to w
-	// until ctx ends or req.Count messages were recorded.
+	// until ctx ends or it holds req.Count packets.
 	Capture(ctx context.Context, req CaptureRequest, w io.Writer) error
 }
 
 // maxCaptureDuration bounds one capture request.
 const maxCaptureDuration = 24 * time.Hour
+
+// captureDrain is how long an interrupted client waits for the server to
+// write what it has queued and hang up: the queue is at most
+// capture.DefaultBudget, a fraction of a second's writing.
+const captureDrain = 3 * time.Second
 
 // serveCapture answers an OpCapture on c: one response line, then the
 // pcapng stream until the capture ends; the caller closes c. A capture
@@ -122,7 +128,18 @@ func captureFrom(ctx context.Context, path, host string, req CaptureRequest, out
 		return InterfaceInfo{}, 0, fmt.Errorf("control: dial %s: %w", path, err)
 	}
 	defer c.Close()
-	stop := context.AfterFunc(ctx, func() { c.Close() })
+	// Interrupted, the client asks the server to end the capture the way
+	// --count and --duration do (a half-close, which the server reads as
+	// the client leaving): it writes what it has queued and hangs up at a
+	// block boundary. A server that does not within captureDrain is cut
+	// off; copyPcapngBlocks drops the partial block.
+	stop := context.AfterFunc(ctx, func() {
+		if uc, ok := c.(*net.UnixConn); !ok || uc.CloseWrite() != nil {
+			c.Close()
+			return
+		}
+		c.SetReadDeadline(time.Now().Add(captureDrain))
+	})
 	defer stop()
 	b, err := jsonLine(Request{Op: OpCapture, Host: host, Capture: &req})
 	if err != nil {
@@ -147,9 +164,9 @@ func captureFrom(ctx context.Context, path, host string, req CaptureRequest, out
 	if len(resp.Interfaces) == 1 {
 		info = resp.Interfaces[0]
 	}
-	n, err := io.Copy(out, r)
-	if ctx.Err() != nil {
-		err = nil // the user ended it; what arrived is the capture
+	n, err := copyPcapngBlocks(out, r)
+	if ctx.Err() != nil && !errors.Is(err, errPcapngStream) && !errors.Is(err, errCaptureOut) {
+		err = nil // the user ended it; what arrived, in whole blocks, is the capture
 	}
 	if err != nil {
 		return info, n, fmt.Errorf("control: capture stream: %w", err)

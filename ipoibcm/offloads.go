@@ -62,7 +62,7 @@ func (o *offloadPath) init(host HostPort, dev hca.Device, sendq int) {
 // frames when the HCA has UD LSO (IB_DEVICE_UD_TSO → NETIF_F_TSO): it
 // cuts them into MTU-sized packets, one work request each. Connected
 // mode: checksums only; with a 65520-byte MTU a 64 KiB super frame is
-// one segment anyway, and RC has no LSO (see README, Decisions).
+// one segment anyway, and RC has no LSO (docs/offloads.md, "Decisions").
 func (o *offloadPath) modeCaps(m Mode) offload.Caps {
 	c := offload.Caps{Csum: true}
 	if m == ModeDatagram && o.dev.UDLSOMaxSize > 0 {

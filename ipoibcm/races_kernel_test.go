@@ -18,8 +18,8 @@ import (
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 )
 
-// The tests in this file force one teardown race each (issue 5,
-// docs/linux.md §10 rows 1, 3, 4 and 8) by holding completions in the
+// The tests in this file force one teardown race each (docs/linux.md
+// §10 rows 1, 3, 4 and 8) by holding completions in the
 // soft fabric, by holding and interleaving the engine at its verbs calls
 // (wrapDevice) and by the host port's own record of what the reader has handled. Nothing waits for a
 // moment to pass: every step waits for the event that makes the next one

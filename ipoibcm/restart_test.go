@@ -9,8 +9,9 @@ import (
 	"github.com/ipoibcm/ipoib/hca/soft"
 )
 
-// reachBudget is issue 4's claim: a restarted peer is reachable again
-// within one second of its return.
+// reachBudget is the claim of docs/decisions.md ("A restarted peer is
+// reachable again at once"): a restarted peer is reachable again within
+// one second of its return.
 const reachBudget = time.Second
 
 // reachMeasure is how the restart test measures reachability on a

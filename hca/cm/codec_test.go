@@ -40,8 +40,9 @@ func unhex(t *testing.T, s string) []byte {
 
 func gid4(s string) hca.GID { return hca.GIDFromAddr(netip.MustParseAddr(s)) }
 
-// goldenREQ is the REQ of wire-formats §5.4 (A=127.0.0.1 -> B=127.0.0.2),
-// with a flow label and packet rate to pin the bit fields of the path.
+// goldenREQ is the REQ of a worked example connection from A=127.0.0.1 to
+// B=127.0.0.2 (docs/wire.md, "§3 IB CM MADs"), with a flow label and
+// packet rate to pin the bit fields of the path.
 func goldenREQ() *REQ {
 	r := &REQ{
 		TransactionID:           0x0000000100000001,

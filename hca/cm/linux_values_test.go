@@ -225,7 +225,7 @@ func TestWireValuesAsLinux(t *testing.T) {
 			{"End-to-End Flow Control", "ipoib_cm_send_req: flow_control 0", req.EndToEndFlowControl, false},
 			{"Starting PSN", "ipoib_cm_send_req: 0 /* FIXME */", req.StartingPSN, uint32(0)},
 			{"Local CM Response Timeout", "ipoib_cm_send_req: 20", req.LocalCMResponseTimeout, uint8(20)},
-			{"Retry Count", "ipoib_cm_send_req: 0; ours --rc-retry (README Decisions)", req.RetryCount, uint8(rcRetry)},
+			{"Retry Count", "ipoib_cm_send_req: 0; ours --rc-retry (docs/decisions.md)", req.RetryCount, uint8(rcRetry)},
 			{"P_Key", "cm_format_req: primary_path->pkey", req.PKey, hca.PKeyDefault},
 			{"Path MTU", "cm_format_req: primary_path->mtu", req.PathMTU, hca.MTU4096},
 			{"RDC Exists", "cm_format_req: never set", req.RDCExists, false},

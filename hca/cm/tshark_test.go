@@ -50,7 +50,7 @@ func roceUDFrame(src, dst [4]byte, psn uint32, madBytes []byte) []byte {
 	return f
 }
 
-// icrc is the RoCEv2 invariant CRC over an IPv4 packet (wire-formats
+// icrc is the RoCEv2 invariant CRC over an IPv4 packet (docs/wire.md
 // §4.6): 8 bytes of 0xFF, then the packet with TOS, TTL, IP checksum, UDP
 // checksum and BTH byte 4 set to 0xFF.
 func icrc(pkt []byte) uint32 {

@@ -7,8 +7,8 @@ import (
 	"testing"
 )
 
-// frame4ARP is the ARP body of wire-formats §5.4 frame 4: 192.0.2.1 (UD QPN
-// 0x48, GID ::ffff:127.0.0.1, 'C' set) asks for 192.0.2.2.
+// frame4ARP is a worked example IPoIB ARP body (docs/wire.md §1): 192.0.2.1
+// (UD QPN 0x48, GID ::ffff:127.0.0.1, 'C' set) asks for 192.0.2.2.
 const frame4ARP = "0020" + "0800" + "14" + "04" + "0001" +
 	"8000004800000000000000000000ffff7f000001" + "c0000201" +
 	"0000000000000000000000000000000000000000" + "c0000202"

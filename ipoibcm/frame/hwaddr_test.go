@@ -20,7 +20,8 @@ func mustHex(t testing.TB, s string) []byte {
 func gidOf(s string) hca.GID { return hca.GIDFromAddr(netip.MustParseAddr(s)) }
 
 func TestHWAddrGolden(t *testing.T) {
-	// wire-formats §1.2: RC-capable, UD QPN 0x48, GID ::ffff:127.0.0.1.
+	// The 20-byte hardware address of docs/wire.md §1, worked by hand:
+	// RC-capable, UD QPN 0x48, GID ::ffff:127.0.0.1.
 	a := NewHWAddr(FlagRC, 0x48, gidOf("127.0.0.1"))
 	const want = "8000004800000000000000000000ffff7f000001"
 	if got := a.String(); got != want {

@@ -8,7 +8,8 @@ import (
 )
 
 func TestMGIDTable(t *testing.T) {
-	// wire-formats §1.3, worked values with P_Key 0xFFFF.
+	// MGIDs of IP groups (RFC 4391; docs/wire.md §1), worked by hand with
+	// P_Key 0xFFFF.
 	for _, c := range []struct{ group, mgid string }{
 		{"224.0.0.1", "ff12:401b:ffff:0000:0000:0000:0000:0001"},
 		{"239.1.2.3", "ff12:401b:ffff:0000:0000:0000:0f01:0203"},

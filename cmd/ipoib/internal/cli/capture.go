@@ -17,7 +17,7 @@ func captureFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) in
 	file := fs.String("w", "", "write the pcapng capture to this file (required; '-' for stdout)")
 	qpn := fs.String("qpn", "", "record only traffic of this QP number (decimal or 0x hex) and its events")
 	kind := fs.String("kind", "all", "record all traffic, only cm (CM MADs on QP 1) or only data (everything else)")
-	count := fs.Uint64("count", 0, "stop after this many messages (0: no limit)")
+	count := fs.Uint64("count", 0, "stop when the file holds this many packets, as tcpdump -c: RoCEv2 frames and event records alike, what tshark lists (0: no limit)")
 	duration := fs.Duration("duration", 0, "stop after this long (0: until interrupted)")
 	dir := controlDirFlag(fs, env)
 	return func(ctx context.Context, args []string) int {

@@ -135,13 +135,13 @@ func (h *softHost) DeleteChild(name string) error { return h.kids.del(name) }
 func (h *softHost) Children() []control.Endpoint { return h.kids.endpoints() }
 
 // Capture records the host's side of the fabric (control.Capturer) until
-// ctx ends or req.Count messages were recorded.
+// ctx ends or the file holds req.Count packets.
 func (h *softHost) Capture(ctx context.Context, req control.CaptureRequest, w io.Writer) error {
 	return captureTo(ctx, h.mux, h.host, req, w)
 }
 
 // captureTo streams what mux sees (of host, if not empty) to w as pcapng
-// until ctx ends or req.Count messages were recorded.
+// until ctx ends or the file holds req.Count packets.
 func captureTo(ctx context.Context, mux *capture.Mux, host string, req control.CaptureRequest, w io.Writer) error {
 	kind, err := capture.ParseKind(req.Kind)
 	if err != nil {
