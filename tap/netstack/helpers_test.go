@@ -25,6 +25,18 @@ type pair struct {
 
 // newPair builds hosts A (10.0.0.1, fd00::1) and B (10.0.0.2, fd00::2)
 // from base and links them; cleanup stops the link and closes both.
+// newTestHost is New(cfg), failing the test on an error; the host closes
+// when the test ends.
+func newTestHost(t testing.TB, cfg Config) *Host {
+	t.Helper()
+	h, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
 func newPair(t testing.TB, base Config) *pair {
 	t.Helper()
 	ca, cb := base, base
