@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca/soft"
+	"github.com/ipoibcm/ipoib/internal/testutil"
 	"github.com/ipoibcm/ipoib/ipoibcm"
 	"github.com/ipoibcm/ipoib/tap/netstack"
 )
@@ -81,7 +82,7 @@ func TestInProcIB(t *testing.T) {
 			if d := sa.Counters.TxDropped + sb.Counters.RxDropped; d != 0 {
 				t.Fatalf("%d dropped: A %v, B %v", d, sa.Drops, sb.Drops)
 			}
-			waitGoroutines(t, base)
+			testutil.WaitGoroutines(t, base)
 		})
 	}
 }
@@ -117,7 +118,7 @@ func TestIBLinkStartFailure(t *testing.T) {
 		t.Fatal("link with an invalid queue size started")
 	}
 	t.Logf("error: %v", err)
-	waitGoroutines(t, base)
+	testutil.WaitGoroutines(t, base)
 }
 
 // TestIBLinkStopTwice: stop reports the statistics once, closes the hosts
@@ -153,22 +154,7 @@ func TestIBLinkStopTwice(t *testing.T) {
 	if _, err := a.ReadFrames(make([][]byte, 1), make([]int, 1)); err == nil {
 		t.Fatal("host A still open after stop")
 	}
-	waitGoroutines(t, base)
-}
-
-// waitGoroutines waits for the goroutine count to fall back to base: there
-// is no event for a goroutine's exit, so the count is polled, with a short
-// sleep so the loop does not compete for the CPU, until a deadline.
-func waitGoroutines(t *testing.T, base int) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > base {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			t.Fatalf("%d goroutines, want <= %d:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.WaitGoroutines(t, base)
 }
 
 // BenchmarkInProcIB is TCP between two netstack hosts over ib0: connected

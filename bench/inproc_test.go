@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ipoibcm/ipoib/internal/testutil"
 	"github.com/ipoibcm/ipoib/tap/netstack"
 )
 
@@ -111,16 +112,7 @@ func TestInProcTCPNoLinkTimesOut(t *testing.T) {
 		t.Fatalf("err = %v, want context.Canceled", err)
 	}
 	<-stopped
-	// A goroutine's exit has no event to wait on: poll the count with a
-	// short sleep until a deadline.
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > base {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			t.Fatalf("%d goroutines, want <= %d:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.WaitGoroutines(t, base)
 }
 
 func TestResultString(t *testing.T) {

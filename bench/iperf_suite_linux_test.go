@@ -11,24 +11,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ipoibcm/ipoib/internal/testutil"
 	"github.com/ipoibcm/ipoib/tap"
 )
 
 func requireIperfRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (uid 0) to create network namespaces")
-	}
+	testutil.NeedRoot(t)
 	if _, err := exec.LookPath("iperf3"); err != nil {
 		t.Skip("iperf3 not in PATH: apt-get install iperf3")
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("ip not in PATH: apt-get install iproute2")
-	}
-	if f, err := os.OpenFile("/dev/net/tun", os.O_RDWR, 0); err != nil {
-		t.Skipf("/dev/net/tun not usable (%v)", err)
-	} else {
-		f.Close()
 	}
 }
 

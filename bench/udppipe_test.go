@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ipoibcm/ipoib/internal/testutil"
 )
 
 // udpTestPort is an in-memory FramePort: frames pushed into in are read,
@@ -120,7 +122,7 @@ func TestUDPPipeCarriesFramesBothWays(t *testing.T) {
 	if a.Frames[0].Load() != 5 || b.Frames[1].Load() != 5 || b.Errors[1].Load() != 1 {
 		t.Fatalf("counters a->udp %d, udp->b %d, b errors %d", a.Frames[0].Load(), b.Frames[1].Load(), b.Errors[1].Load())
 	}
-	waitGoroutines(t, base)
+	testutil.WaitGoroutines(t, base)
 	if _, err := NewUDPPipe(pa, ca, a.peer, MaxUDPPipeFrame+1); err == nil {
 		t.Fatal("oversized frame limit accepted")
 	}

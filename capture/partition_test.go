@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/ipoibcm/ipoib/hca/rocev2"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
 	"github.com/ipoibcm/ipoib/hca/soft"
+	"github.com/ipoibcm/ipoib/internal/testutil"
 	"github.com/ipoibcm/ipoib/ipoibcm"
 	"github.com/ipoibcm/ipoib/tap/netstack"
 )
@@ -213,21 +213,7 @@ func checkPartitionCapture(t *testing.T, tshark, file string, port uint16, mgid 
 	t.Helper()
 	fields := func(filter string, f ...string) [][]string {
 		t.Helper()
-		args := []string{"-o", fmt.Sprintf("infiniband.rroce.port:%d", port), "-r", file, "-T", "fields", "-E", "separator=|", "-Y", filter}
-		for _, x := range f {
-			args = append(args, "-e", x)
-		}
-		out, err := exec.Command(tshark, args...).Output()
-		if err != nil {
-			t.Fatalf("tshark %v: %v", args, err)
-		}
-		var rows [][]string
-		for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-			if l != "" {
-				rows = append(rows, strings.Split(l, "|"))
-			}
-		}
-		return rows
+		return testutil.TsharkFields(t, tshark, []string{"-o", fmt.Sprintf("infiniband.rroce.port:%d", port), "-r", file}, filter, f...)
 	}
 	pkeys := func(filter, field string) (n int) {
 		t.Helper()

@@ -6,51 +6,15 @@ import (
 	"errors"
 	"math/rand/v2"
 	"testing"
-)
 
-// naiveSum is RFC 1071 written the slow obvious way, so the tests do not
-// check the package against the checksum code it uses.
-func naiveSum(parts ...[]byte) uint16 {
-	var s uint32
-	var all []byte
-	for _, p := range parts {
-		all = append(all, p...)
-	}
-	for i := 0; i+1 < len(all); i += 2 {
-		s += uint32(all[i])<<8 | uint32(all[i+1])
-	}
-	if len(all)%2 == 1 {
-		s += uint32(all[len(all)-1]) << 8
-	}
-	for s > 0xFFFF {
-		s = s>>16 + s&0xFFFF
-	}
-	return uint16(s)
-}
+	"github.com/ipoibcm/ipoib/internal/testutil"
+)
 
 // naiveValid checks a segment's checksums independently of the package.
 func naiveValid(t *testing.T, f []byte, l3 int) {
 	t.Helper()
-	ip := f[l3:]
-	var l4 []byte
-	var pseudo []byte
-	var proto byte
-	if ip[0]>>4 == 4 {
-		ihl := int(ip[0]&0xF) * 4
-		if naiveSum(ip[:ihl]) != 0xFFFF {
-			t.Fatalf("ipv4 header checksum invalid")
-		}
-		proto = ip[9]
-		l4 = ip[ihl:binary.BigEndian.Uint16(ip[2:])]
-		pseudo = append(pseudo, ip[12:20]...)
-	} else {
-		proto = ip[6]
-		l4 = ip[40 : 40+binary.BigEndian.Uint16(ip[4:])]
-		pseudo = append(pseudo, ip[8:40]...)
-	}
-	pseudo = append(pseudo, 0, proto, byte(len(l4)>>8), byte(len(l4)))
-	if got := naiveSum(pseudo, l4); got != 0xFFFF {
-		t.Fatalf("l4 checksum invalid: sum %#04x", got)
+	if err := testutil.NaiveChecksumError(f[l3:]); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -378,7 +342,7 @@ func TestSetPartialRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 		co := h.L4 + h.CsumOffset()
-		if bytes.Equal(f[co:co+2], want[co:co+2]) && naiveSum(f[h.L4:h.Len]) != 0 {
+		if bytes.Equal(f[co:co+2], want[co:co+2]) && testutil.NaiveSum(f[h.L4:h.Len]) != 0 {
 			// The seed equals the full checksum only by coincidence.
 			t.Logf("iter %d: seed equals checksum", iter)
 		}

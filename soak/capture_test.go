@@ -5,10 +5,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"testing"
 
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
+	"github.com/ipoibcm/ipoib/internal/testutil"
 )
 
 // TestSoakCaptureDecodes runs a short soak with the dead flag switched off
@@ -41,24 +41,7 @@ func TestSoakCaptureDecodes(t *testing.T) {
 
 	fields := func(filter string, f ...string) [][]string {
 		t.Helper()
-		args := []string{"-r", file, "-T", "fields", "-E", "separator=|"}
-		if filter != "" {
-			args = append(args, "-Y", filter)
-		}
-		for _, x := range f {
-			args = append(args, "-e", x)
-		}
-		out, err := exec.Command(tshark, args...).Output()
-		if err != nil {
-			t.Fatalf("tshark %v: %v", args, err)
-		}
-		var rows [][]string
-		for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-			if l != "" {
-				rows = append(rows, strings.Split(l, "|"))
-			}
-		}
-		return rows
+		return testutil.TsharkFields(t, tshark, []string{"-r", file}, filter, f...)
 	}
 	count := func(filter string) int { return len(fields(filter, "frame.number")) }
 	for _, c := range []struct{ what, filter string }{

@@ -8,19 +8,14 @@ import (
 	"path/filepath"
 	"sync/atomic"
 	"testing"
+
+	"github.com/ipoibcm/ipoib/internal/testutil"
 )
 
 // requireRoot skips unless the test can create namespaces and TAPs.
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (uid 0) to create network namespaces and TAP devices")
-	}
-	f, err := os.OpenFile("/dev/net/tun", os.O_RDWR, 0)
-	if err != nil {
-		t.Skipf("/dev/net/tun not usable (%v): needs the tun module and a container with /dev/net/tun", err)
-	}
-	f.Close()
+	testutil.NeedRoot(t)
 }
 
 var nameSeq atomic.Int32

@@ -1,12 +1,8 @@
 package tap
 
 import (
-	"bytes"
-	"crypto/rand"
-	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -14,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/ipoibcm/ipoib/internal/testutil"
 )
 
 // vnetPair is two namespaces, each with a vnet TAP, and the test in the
@@ -142,54 +138,14 @@ func (p *vnetPair) transfer(t *testing.T, size int) {
 		t.Fatalf("listen in B: %v", err)
 	}
 	defer ln.Close()
-	type result struct {
-		sum [32]byte
-		n   int64
-		err error
+	dial := func() (c net.Conn, err error) {
+		err = p.nsA.Do(func() (err error) {
+			c, err = (&net.Dialer{Timeout: 10 * time.Second}).Dial("tcp", ln.Addr().String())
+			return err
+		})
+		return c, err
 	}
-	got := make(chan result, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			got <- result{err: err}
-			return
-		}
-		defer c.Close()
-		h := sha256.New()
-		n, err := io.Copy(h, c)
-		var r result
-		copy(r.sum[:], h.Sum(nil))
-		r.n, r.err = n, err
-		got <- r
-	}()
-	var c net.Conn
-	if err := p.nsA.Do(func() (err error) {
-		d := net.Dialer{Timeout: 10 * time.Second}
-		c, err = d.Dial("tcp", ln.Addr().String())
-		return err
-	}); err != nil {
-		t.Fatalf("dial from A: %v", err)
-	}
-	data := make([]byte, size)
-	rand.Read(data)
-	want := sha256.Sum256(data)
-	c.SetDeadline(time.Now().Add(60 * time.Second))
-	if _, err := c.Write(data); err != nil {
-		c.Close()
-		t.Fatalf("write: %v", err)
-	}
-	c.Close()
-	select {
-	case r := <-got:
-		if r.err != nil {
-			t.Fatalf("receive: %v", r.err)
-		}
-		if r.n != int64(size) || r.sum != want {
-			t.Fatalf("received %d bytes sha %x, sent %d sha %x", r.n, r.sum[:8], size, want[:8])
-		}
-	case <-time.After(90 * time.Second):
-		t.Fatal("transfer did not finish")
-	}
+	testutil.TCPTransfer(t, ln, dial, size, 90*time.Second)
 }
 
 // TestVnetPassthroughTSO: with IFF_VNET_HDR and TSO offered, the host
@@ -284,33 +240,7 @@ func (p *vnetPair) udpGSOTransfer(t *testing.T, rounds int) {
 		t.Fatalf("dial from A: %v", err)
 	}
 	defer tx.Close()
-	rc, err := tx.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var serr error
-	if err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_SEGMENT, seg) }); err != nil || serr != nil {
-		t.Skipf("UDP_SEGMENT not available: %v %v", err, serr)
-	}
-	data := make([]byte, size)
-	got := make([]byte, 65536)
-	for r := range rounds {
-		rand.Read(data)
-		if _, err := tx.Write(data); err != nil {
-			t.Fatalf("round %d: write: %v", r, err)
-		}
-		rx.SetReadDeadline(time.Now().Add(10 * time.Second))
-		for off := 0; off < size; {
-			n, err := rx.Read(got)
-			if err != nil {
-				t.Fatalf("round %d: read at %d: %v", r, off, err)
-			}
-			if want := min(seg, size-off); n != want || !bytes.Equal(got[:n], data[off:off+n]) {
-				t.Fatalf("round %d: datagram at %d: %d bytes (want %d) or contents differ", r, off, n, want)
-			}
-			off += n
-		}
-	}
+	testutil.UDPSegmentRounds(t, tx, rx, seg, size, rounds)
 }
 
 // TestVnetUSO: UDP segmentation offload through both bridges: passed

@@ -22,6 +22,7 @@ import (
 
 	"github.com/ipoibcm/ipoib/control"
 	"github.com/ipoibcm/ipoib/internal/proc"
+	"github.com/ipoibcm/ipoib/internal/testutil"
 )
 
 // The CLI tests run ipoib as a separate process: its own signals, pipes,
@@ -320,9 +321,7 @@ func (d *daemon) stop() *os.ProcessState {
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (uid 0) for network namespaces and TAP devices")
-	}
+	testutil.NeedRoot(t)
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("ip not in PATH: apt-get install iproute2")
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/ipoibcm/ipoib/control"
+	"github.com/ipoibcm/ipoib/internal/testutil"
 )
 
 // inNetns runs fn on an OS thread inside namespace ns: sockets fn opens
@@ -119,24 +120,6 @@ func hostStats(t *testing.T, ctl, host string) (control.InterfaceInfo, map[strin
 	return control.InterfaceInfo{}, nil
 }
 
-// num is the number at path in a show --json stats object.
-func num(t *testing.T, m map[string]any, path ...string) float64 {
-	t.Helper()
-	var v any = m
-	for _, k := range path {
-		mm, ok := v.(map[string]any)
-		if !ok {
-			t.Fatalf("stats lack %v", path)
-		}
-		v = mm[k]
-	}
-	f, ok := v.(float64)
-	if !ok {
-		t.Fatalf("stats %v = %v, not a number", path, v)
-	}
-	return f
-}
-
 // linkLocalOf is ns's ib0 link-local address (fe80::/64).
 func linkLocalOf(t *testing.T, ns string) string {
 	t.Helper()
@@ -207,8 +190,8 @@ func TestBinaryHostDownStopsEngine(t *testing.T) {
 		t.Fatalf("after down: link_up %v host_link %v, %d TX %d RX connections", info.LinkUp, down["host_link"],
 			len(down["tx_conns"].([]any)), len(down["rx_conns"].([]any)))
 	}
-	if num(t, down, "reaper", "host_downs") != 1 || num(t, down, "reaper", "host_down_tx_teardowns") == 0 ||
-		num(t, down, "reaper", "host_down_rx_teardowns") == 0 {
+	if testutil.JSONNumber(t, down, "reaper", "host_downs") != 1 || testutil.JSONNumber(t, down, "reaper", "host_down_tx_teardowns") == 0 ||
+		testutil.JSONNumber(t, down, "reaper", "host_down_rx_teardowns") == 0 {
 		t.Fatalf("down counters: %v", down["reaper"])
 	}
 	if len(info.Notes) == 0 || !strings.Contains(info.Notes[len(info.Notes)-1], "down") {
@@ -220,20 +203,20 @@ func TestBinaryHostDownStopsEngine(t *testing.T) {
 		t.Fatal("ping reached a host whose ib0 is down")
 	}
 	_, after := hostStats(t, ctl, h2)
-	if a, b := num(t, after, "counters", "tx_packets"), num(t, down, "counters", "tx_packets"); a != b {
+	if a, b := testutil.JSONNumber(t, after, "counters", "tx_packets"), testutil.JSONNumber(t, down, "counters", "tx_packets"); a != b {
 		t.Errorf("tx_packets of the down host moved: %v -> %v", b, a)
 	}
 	for _, typ := range []string{"REQ", "REP", "RTU", "DREQ", "MRA"} {
-		if a, b := num(t, after, "cm", "sent", typ), num(t, down, "cm", "sent", typ); a != b {
+		if a, b := testutil.JSONNumber(t, after, "cm", "sent", typ), testutil.JSONNumber(t, down, "cm", "sent", typ); a != b {
 			t.Errorf("the down host's CM sent %v %s", a-b, typ)
 		}
 	}
-	rej := num(t, after, "cm", "rej_sent", "INVALID_SERVICE_ID") - num(t, down, "cm", "rej_sent", "INVALID_SERVICE_ID")
+	rej := testutil.JSONNumber(t, after, "cm", "rej_sent", "INVALID_SERVICE_ID") - testutil.JSONNumber(t, down, "cm", "rej_sent", "INVALID_SERVICE_ID")
 	if rej == 0 {
 		t.Error("h1's REQs got no REJ INVALID_SERVICE_ID from the down host")
 	}
 	_, peer := hostStats(t, ctl, h1)
-	if num(t, peer, "cm", "rej_received", "INVALID_SERVICE_ID") == 0 {
+	if testutil.JSONNumber(t, peer, "cm", "rej_received", "INVALID_SERVICE_ID") == 0 {
 		t.Error("h1 received no REJ INVALID_SERVICE_ID")
 	}
 
@@ -256,9 +239,9 @@ func TestBinaryHostDownStopsEngine(t *testing.T) {
 	tcpAcross(t, h1, h2, a2, 1<<20)
 	tcpAcross(t, h2, h1, a1, 1<<20)
 	info, up := hostStats(t, ctl, h2)
-	if !info.LinkUp || up["host_link"] != "up" || num(t, up, "reaper", "host_ups") != 1 || len(up["tx_conns"].([]any)) == 0 {
+	if !info.LinkUp || up["host_link"] != "up" || testutil.JSONNumber(t, up, "reaper", "host_ups") != 1 || len(up["tx_conns"].([]any)) == 0 {
 		t.Errorf("after up: link_up %v host_link %v host_ups %v, %d TX connections", info.LinkUp, up["host_link"],
-			num(t, up, "reaper", "host_ups"), len(up["tx_conns"].([]any)))
+			testutil.JSONNumber(t, up, "reaper", "host_ups"), len(up["tx_conns"].([]any)))
 	}
 	if st := fab.stop(); st.ExitCode() != 0 {
 		t.Errorf("fabric exit %d", st.ExitCode())

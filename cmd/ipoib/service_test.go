@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ipoibcm/ipoib/internal/testutil"
 )
 
 // notifySocket is a service manager's end of the readiness protocol: a
@@ -175,7 +177,7 @@ func TestBinaryServiceE2E(t *testing.T) {
 		var n [2]float64
 		for i, h := range hosts {
 			_, st := hostStats(t, h.ctl, fmt.Sprintf("svc%d", i+1))
-			n[i] = num(t, st, "reaper", "tx_connects")
+			n[i] = testutil.JSONNumber(t, st, "reaper", "tx_connects")
 		}
 		return n
 	}

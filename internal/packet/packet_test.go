@@ -4,22 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"testing"
-)
 
-// naiveSum is RFC 1071 written out, to check Sum and the sums built on it.
-func naiveSum(b []byte) uint16 {
-	var s uint32
-	for i := 0; i+1 < len(b); i += 2 {
-		s += uint32(b[i])<<8 | uint32(b[i+1])
-	}
-	if len(b)%2 == 1 {
-		s += uint32(b[len(b)-1]) << 8
-	}
-	for s > 0xFFFF {
-		s = s>>16 + s&0xFFFF
-	}
-	return uint16(s)
-}
+	"github.com/ipoibcm/ipoib/internal/testutil"
+)
 
 func ipv4TCP(payload int) []byte {
 	p := make([]byte, 20+20+payload)
@@ -111,7 +98,7 @@ func TestChecksums(t *testing.T) {
 		b[i] = byte(i*7 + 3)
 	}
 	for _, n := range []int{0, 1, 2, 7, 8, 63, 64, 1500, 1501} {
-		if got, want := Sum(b[:n], 0), naiveSum(b[:n]); got != want {
+		if got, want := Sum(b[:n], 0), testutil.NaiveSum(b[:n]); got != want {
 			t.Errorf("Sum of %d bytes = %#x, want %#x", n, got, want)
 		}
 	}
@@ -120,12 +107,12 @@ func TestChecksums(t *testing.T) {
 	for i := range ones {
 		ones[i] = 0xff
 	}
-	if got, want := Sum(ones, 0), naiveSum(ones); got != want {
+	if got, want := Sum(ones, 0), testutil.NaiveSum(ones); got != want {
 		t.Fatalf("all ones: %#x, want %#x", got, want)
 	}
 	v4 := ipv4TCP(0)
 	PutIPv4Checksum(v4)
-	if !IPv4ChecksumValid(v4) || naiveSum(v4[:20]) != 0xFFFF {
+	if !IPv4ChecksumValid(v4) || testutil.NaiveSum(v4[:20]) != 0xFFFF {
 		t.Fatalf("ipv4 header checksum %#x does not verify", binary.BigEndian.Uint16(v4[10:]))
 	}
 	v4[8]--
@@ -136,15 +123,15 @@ func TestChecksums(t *testing.T) {
 	// The pseudo-header as RFC 768 and RFC 8200 lay it out, summed naively.
 	v6 := ipv6UDP(3)
 	ph := append(append([]byte{}, v6[8:40]...), 0, 0, 0, 11, 0, 0, 0, ProtoUDP)
-	if got, want := PseudoHeaderSum(v6, true, ProtoUDP, 11), naiveSum(ph); got != want {
+	if got, want := PseudoHeaderSum(v6, true, ProtoUDP, 11), testutil.NaiveSum(ph); got != want {
 		t.Fatalf("ipv6 pseudo-header %#x, want %#x", got, want)
 	}
 	ph = append(append([]byte{}, v4[12:20]...), 0, ProtoTCP, 0, 20)
-	if got, want := PseudoHeaderSum(v4, false, ProtoTCP, 20), naiveSum(ph); got != want {
+	if got, want := PseudoHeaderSum(v4, false, ProtoTCP, 20), testutil.NaiveSum(ph); got != want {
 		t.Fatalf("ipv4 pseudo-header %#x, want %#x", got, want)
 	}
 	ph = append(append([]byte{}, v6[8:40]...), 0, 1, 0, 4, 0, 0, 0, ProtoUDP)
-	if got, want := PseudoHeaderSum(v6, true, ProtoUDP, 65540), naiveSum(ph); got != want {
+	if got, want := PseudoHeaderSum(v6, true, ProtoUDP, 65540), testutil.NaiveSum(ph); got != want {
 		t.Fatalf("ipv6 jumbo pseudo-header %#x, want %#x", got, want)
 	}
 }

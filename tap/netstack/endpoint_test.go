@@ -26,11 +26,7 @@ func frame(dst, src net.HardwareAddr, etherType uint16, payload []byte) []byte {
 func TestWriteFramesFilter(t *testing.T) {
 	mac := net.HardwareAddr{0x02, 0, 0, 0, 0, 1}
 	peer := net.HardwareAddr{0x02, 0, 0, 0, 0, 2}
-	h, err := New(Config{MAC: mac, Addrs: []netip.Prefix{addrA4}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := newTestHost(t, Config{MAC: mac, Addrs: []netip.Prefix{addrA4}})
 	drain(t, h) // MLD reports for the link-local address
 
 	// A valid ARP request for our address from the peer.
@@ -96,11 +92,7 @@ func sendMulticastUDP(t *testing.T, h *Host, n int) {
 }
 
 func TestQueueFullDropsAndCounts(t *testing.T) {
-	h, err := New(Config{Addrs: []netip.Prefix{addrA4}, QueueLen: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := newTestHost(t, Config{Addrs: []netip.Prefix{addrA4}, QueueLen: 2})
 	drain(t, h)
 	before := h.Counters()
 	sendMulticastUDP(t, h, 5)
@@ -115,11 +107,7 @@ func TestQueueFullDropsAndCounts(t *testing.T) {
 }
 
 func TestReadFramesTruncates(t *testing.T) {
-	h, err := New(Config{Addrs: []netip.Prefix{addrA4}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := newTestHost(t, Config{Addrs: []netip.Prefix{addrA4}})
 	drain(t, h)
 	sendMulticastUDP(t, h, 1)
 	bufs, sizes := [][]byte{make([]byte, 20)}, []int{0}
@@ -143,11 +131,7 @@ func TestReadFramesTruncates(t *testing.T) {
 }
 
 func TestReadFramesBatch(t *testing.T) {
-	h, err := New(Config{Addrs: []netip.Prefix{addrA4}, BatchSize: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := newTestHost(t, Config{Addrs: []netip.Prefix{addrA4}, BatchSize: 4})
 	drain(t, h)
 	sendMulticastUDP(t, h, 6)
 	bufs := make([][]byte, 8)
@@ -168,11 +152,7 @@ func TestReadFramesBatch(t *testing.T) {
 }
 
 func TestReadFramesContextCancel(t *testing.T) {
-	h, err := New(Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := newTestHost(t, Config{})
 	drain(t, h)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -106,11 +106,7 @@ func TestWriteFramesGatherTCP(t *testing.T) {
 // TestWriteFramesGatherOversize: a gathered frame longer than any IP
 // packet is dropped and counted before anything is allocated for it.
 func TestWriteFramesGatherOversize(t *testing.T) {
-	h, err := New(Config{Addrs: []netip.Prefix{addrB4}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := newTestHost(t, Config{Addrs: []netip.Prefix{addrB4}})
 	big := make([]byte, 40000)
 	copy(big, h.HostMAC())
 	if _, err := h.WriteFramesGather([][][]byte{{big, big}}, []offload.Meta{{}}); err != nil {

@@ -3,7 +3,6 @@ package netstack
 import (
 	"context"
 	"net/netip"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -26,6 +25,18 @@ type pair struct {
 
 // newPair builds hosts A (10.0.0.1, fd00::1) and B (10.0.0.2, fd00::2)
 // from base and links them; cleanup stops the link and closes both.
+// newTestHost is New(cfg), failing the test on an error; the host closes
+// when the test ends.
+func newTestHost(t testing.TB, cfg Config) *Host {
+	t.Helper()
+	h, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
 func newPair(t testing.TB, base Config) *pair {
 	t.Helper()
 	ca, cb := base, base
@@ -73,22 +84,6 @@ func testContext(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// waitGoroutines waits until at most want goroutines remain and fails
-// with a dump of the survivors. A goroutine's exit has no event to wait
-// on, so the count is polled with a short sleep until a deadline.
-func waitGoroutines(t *testing.T, want int) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > want {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			n := runtime.Stack(buf, true)
-			t.Fatalf("%d goroutines left, want <= %d:\n%s", runtime.NumGoroutine(), want, buf[:n])
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // drain empties h's queue without blocking and returns the frames.

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ipoibcm/ipoib/internal/testutil"
 	"github.com/ipoibcm/ipoib/ipoibcm"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
@@ -51,11 +52,7 @@ func TestPing(t *testing.T) {
 }
 
 func TestPingTimesOutWithoutLink(t *testing.T) {
-	a, err := New(Config{Addrs: []netip.Prefix{addrA4}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a := newTestHost(t, Config{Addrs: []netip.Prefix{addrA4}})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, err := a.Ping(ctx, addrB4.Addr(), 8); !errors.Is(err, context.Canceled) {
@@ -443,16 +440,12 @@ func TestCloseStopsEverything(t *testing.T) {
 	if err := a.SetLinkUp(true); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("SetLinkUp after Close = %v, want net.ErrClosed", err)
 	}
-	waitGoroutines(t, base)
+	testutil.WaitGoroutines(t, base)
 }
 
 func TestHostPortBasics(t *testing.T) {
 	mac := net.HardwareAddr{0x02, 0, 0, 0, 0, 7}
-	h, err := New(Config{MAC: mac, BatchSize: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := newTestHost(t, Config{MAC: mac, BatchSize: 16})
 	got := h.HostMAC()
 	if !bytes.Equal(got, mac) {
 		t.Fatalf("HostMAC = %v, want %v", got, mac)
@@ -464,11 +457,7 @@ func TestHostPortBasics(t *testing.T) {
 	if h.BatchSize() != 16 {
 		t.Fatalf("BatchSize = %d", h.BatchSize())
 	}
-	x, err := New(Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer x.Close()
+	x := newTestHost(t, Config{})
 	if m := x.HostMAC(); m[0]&0x03 != 0x02 {
 		t.Fatalf("default MAC %v is not locally administered unicast", m)
 	}

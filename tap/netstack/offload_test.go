@@ -290,11 +290,7 @@ func TestPlainReadFramesWithGSO(t *testing.T) {
 }
 
 func TestSetOffloads(t *testing.T) {
-	h, err := New(Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := newTestHost(t, Config{})
 	for _, tc := range []struct{ want, got offload.Caps }{
 		{offload.Caps{Csum: true, TSO4: true, TSO6: true, USO: true}, offload.Caps{Csum: true, TSO4: true, TSO6: true}},
 		{offload.Caps{TSO4: true, TSO6: true}, offload.Caps{}},
@@ -334,11 +330,7 @@ func udpFrame(dstMAC, srcMAC net.HardwareAddr, src, dst netip.AddrPort, payload 
 // accepts; the link cuts it and the socket reads one datagram per segment.
 func TestWriteFramesMetaUSO(t *testing.T) {
 	peerMAC := net.HardwareAddr{2, 0, 0, 0, 0, 9}
-	h, err := New(Config{Addrs: []netip.Prefix{addrB4}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := newTestHost(t, Config{Addrs: []netip.Prefix{addrB4}})
 	to := netip.AddrPortFrom(addrB4.Addr(), 6000)
 	c, err := h.ListenUDP(to)
 	if err != nil {
@@ -380,11 +372,7 @@ func TestWriteFramesMetaUSO(t *testing.T) {
 // TestWriteFramesMetaRejectsLies: metadata that contradicts its frame is a
 // counted drop, never a crash or a packet for the stack.
 func TestWriteFramesMetaRejectsLies(t *testing.T) {
-	h, err := New(Config{Addrs: []netip.Prefix{addrB4}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := newTestHost(t, Config{Addrs: []netip.Prefix{addrB4}})
 	tcp := tcpFrame(false, 1, header.TCPFlagAck, make([]byte, 3000))
 	copy(tcp, h.HostMAC())
 	udp := udpFrame(h.HostMAC(), net.HardwareAddr{2, 0, 0, 0, 0, 9}, netip.MustParseAddrPort("10.0.0.1:1"), netip.MustParseAddrPort("10.0.0.2:2"), make([]byte, 3000))
@@ -493,11 +481,7 @@ func partialHopByHop(payload int) ([]byte, offload.Meta) {
 // is checked before it is made, and a partial checksum the link does not
 // vouch for is completed in a copy, the caller's frame untouched.
 func TestWriteFramesMetaVouched(t *testing.T) {
-	h, err := New(Config{Addrs: []netip.Prefix{addrB4, addrB6}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := newTestHost(t, Config{Addrs: []netip.Prefix{addrB4, addrB6}})
 	// tcpFrame's segments go to port 5001; with a listener there the
 	// stack answers every segment it takes with a RST or SYN-ACK, and
 	// counts it valid or not.

@@ -220,16 +220,8 @@ func TestSegmenterLeavesOthersWhole(t *testing.T) {
 // MTU, so a drop or truncation there, or a drop or refused segment at B,
 // is a real loss.
 func TestSetMTUCutsQueuedSegments(t *testing.T) {
-	a, err := New(Config{MTU: 9000, Addrs: []netip.Prefix{addrA4}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := New(Config{MTU: 9000, Addrs: []netip.Prefix{addrB4}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a := newTestHost(t, Config{MTU: 9000, Addrs: []netip.Prefix{addrA4}})
+	b := newTestHost(t, Config{MTU: 9000, Addrs: []netip.Prefix{addrB4}})
 	gate := &gatedPort{observedPort: observedPort{Host: a}, open: make(chan struct{}), held: make(chan struct{}, 1)}
 	stop := Link(gate, b)
 	defer stop()

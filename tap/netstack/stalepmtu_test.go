@@ -75,11 +75,7 @@ func TestIsStalePMTU(t *testing.T) {
 // TestStalePMTUNotDelivered checks the host drops and counts a frag-needed
 // at or above its link MTU and still takes one below it.
 func TestStalePMTUNotDelivered(t *testing.T) {
-	h, err := New(Config{MTU: 4092, Addrs: []netip.Prefix{addrA4}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := newTestHost(t, Config{MTU: 4092, Addrs: []netip.Prefix{addrA4}})
 	mac := h.HostMAC()
 	if _, err := h.WriteFrames([][]byte{fragNeededFrame(mac, 4092)}); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ipoibcm/ipoib/internal/testutil"
 )
 
 // TestChildDelLeavesNothing runs the lab in-process and adds and deletes
@@ -15,15 +17,13 @@ import (
 // from its namespace and every goroutine it started (engine pollers,
 // control loop, host reader, netlink watch) has ended.
 func TestChildDelLeavesNothing(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (uid 0) to create network namespaces and TAP devices")
-	}
+	testutil.NeedRoot(t)
 	const ns = "ipoib-t13g1"
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	controlDir, markerDir := t.TempDir(), t.TempDir()
-	var base, leaked int
-	var stacks string
+	var base int
+	var leaked error
 	var steps []string
 	env := Env{
 		Euid: os.Geteuid, ControlDir: controlDir, MarkerDir: markerDir,
@@ -47,14 +47,7 @@ func TestChildDelLeavesNothing(t *testing.T) {
 			if strings.Contains(string(out), "ib0.8001") || strings.Contains(string(out), "part2") {
 				steps = append(steps, "left in the kernel: "+string(out))
 			}
-			deadline := time.Now().Add(5 * time.Second)
-			for leaked = runtime.NumGoroutine() - base; leaked > 0 && time.Now().Before(deadline); leaked = runtime.NumGoroutine() - base {
-				time.Sleep(time.Millisecond) // polling goroutine exit; nothing to synchronise on
-			}
-			if leaked > 0 {
-				buf := make([]byte, 1<<20)
-				stacks = string(buf[:runtime.Stack(buf, true)])
-			}
+			leaked = testutil.AwaitGoroutines(base, 5*time.Second)
 		},
 	}
 	r := runCLIContext(ctx, t, env, "fabric", "--hosts", "1", "--netns-prefix", "ipoib-t13g", "--prefix", "10.77.70.0/24", "--log-level", "warn")
@@ -68,7 +61,7 @@ func TestChildDelLeavesNothing(t *testing.T) {
 	if !strings.Contains(steps[1], "ib0.0002") && !strings.Contains(steps[1], "part2: pkey 0x8002 membership limited parent ib0 added") {
 		t.Errorf("limited child: %s", steps[1])
 	}
-	if leaked > 0 {
-		t.Fatalf("%d goroutines left after child del (base %d):\n%s", leaked, base, stacks)
+	if leaked != nil {
+		t.Fatalf("after child del: %v", leaked)
 	}
 }

@@ -11,20 +11,15 @@ import (
 	"testing"
 
 	"github.com/ipoibcm/ipoib/control"
+	"github.com/ipoibcm/ipoib/internal/testutil"
 )
 
 // TestFabricBuildsServesAndRemovesEverything runs the real lab (soft
 // fabric, ipoibcm, kernel TAPs in namespaces): show sees every host while
 // it runs, and nothing is left once it stops.
 func TestFabricBuildsServesAndRemovesEverything(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (uid 0) to create network namespaces and TAP devices")
-	}
-	for _, n := range []string{"ipoib-h1", "ipoib-h2", "ipoib-h3"} {
-		if _, err := os.Stat(filepath.Join("/run/netns", n)); err == nil {
-			t.Skipf("namespace %s exists: an ipoib fabric is running on this machine", n)
-		}
-	}
+	testutil.NeedRoot(t)
+	testutil.SkipIfNetns(t, "ipoib-h1", "ipoib-h2", "ipoib-h3")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	controlDir, markerDir := t.TempDir(), t.TempDir()

@@ -7,12 +7,12 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca/soft"
+	"github.com/ipoibcm/ipoib/internal/testutil"
 	"github.com/ipoibcm/ipoib/ipoibcm"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 	"github.com/ipoibcm/ipoib/tap"
@@ -202,14 +202,8 @@ func (s *mcastSocket) empty() {
 // igmp_link_local_mcast_reports=0), which only the host's own list
 // (/proc/net/igmp) reveals.
 func TestFabricMulticastJoinLeave(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (uid 0) to create network namespaces and TAP devices")
-	}
-	for _, n := range []string{"ipoib-h1", "ipoib-h2", "ipoib-h3"} {
-		if _, err := os.Stat(filepath.Join("/run/netns", n)); err == nil {
-			t.Skipf("namespace %s exists: an ipoib fabric is running on this machine", n)
-		}
-	}
+	testutil.NeedRoot(t)
+	testutil.SkipIfNetns(t, "ipoib-h1", "ipoib-h2", "ipoib-h3")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	dir := t.TempDir()

@@ -1,23 +1,18 @@
 package cli
 
 import (
-	"bytes"
-	"crypto/sha256"
 	"fmt"
-	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/rocev2"
 	"github.com/ipoibcm/ipoib/hca/soft"
+	"github.com/ipoibcm/ipoib/internal/testutil"
 	"github.com/ipoibcm/ipoib/ipoibcm"
 	"github.com/ipoibcm/ipoib/tap"
 )
@@ -36,9 +31,7 @@ type offloadLink struct {
 // newOffloadLink builds the link; loss is RoCEv2's injected datagram loss.
 func newOffloadLink(t *testing.T, backend string, mode ipoibcm.Mode, loss float64) *offloadLink {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (uid 0) to create network namespaces and TAP devices")
-	}
+	testutil.NeedRoot(t)
 	l := &offloadLink{}
 	owner := &tap.Owner{MarkerDir: t.TempDir()}
 	log := slog.New(slog.DiscardHandler)
@@ -116,62 +109,14 @@ func (l *offloadLink) transfer(t *testing.T, dst netip.Addr, size int) time.Dura
 		t.Fatalf("listen: %v", err)
 	}
 	defer ln.Close()
-	type result struct {
-		sum [32]byte
-		n   int64
-		err error
+	dial := func() (c net.Conn, err error) {
+		err = l.ns[0].Do(func() (err error) {
+			c, err = (&net.Dialer{Timeout: 20 * time.Second}).Dial("tcp", ln.Addr().String())
+			return err
+		})
+		return c, err
 	}
-	got := make(chan result, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			got <- result{err: err}
-			return
-		}
-		defer c.Close()
-		h := sha256.New()
-		n, err := io.Copy(h, c)
-		r := result{n: n, err: err}
-		copy(r.sum[:], h.Sum(nil))
-		got <- r
-	}()
-	var c net.Conn
-	if err := l.ns[0].Do(func() (err error) {
-		c, err = (&net.Dialer{Timeout: 20 * time.Second}).Dial("tcp", ln.Addr().String())
-		return err
-	}); err != nil {
-		t.Fatalf("dial %v: %v", ln.Addr(), err)
-	}
-	r := rand.New(rand.NewPCG(uint64(size), 11))
-	chunk := make([]byte, 1<<20)
-	h := sha256.New()
-	start := time.Now()
-	c.SetDeadline(start.Add(5 * time.Minute))
-	for sent := 0; sent < size; sent += len(chunk) {
-		for k := 0; k < len(chunk); k += 8 {
-			v := r.Uint64()
-			for j := range 8 {
-				chunk[k+j] = byte(v >> (8 * j))
-			}
-		}
-		h.Write(chunk)
-		if _, err := c.Write(chunk); err != nil {
-			c.Close()
-			t.Fatalf("write at %d: %v", sent, err)
-		}
-	}
-	c.Close()
-	var want [32]byte
-	copy(want[:], h.Sum(nil))
-	select {
-	case res := <-got:
-		if res.err != nil || res.n != int64(size) || res.sum != want {
-			t.Fatalf("received %d bytes (err %v), sha %x; sent %d, sha %x", res.n, res.err, res.sum[:8], size, want[:8])
-		}
-	case <-time.After(5 * time.Minute):
-		t.Fatal("transfer did not finish")
-	}
-	return time.Since(start)
+	return testutil.TCPTransfer(t, ln, dial, size, 5*time.Minute)
 }
 
 // udpSegments sends rounds of one 60000-byte UDP_SEGMENT write (USO: the
@@ -200,36 +145,7 @@ func (l *offloadLink) udpSegments(t *testing.T, rounds int) {
 		t.Fatal(err)
 	}
 	defer tx.Close()
-	rc, err := tx.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var serr error
-	if err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_SEGMENT, seg) }); err != nil || serr != nil {
-		t.Skipf("UDP_SEGMENT not available: %v %v", err, serr)
-	}
-	data := make([]byte, size)
-	got := make([]byte, 65536)
-	r := rand.New(rand.NewPCG(3, 3))
-	for round := range rounds {
-		for k := range data {
-			data[k] = byte(r.Uint32())
-		}
-		if _, err := tx.Write(data); err != nil {
-			t.Fatalf("round %d: write: %v", round, err)
-		}
-		rx.SetReadDeadline(time.Now().Add(10 * time.Second))
-		for off := 0; off < size; {
-			n, err := rx.Read(got)
-			if err != nil {
-				t.Fatalf("round %d: read at %d: %v", round, off, err)
-			}
-			if want := min(seg, size-off); n != want || !bytes.Equal(got[:n], data[off:off+n]) {
-				t.Fatalf("round %d: datagram at %d: %d bytes (want %d) or contents differ", round, off, n, want)
-			}
-			off += n
-		}
-	}
+	testutil.UDPSegmentRounds(t, tx, rx, seg, size, rounds)
 }
 
 // TestOffloadE2E: 256 MiB over ib0 with SHA-256 equality, IPv4 and IPv6,

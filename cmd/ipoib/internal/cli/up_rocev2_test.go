@@ -25,6 +25,7 @@ import (
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/rocev2"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
+	"github.com/ipoibcm/ipoib/internal/testutil"
 	"github.com/ipoibcm/ipoib/ipoibcm"
 	"github.com/ipoibcm/ipoib/tap/netstack"
 )
@@ -179,19 +180,7 @@ func showJSON(t *testing.T, h *upHost) map[string]any {
 
 func rocev2Counter(t *testing.T, h *upHost, path ...string) float64 {
 	t.Helper()
-	var v any = showJSON(t, h)["rocev2"]
-	for _, k := range path {
-		m, ok := v.(map[string]any)
-		if !ok {
-			t.Fatalf("rocev2 stats lack %v", path)
-		}
-		v = m[k]
-	}
-	f, ok := v.(float64)
-	if !ok {
-		t.Fatalf("rocev2 %v = %v", path, v)
-	}
-	return f
+	return testutil.JSONNumber(t, showJSON(t, h)["rocev2"], path...)
 }
 
 // TestUpOverRoCEv2 runs what 'ipoib up' runs on two hosts, 1% of the
