@@ -2,10 +2,12 @@ package rocev2
 
 import (
 	"encoding/binary"
+	"errors"
 	"net/netip"
 
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
-	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+	"github.com/ipoibcm/ipoib/internal/packet"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 // vnetHdrLen is the size of struct virtio_net_hdr (linux/virtio_net.h),
@@ -52,30 +54,30 @@ func parsePacketFrame(b []byte, netOff int, f *packetFrame) error {
 	}
 	gsoType, gsoSize := b[1]&^vnetGSOECN, int(binary.NativeEndian.Uint16(b[4:]))
 	ip := b[vnetHdrLen+netOff:]
-	if ip[0]>>4 != 4 {
+	h, err := packet.ParseIP(ip)
+	if errors.Is(err, packet.ErrNotIP) || h.IPv6 {
 		return wire.DropGarbage
 	}
-	ihl := int(ip[0]&0xF) * 4
-	total := int(binary.BigEndian.Uint16(ip[2:]))
-	if ihl < wire.IPv4HeaderLen || total < ihl+wire.UDPHeaderLen || total > len(ip) {
+	if err != nil || h.Len < h.HeaderLen+wire.UDPHeaderLen {
 		return wire.DropTruncated
 	}
-	ip = ip[:total] // what follows is link-layer padding
-	if ip[9] != 17 || binary.BigEndian.Uint16(ip[6:])&0x3FFF != 0 {
+	ip = ip[:h.Len] // what follows is link-layer padding
+	if h.Protocol != packet.ProtoUDP || h.Fragment {
 		// Not UDP, or a fragment (MF or an offset): RoCEv2 senders set
 		// DF, so no packet of theirs is ever one.
 		return wire.DropGarbage
 	}
-	if checksum.Checksum(ip[:ihl], 0) != 0xFFFF {
+	if !packet.IPv4ChecksumValid(ip) {
 		return wire.DropGarbage
 	}
-	udp := ip[ihl : ihl+wire.UDPHeaderLen]
-	if int(binary.BigEndian.Uint16(udp[4:])) != total-ihl {
+	udp := header.UDP(ip[h.HeaderLen : h.HeaderLen+wire.UDPHeaderLen])
+	if int(udp.Length()) != h.Len-h.HeaderLen {
 		return wire.DropTruncated
 	}
-	f.ipHdr, f.udpHdr, f.payload = ip[:ihl], udp, ip[ihl+wire.UDPHeaderLen:]
-	f.from = netip.AddrPortFrom(netip.AddrFrom4([4]byte(ip[12:16])), binary.BigEndian.Uint16(udp[0:]))
-	f.dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte(ip[16:20])), binary.BigEndian.Uint16(udp[2:]))
+	v4 := header.IPv4(ip)
+	f.ipHdr, f.udpHdr, f.payload = ip[:h.HeaderLen], udp, ip[h.HeaderLen+wire.UDPHeaderLen:]
+	f.from = netip.AddrPortFrom(netip.AddrFrom4([4]byte(v4.SourceAddressSlice())), udp.SourcePort())
+	f.dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte(v4.DestinationAddressSlice())), udp.DestinationPort())
 	f.segSize = 0
 	switch gsoType {
 	case vnetGSONone:
@@ -115,8 +117,9 @@ func (f *packetFrame) segment(i int, hdr []byte) (pkt, ipHdr, udpHdr []byte) {
 	n := copy(hdr, f.ipHdr)
 	copy(hdr[n:], f.udpHdr)
 	ipHdr, udpHdr = hdr[:ihl], hdr[ihl:ihl+wire.UDPHeaderLen]
-	binary.BigEndian.PutUint16(ipHdr[2:], uint16(ihl+wire.UDPHeaderLen+len(pkt)))
-	binary.BigEndian.PutUint16(ipHdr[4:], binary.BigEndian.Uint16(f.ipHdr[4:])+uint16(i))
-	binary.BigEndian.PutUint16(udpHdr[4:], uint16(wire.UDPHeaderLen+len(pkt)))
+	ip := header.IPv4(ipHdr)
+	ip.SetTotalLength(uint16(ihl + wire.UDPHeaderLen + len(pkt)))
+	ip.SetID(header.IPv4(f.ipHdr).ID() + uint16(i))
+	header.UDP(udpHdr).SetLength(uint16(wire.UDPHeaderLen + len(pkt)))
 	return pkt, ipHdr, udpHdr
 }
