@@ -73,10 +73,10 @@ func Parse(frame []byte, l3off int) (Headers, error) {
 	}
 	h.IPv6, h.Proto, h.L4, h.Len = ip.IPv6, ip.Protocol, l3off+ip.HeaderLen, l3off+ip.Len
 	n, err := packet.TransportLen(h.Proto, frame[h.L4:h.Len])
-	if errors.Is(err, packet.ErrNotTransport) {
-		return h, fmt.Errorf("ip protocol %d: %w", h.Proto, ErrNotL4)
-	}
 	if err != nil {
+		if errors.Is(err, packet.ErrNotTransport) {
+			return h, fmt.Errorf("ip protocol %d: %w", h.Proto, ErrNotL4)
+		}
 		return h, err
 	}
 	h.End = h.L4 + n
