@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipoibcm/ipoib/offload"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 // This file is the Device's ipoibcm.OffloadPort half: frames move with
@@ -373,7 +374,7 @@ func gatheredHdrLen(p0 []byte, m offload.Meta) uint16 {
 	switch m.GSO {
 	case offload.GSOTCPv4, offload.GSOTCPv6:
 		if l4+12 < len(p0) {
-			end = max(end, l4+int(p0[l4+12]>>4)*4)
+			end = max(end, l4+int(header.TCP(p0[l4:]).DataOffset()))
 		}
 	case offload.GSOUDPL4:
 		end = max(end, l4+8)

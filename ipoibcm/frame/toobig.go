@@ -47,10 +47,10 @@ func BuildTooBig(dst []byte, hostMAC, srcMAC MAC, offending []byte, mtu int) int
 	if len(offending) == 0 {
 		return 0
 	}
-	switch offending[0] >> 4 {
-	case 4:
+	switch header.IPVersion(offending) {
+	case header.IPv4Version:
 		return buildFragNeeded(dst, hostMAC, srcMAC, offending, mtu)
-	case 6:
+	case header.IPv6Version:
 		return buildPacketTooBig(dst, hostMAC, srcMAC, offending, mtu)
 	}
 	return 0
