@@ -52,7 +52,7 @@ func openIPv4Receive(sock *udpSocket, cfg Config) (*packetSocket, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := sock.ignoreReceive(); err != nil {
+	if err := sock.ignoreReceive(cfg.Bind.Addr().IsLoopback()); err != nil {
 		ps.Close()
 		return nil, err
 	}
@@ -191,16 +191,22 @@ func (s *packetSocket) readDrops() (uint64, bool) {
 // queued (a filter that accepts nothing) and discards what was queued
 // before: the packet socket receives them. The kernel counts each as a
 // UDP receive error (sk_drops, UDP InErrors); the device reports the
-// packet socket's drops instead. UDP_GRO goes off: GRO merged datagrams
-// share one IP header, which hides the IDs after the first.
-func (s *udpSocket) ignoreReceive() error {
+// packet socket's drops instead.
+//
+// With keepGRO false UDP_GRO goes off: a NIC's GRO merges the datagrams
+// of a flow into one packet only for a socket that asked for UDP_GRO,
+// and a merged packet has one IP header, which hides the IDs after the
+// first unless they run on by one. Loopback has no GRO, and there
+// keeping UDP_GRO on spares the kernel segmenting each GSO super-packet
+// only to drop the pieces (BenchmarkRC65524: docs/wire.md §4.6).
+func (s *udpSocket) ignoreReceive(keepGRO bool) error {
 	dropAll, err := bpf.Assemble([]bpf.Instruction{bpf.RetConstant{Val: 0}})
 	if err != nil {
 		return fmt.Errorf("rocev2: assemble drop filter: %w", err)
 	}
 	var serr error
 	err = s.raw.Control(func(fd uintptr) {
-		if s.gro {
+		if s.gro && !keepGRO {
 			if serr = unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_GRO, 0); serr != nil {
 				return
 			}
@@ -221,7 +227,7 @@ func (s *udpSocket) ignoreReceive() error {
 	if err != nil {
 		return fmt.Errorf("rocev2: turn off UDP receive: %w", err)
 	}
-	s.gro = false
+	s.gro = s.gro && keepGRO
 	return nil
 }
 
