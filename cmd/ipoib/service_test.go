@@ -225,16 +225,26 @@ func TestBinaryServiceE2E(t *testing.T) {
 			}
 		}
 	}
-	for i, h := range hosts {
-		f, err := os.OpenFile(h.conf, os.O_APPEND|os.O_WRONLY, 0)
-		if err != nil {
+	// Both files gain a child; host 1's also a peer (a third host that
+	// is not there yet: it joins the replication set and the default
+	// allow list).
+	write := func(h *serviceHost, i int, conf string) {
+		t.Helper()
+		if err := os.WriteFile(h.conf, []byte(conf), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		fmt.Fprintf(f, serviceChild, i+1)
-		f.Close()
+	}
+	confs := [2]string{}
+	for i, h := range hosts {
+		confs[i] = fmt.Sprintf(serviceConf, i+1, 2-i, h.ctl) + fmt.Sprintf(serviceChild, i+1)
+	}
+	confs[0] = strings.Replace(confs[0], `peers = ["10.98.62.2"]`, `peers = ["10.98.62.2", "10.98.62.3"]`, 1)
+	for i, h := range hosts {
+		write(h, i, confs[i])
 	}
 	r := runIpoib(t, "reload", "--control-dir", hosts[0].ctl)
-	if r.code != 0 || !strings.Contains(r.stdout, "svc1: reloaded: child added ib0.8001") || strings.Contains(r.stdout, "not applied") {
+	if r.code != 0 || !strings.Contains(r.stdout, "svc1: reloaded: peers added [10.98.62.3]; allow [10.98.62.2/32 10.98.62.3/32 10.98.62.0/24]; child added ib0.8001\n") ||
+		strings.Contains(r.stdout, "not applied") {
 		t.Fatalf("ipoib reload: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	if err := hosts[1].cmd.Process.Signal(syscall.SIGHUP); err != nil {
@@ -283,6 +293,22 @@ func TestBinaryServiceE2E(t *testing.T) {
 	ping(nss[0], "10.77.63.2")
 	ping(nss[1], "10.77.63.1")
 
+	// A file with an error changes nothing and says where; a key that
+	// cannot change live is named and left.
+	write(hosts[0], 0, confs[0]+"mtu = \"big\"\n")
+	r = runIpoib(t, "reload", "--control-dir", hosts[0].ctl)
+	if r.code != 1 || !oneLine(r.stderr) || !strings.Contains(r.stderr, hosts[0].conf+":14: child[1].mtu: unknown key") || !strings.Contains(r.stderr, "nothing changed") {
+		t.Fatalf("reload of a bad file: exit %d, stderr %q", r.code, r.stderr)
+	}
+	write(hosts[0], 0, strings.Replace(confs[0], `log-level = "info"`, "log-level = \"info\"\nmtu = 9000", 1))
+	r = runIpoib(t, "reload", "--control-dir", hosts[0].ctl)
+	if r.code != 0 || r.stdout != "svc1: reloaded: nothing changed\nsvc1: not applied, cannot change while running (restart to apply): mtu\n" {
+		t.Fatalf("reload changing mtu: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if info, _ := hostStats(t, hosts[0].ctl, "svc1"); info.MTU != 65520 {
+		t.Fatalf("mtu %d after a reload that cannot change it", info.MTU)
+	}
+
 	// show peers: host 1's ib0 has one peer, host 2, connected both
 	// ways, heard from within the last seconds (the pings above), the
 	// stream's bytes on its connections.
@@ -320,5 +346,58 @@ func TestBinaryServiceE2E(t *testing.T) {
 		if socks, _ := filepath.Glob(filepath.Join(h.ctl, "*.sock")); len(socks) > 0 {
 			t.Errorf("%s: sockets left after down: %v", h.ns, socks)
 		}
+	}
+}
+
+// TestBinaryCleanup: 'ipoib cleanup' removes a namespace whose marker
+// names a process that is gone and a socket of a process that is gone,
+// says so, and leaves an unmarked namespace alone; a second run finds
+// nothing.
+func TestBinaryCleanup(t *testing.T) {
+	needRoot(t)
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	pid := dead.Process.Pid
+	marked, unmarked := "ipoib-clnt1", "ipoib-clnt2"
+	for _, ns := range []string{marked, unmarked} {
+		exec.Command("ip", "netns", "delete", ns).Run()
+		if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+			t.Fatalf("ip netns add %s: %v %s", ns, err, out)
+		}
+		t.Cleanup(func() { exec.Command("ip", "netns", "delete", ns).Run() })
+	}
+	markers, ctl := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(markers, marked), fmt.Appendf(nil, "ipoib-netns-owner v1\npid %d\nstart 1\n", pid), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(ctl, fmt.Sprintf("%d-1.sock", pid))
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+	r := runIpoib(t, "cleanup", "--control-dir", ctl, "--marker-dir", markers)
+	want := fmt.Sprintf("removed namespace %s (its marker named a process that is gone)\nremoved socket %s\n", marked, sock)
+	if r.code != 0 || r.stdout != want {
+		t.Fatalf("cleanup: exit %d, stdout %q, stderr %q; want %q", r.code, r.stdout, r.stderr, want)
+	}
+	if _, err := os.Stat("/run/netns/" + marked); err == nil {
+		t.Error("the marked namespace is still there")
+	}
+	if _, err := os.Stat("/run/netns/" + unmarked); err != nil {
+		t.Errorf("the unmarked namespace was touched: %v", err)
+	}
+	if _, err := os.Lstat(sock); err == nil {
+		t.Error("the stale socket is still there")
+	}
+	r = runIpoib(t, "cleanup", "--control-dir", ctl, "--marker-dir", markers)
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "nothing to remove") {
+		t.Fatalf("second cleanup: exit %d, stdout %q", r.code, r.stdout)
+	}
+	if r := runIpoib(t, "version"); r.code != 0 || !strings.Contains(r.stdout, "go: go1.") || !strings.Contains(r.stdout, "revision: ") {
+		t.Fatalf("version: exit %d, stdout %q", r.code, r.stdout)
 	}
 }

@@ -185,7 +185,7 @@ func (s *upService) Reload() (control.ReloadResult, error) {
 	defer func() { s.send(sdnotify.Ready, sdnotify.Status(s.status())) }()
 	next, err := s.cur.reload()
 	if err != nil {
-		return res, fmt.Errorf("reload: %w (nothing changed)", err)
+		return res, fmt.Errorf("%w (nothing changed)", err)
 	}
 	res.NotLive = notLive(s.cur, next)
 	applied, err := s.apply(next)
