@@ -7,6 +7,7 @@ import (
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/cm"
+	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 	"github.com/ipoibcm/ipoib/napi"
 )
 
@@ -53,12 +54,19 @@ type ConnInfo struct {
 	LocalQPN  hca.QPN `json:"local_qpn"`
 	RemoteQPN hca.QPN `json:"remote_qpn"`
 	State     string  `json:"state"`
-	MTU       int     `json:"mtu"` // the peer's CM MTU (TX); 0 on RX connections
-	AgeMS     int64   `json:"age_ms"`
-	// IdleMS is the time since the LRU stamp the stale scan reads (RX
-	// connections; it is refreshed every StaleUpdate, so it is coarse by
-	// that much). TX connections report 0.
-	IdleMS  int64  `json:"idle_ms"`
+	// MTU is the largest message the connection carries, IPoIB header
+	// included: on TX the peer's CM MTU from its REP, on RX the one we
+	// advertised in ours (65524).
+	MTU   int   `json:"mtu"`
+	AgeMS int64 `json:"age_ms"`
+	// IdleMS is the time since the connection last carried a packet
+	// (sent on TX, received on RX), exact to a poll or read batch; since
+	// it was made if it never did.
+	IdleMS int64 `json:"idle_ms"`
+	// LRUMS (RX only; 0 on TX) is the age of the LRU stamp the stale scan reads:
+	// refreshed at most every StaleUpdate (256 s), as Linux's, so it
+	// lags real activity by up to that much.
+	LRUMS   int64  `json:"lru_ms"`
 	Packets uint64 `json:"packets"`
 	Bytes   uint64 `json:"bytes"`
 }
@@ -198,7 +206,7 @@ func (i *Interface) Stats() Stats {
 	for tc := range i.txConns {
 		ci := ConnInfo{
 			Peer: tc.peer.ColonString(), PeerGID: tc.peer.GID().String(), State: tc.state.load().String(), MTU: tc.mtu,
-			AgeMS: millisSince(now, tc.created), Packets: tc.packets.Load(), Bytes: tc.byts.Load(),
+			AgeMS: millisSince(now, tc.created), IdleMS: tc.active.idleMS(now, tc.created), Packets: tc.packets.Load(), Bytes: tc.byts.Load(),
 		}
 		if tc.qp != nil {
 			ci.LocalQPN = tc.qp.QPN()
@@ -211,7 +219,8 @@ func (i *Interface) Stats() Stats {
 	for rc := range i.rxConns {
 		ci := ConnInfo{
 			Peer: rc.peer.ColonString(), PeerGID: rc.peer.GID().String(), LocalQPN: rc.qp.QPN(), State: rc.state.String(),
-			AgeMS: millisSince(now, rc.created), IdleMS: millisSince(now, time.Unix(0, rc.stamp.Load())),
+			MTU: frame.CMBufSize, AgeMS: millisSince(now, rc.created), IdleMS: rc.active.idleMS(now, rc.created),
+			LRUMS:   millisSince(now, time.Unix(0, rc.stamp.Load())),
 			Packets: rc.packets.Load(), Bytes: rc.byts.Load(),
 		}
 		if rc.cmConn != nil {
