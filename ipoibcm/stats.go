@@ -30,6 +30,11 @@ type Counters struct {
 	// one device, since a packet of a partition none of them is in
 	// belongs to none.
 	RxWrongPKey uint64 `json:"rx_wrong_pkey"`
+	// RxUDNoBuffer is the port's count of UD datagrams dropped for want
+	// of a posted receive (hca.Port.UDNoBuffer): the peers sent faster
+	// than this interface reposted its UD ring. Per device, as
+	// RxWrongPKey.
+	RxUDNoBuffer uint64 `json:"rx_ud_no_buffer"`
 }
 
 // NeighbourInfo describes one neighbour. Every field is always present in
@@ -154,6 +159,7 @@ type Stats struct {
 // as a consistent cut); connection lists under the interface lock.
 func (i *Interface) Stats() Stats {
 	c := &i.ctr
+	port := i.dev.Port()
 	s := Stats{
 		Name:     i.cfg.Name,
 		Mode:     i.Mode().String(),
@@ -166,7 +172,7 @@ func (i *Interface) Stats() Stats {
 			RxBytes: c.rxBytes.Load(), TxBytes: c.txBytes.Load(),
 			TxErrors: c.txErrors.Load(), RxDropped: c.rxDropped.Load(), TxDropped: c.txDropped.Load(),
 			Multicast: c.multicast.Load(), RxDeadDropped: c.rxDeadDropped.Load(),
-			RxWrongPKey: i.dev.Port().PKeyViolations,
+			RxWrongPKey: port.PKeyViolations, RxUDNoBuffer: port.UDNoBuffer,
 		},
 		Drops:       make(map[string]uint64),
 		NAPI:        NAPIStats{RX: i.rxNAPI.Stats(), TX: i.tx.napi.Stats()},
