@@ -55,7 +55,7 @@ func (o FormatOptions) Format(w io.Writer, s InterfaceStats) error {
 	if err != nil {
 		return fmt.Errorf("format %s: counters: %w", info.Host, err)
 	}
-	writeCounterTable(b, "RX", counters, []string{"rx_bytes", "rx_packets", "rx_errors", "rx_dropped", "multicast", "rx_dead_dropped", "rx_wrong_pkey"})
+	writeCounterTable(b, "RX", counters, []string{"rx_bytes", "rx_packets", "rx_errors", "rx_dropped", "multicast", "rx_dead_dropped", "rx_wrong_pkey", "rx_ud_no_buffer"})
 	writeCounterTable(b, "TX", counters, []string{"tx_bytes", "tx_packets", "tx_errors", "tx_dropped"})
 
 	// Top-level scalars the header does not already show.

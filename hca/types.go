@@ -161,6 +161,11 @@ type Port struct {
 	// P_Key matched no entry of the table, or not the P_Key of the
 	// destination QP (IBTA PortInfo P_KeyViolations, not saturating).
 	PKeyViolations uint64
+	// UDNoBuffer counts UD datagrams the port dropped because their
+	// destination QP had no receive posted (UD has no RNR: the sender
+	// never knows). A receiver that falls behind its peers loses packets
+	// here first.
+	UDNoBuffer uint64
 }
 
 // PKeyIndex is PKeyIndex over the port's table.

@@ -37,6 +37,7 @@ type rxConn struct {
 	// then on the poller recycles this connection's completions.
 	dead        atomic.Bool
 	stamp       atomic.Int64 // LRU: unix nanos of the last refresh
+	active      activity     // last receive, per poll batch
 	established atomic.Bool
 	packets     atomic.Uint64
 	byts        atomic.Uint64

@@ -341,6 +341,7 @@ func (r *rxPath) rxConnPacket(rc *rxConn, b []byte, idx, byteLen int, flags hca.
 			i.ctl.post(c.NotifyEstablished)
 		}
 	}
+	rc.active.touch(r.clock().UnixNano())
 	if lruCheck(idx) {
 		now := r.clock().UnixNano()
 		if now-rc.stamp.Load() >= int64(i.cfg.StaleUpdate) {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/cm"
+	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 	"github.com/ipoibcm/ipoib/napi"
 )
 
@@ -29,6 +30,11 @@ type Counters struct {
 	// one device, since a packet of a partition none of them is in
 	// belongs to none.
 	RxWrongPKey uint64 `json:"rx_wrong_pkey"`
+	// RxUDNoBuffer is the port's count of UD datagrams dropped for want
+	// of a posted receive (hca.Port.UDNoBuffer): the peers sent faster
+	// than this interface reposted its UD ring. Per device, as
+	// RxWrongPKey.
+	RxUDNoBuffer uint64 `json:"rx_ud_no_buffer"`
 }
 
 // NeighbourInfo describes one neighbour. Every field is always present in
@@ -53,12 +59,19 @@ type ConnInfo struct {
 	LocalQPN  hca.QPN `json:"local_qpn"`
 	RemoteQPN hca.QPN `json:"remote_qpn"`
 	State     string  `json:"state"`
-	MTU       int     `json:"mtu"` // the peer's CM MTU (TX); 0 on RX connections
-	AgeMS     int64   `json:"age_ms"`
-	// IdleMS is the time since the LRU stamp the stale scan reads (RX
-	// connections; it is refreshed every StaleUpdate, so it is coarse by
-	// that much). TX connections report 0.
-	IdleMS  int64  `json:"idle_ms"`
+	// MTU is the largest message the connection carries, IPoIB header
+	// included: on TX the peer's CM MTU from its REP, on RX the one we
+	// advertised in ours (65524).
+	MTU   int   `json:"mtu"`
+	AgeMS int64 `json:"age_ms"`
+	// IdleMS is the time since the connection last carried a packet
+	// (sent on TX, received on RX), exact to a poll or read batch; since
+	// it was made if it never did.
+	IdleMS int64 `json:"idle_ms"`
+	// LRUMS (RX only; 0 on TX) is the age of the LRU stamp the stale scan reads:
+	// refreshed at most every StaleUpdate (256 s), as Linux's, so it
+	// lags real activity by up to that much.
+	LRUMS   int64  `json:"lru_ms"`
 	Packets uint64 `json:"packets"`
 	Bytes   uint64 `json:"bytes"`
 }
@@ -146,6 +159,7 @@ type Stats struct {
 // as a consistent cut); connection lists under the interface lock.
 func (i *Interface) Stats() Stats {
 	c := &i.ctr
+	port := i.dev.Port()
 	s := Stats{
 		Name:     i.cfg.Name,
 		Mode:     i.Mode().String(),
@@ -158,7 +172,7 @@ func (i *Interface) Stats() Stats {
 			RxBytes: c.rxBytes.Load(), TxBytes: c.txBytes.Load(),
 			TxErrors: c.txErrors.Load(), RxDropped: c.rxDropped.Load(), TxDropped: c.txDropped.Load(),
 			Multicast: c.multicast.Load(), RxDeadDropped: c.rxDeadDropped.Load(),
-			RxWrongPKey: i.dev.Port().PKeyViolations,
+			RxWrongPKey: port.PKeyViolations, RxUDNoBuffer: port.UDNoBuffer,
 		},
 		Drops:       make(map[string]uint64),
 		NAPI:        NAPIStats{RX: i.rxNAPI.Stats(), TX: i.tx.napi.Stats()},
@@ -198,7 +212,7 @@ func (i *Interface) Stats() Stats {
 	for tc := range i.txConns {
 		ci := ConnInfo{
 			Peer: tc.peer.ColonString(), PeerGID: tc.peer.GID().String(), State: tc.state.load().String(), MTU: tc.mtu,
-			AgeMS: millisSince(now, tc.created), Packets: tc.packets.Load(), Bytes: tc.byts.Load(),
+			AgeMS: millisSince(now, tc.created), IdleMS: tc.active.idleMS(now, tc.created), Packets: tc.packets.Load(), Bytes: tc.byts.Load(),
 		}
 		if tc.qp != nil {
 			ci.LocalQPN = tc.qp.QPN()
@@ -211,7 +225,8 @@ func (i *Interface) Stats() Stats {
 	for rc := range i.passive.set {
 		ci := ConnInfo{
 			Peer: rc.peer.ColonString(), PeerGID: rc.peer.GID().String(), LocalQPN: rc.qp.QPN(), State: rc.state.String(),
-			AgeMS: millisSince(now, rc.created), IdleMS: millisSince(now, time.Unix(0, rc.stamp.Load())),
+			MTU: frame.CMBufSize, AgeMS: millisSince(now, rc.created), IdleMS: rc.active.idleMS(now, rc.created),
+			LRUMS:   millisSince(now, time.Unix(0, rc.stamp.Load())),
 			Packets: rc.packets.Load(), Bytes: rc.byts.Load(),
 		}
 		if rc.cmConn != nil {

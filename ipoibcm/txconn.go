@@ -102,6 +102,7 @@ type txConn struct {
 	// decides, on the control loop).
 	teardownPosted atomic.Bool
 	packets, byts  atomic.Uint64
+	active         activity     // last send, per host read batch
 	reqAt          atomic.Int64 // unix nanos the REQ was sent, for EventTXEstablished
 }
 

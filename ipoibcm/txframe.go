@@ -254,6 +254,7 @@ func (i *Interface) txNeighLocked(t *txScratch, n *neighbour, bufIdx, size int, 
 		if tc != nil {
 			switch tc.state.load() {
 			case txUp:
+				tc.active.touch(now.UnixNano())
 				pathMTU := min(tc.mtu-frame.EncapLen, i.MTU())
 				if tm.gso() {
 					if tm.segIPLen() > pathMTU {

@@ -163,6 +163,7 @@ var linuxCounters = []struct{ name, help string }{
 	{"multicast", "Multicast and broadcast packets received."},
 	{"rx_dead_dropped", "Receive completions of connections in teardown, recycled and not delivered."},
 	{"rx_wrong_pkey", "Packets the port dropped for a P_Key outside its partitions or the receiving QP's (per device)."},
+	{"rx_ud_no_buffer", "UD datagrams the port dropped for want of a posted receive: peers sending faster than the UD ring is reposted (per device)."},
 }
 
 func (e *emitter) host(host string, s ipoibcm.Stats) {
@@ -172,7 +173,7 @@ func (e *emitter) host(host string, s ipoibcm.Stats) {
 		"rx_bytes": s.Counters.RxBytes, "tx_bytes": s.Counters.TxBytes, "tx_errors": s.Counters.TxErrors,
 		"rx_dropped": s.Counters.RxDropped, "tx_dropped": s.Counters.TxDropped,
 		"multicast": s.Counters.Multicast, "rx_dead_dropped": s.Counters.RxDeadDropped,
-		"rx_wrong_pkey": s.Counters.RxWrongPKey,
+		"rx_wrong_pkey": s.Counters.RxWrongPKey, "rx_ud_no_buffer": s.Counters.RxUDNoBuffer,
 	}
 	for _, c := range linuxCounters {
 		e.emit(c.name+"_total", c.help, prometheus.CounterValue, float64(cv[c.name]), h, host)

@@ -270,7 +270,7 @@ func (d *Device) Port() hca.Port {
 	pkeys := slices.Clone(d.pkeys)
 	d.mu.Unlock()
 	return hca.Port{GID: d.gid, PKeys: pkeys, ActiveMTU: d.cfg.MTU, Active: true,
-		PKeyViolations: d.ctr.drops[wire.DropBadPKey].Load()}
+		PKeyViolations: d.ctr.drops[wire.DropBadPKey].Load(), UDNoBuffer: d.ctr.drops[wire.DropNoBuffer].Load()}
 }
 
 // SetPKeyTable replaces the port's P_Key table (index 0 first), as a

@@ -32,6 +32,9 @@ type Device struct {
 
 	// pkeyViolations counts packets this port dropped for their P_Key.
 	pkeyViolations atomic.Uint64
+	// udNoBuffer counts UD deliveries to this port that found no receive
+	// buffer (also in the fabric's UDDrops.NoBuffer).
+	udNoBuffer atomic.Uint64
 
 	// All fields below are guarded by f.mu.
 	pkeys    []hca.PKey
@@ -84,6 +87,7 @@ func (d *Device) Port() hca.Port {
 		Active:    d.linkUp,
 
 		PKeyViolations: d.pkeyViolations.Load(),
+		UDNoBuffer:     d.udNoBuffer.Load(),
 	}
 }
 

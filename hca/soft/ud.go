@@ -122,6 +122,7 @@ func (f *Fabric) deliverUDOne(s, r *qp, u *udSend, pkey hca.PKey, seg int) {
 	buf, ok := f.takeRecv(r)
 	if !ok {
 		f.stats.udNoBuffer.Add(1)
+		r.dev.udNoBuffer.Add(1)
 		return
 	}
 	wc := r.recvWC(buf.ID, hca.StatusSuccess, len(wr.Data))
