@@ -38,7 +38,7 @@ func ParseHeaders(frame []byte, l3off int) (Headers, error) {
 	b := frame[l3off:]
 	v6 := false
 	var proto uint8
-	hl, n, ok := wholeIPv4(b)
+	hl, n, ok := IPv4Lengths(b)
 	switch {
 	case ok:
 		ip := header.IPv4(b[:header.IPv4MinimumSize])
@@ -47,7 +47,7 @@ func ParseHeaders(frame []byte, l3off int) (Headers, error) {
 		}
 		proto = ip.Protocol()
 	default:
-		if n, ok = wholeIPv6(b); !ok {
+		if n, ok = IPv6Length(b); !ok {
 			_, err := parseIPError(b)
 			return Headers{L3: l3off}, err
 		}

@@ -52,14 +52,14 @@ type IP struct {
 // filled in as the header states them; on ErrTruncated and ErrNotIP only
 // IPv6 may be.
 //
-// A well-formed packet is read without a call (wholeIPv4 and wholeIPv6
-// inline): the engine checks every host and wire packet here.
+// A well-formed packet is read without a further call (IPv4Lengths and
+// IPv6Length inline).
 func ParseIP(b []byte) (IP, error) {
-	if hl, n, ok := wholeIPv4(b); ok {
+	if hl, n, ok := IPv4Lengths(b); ok {
 		ip := header.IPv4(b)
 		return IP{HeaderLen: hl, Len: n, Protocol: ip.Protocol(), Fragment: fragmented(ip)}, nil
 	}
-	if n, ok := wholeIPv6(b); ok {
+	if n, ok := IPv6Length(b); ok {
 		return IP{IPv6: true, HeaderLen: header.IPv6MinimumSize, Len: n, Protocol: header.IPv6(b).NextHeader()}, nil
 	}
 	return parseIPError(b)
@@ -106,13 +106,14 @@ func ParseIPHeader(b []byte) (IP, error) {
 	return IP{}, ErrNotIP
 }
 
-// wholeIPv4 reads the lengths of the IPv4 header at the front of b: its
-// header length hl and total length n, and whether the packet is whole
-// and they hold together. It is the fast path of ParseIP and
-// ParseHeaders, small enough to inline, and returns scalars, which stay
+// IPv4Lengths reads the lengths of the IPv4 header at the front of b: its
+// header length hl and total length n, and whether b holds a whole IPv4
+// packet whose lengths hold together (what ParseIP accepts). It is the
+// fast path of ParseIP and ParseHeaders, for a caller that knows the
+// version and needs no more: it inlines, and returns scalars, which stay
 // in registers where a struct of more than four fields goes through
-// memory.
-func wholeIPv4(b []byte) (hl, n int, ok bool) {
+// memory. ParseIP says what is wrong with a packet it refuses.
+func IPv4Lengths(b []byte) (hl, n int, ok bool) {
 	if len(b) < header.IPv4MinimumSize || header.IPVersion(b) != header.IPv4Version {
 		return 0, 0, false
 	}
@@ -121,8 +122,9 @@ func wholeIPv4(b []byte) (hl, n int, ok bool) {
 	return hl, n, hl >= header.IPv4MinimumSize && hl <= n && n <= len(b)
 }
 
-// wholeIPv6 is wholeIPv4 for IPv6, whose header length is fixed.
-func wholeIPv6(b []byte) (n int, ok bool) {
+// IPv6Length is IPv4Lengths for IPv6, whose header length is fixed
+// (extension headers are not walked): n is the packet's length.
+func IPv6Length(b []byte) (n int, ok bool) {
 	if len(b) < header.IPv6MinimumSize || header.IPVersion(b) != header.IPv6Version {
 		return 0, false
 	}
