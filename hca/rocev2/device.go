@@ -106,6 +106,10 @@ type Device struct {
 	// rxShifts belongs to the receive path (mu held): the ICRC ID
 	// shifts of recently seen packet lengths.
 	rxShifts wire.IDShiftCache
+	// ipUDP is room for the IP and UDP headers an ICRC is computed over
+	// (mu held): a stack array passed to wire's header writers moves to
+	// the heap, one allocation per packet.
+	ipUDP    [wire.IPv6HeaderLen + wire.UDPHeaderLen]byte
 	work     *work
 	freeWork []*work
 	freeBufs [][]byte
@@ -233,12 +237,12 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 	for _, p := range cfg.Peers {
 		d.addMember(p.Unmap())
 	}
-	d.wg.Add(2)
+	var src rxSource = newUDPReceiver(sock)
 	if psock != nil {
-		go d.rxPacketLoop()
-	} else {
-		go d.rxLoop()
+		src = newPacketReceiver(psock)
 	}
+	d.wg.Add(2)
+	go d.rxLoop(src)
 	go d.timerLoop()
 	if cfg.Gossip && !cfg.Multicast {
 		now := time.Now()
@@ -531,7 +535,7 @@ func (d *Device) queuePacket(src *udpSocket, dst netip.Addr, pkt []byte) {
 	if src == nil {
 		src = d.sock
 	}
-	var hdr [wire.IPv6HeaderLen + wire.UDPHeaderLen]byte
+	hdr := &d.ipUDP
 	udpLen := wire.UDPHeaderLen + len(pkt)
 	n := wire.PutIPHeader(hdr[:], d.local.Addr(), dst, udpLen)
 	wire.PutUDPHeader(hdr[n:], src.port, d.local.Port(), udpLen)
@@ -560,7 +564,7 @@ func (d *Device) queueZeroCopy(src *udpSocket, dst netip.Addr, buf []byte, h int
 	if src == nil {
 		src = d.sock
 	}
-	var hdr [wire.IPv6HeaderLen + wire.UDPHeaderLen]byte
+	hdr := &d.ipUDP
 	udpLen := wire.UDPHeaderLen + h + len(payload) + len(tail)
 	n := wire.PutIPHeader(hdr[:], d.local.Addr(), dst, udpLen)
 	wire.PutUDPHeader(hdr[n:], src.port, d.local.Port(), udpLen)
