@@ -2,10 +2,13 @@ package ipoibcm
 
 import (
 	"errors"
+	"log/slog"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 	"github.com/ipoibcm/ipoib/offload"
 )
 
@@ -61,9 +64,11 @@ func (t *txScratch) replyBuf() []byte {
 
 // hostReader is the start of the flow host → HCA: it reads batches of
 // Ethernet frames from the host into TX pool buffers, has each translated
-// and sent (txFrameLocked, txframe.go) and stops reading while TX credits
-// or buffers are exhausted. It holds Interface.mu once per batch, not per
-// frame.
+// and sent (frame, txframe.go) and stops reading while TX credits or
+// buffers are exhausted. It holds no lock across a post or a host write:
+// each frame is resolved under the owners' locks (the neighbour table's,
+// the multicast table's) in short sections and posted after them; what a
+// batch resolved stays valid until the batch ends (sendWindow).
 //
 // It also reaps send completions itself after each batch (napi BusyPoll),
 // as mlx4/mlx5 reap TX completions in the transmit path: on the soft
@@ -71,20 +76,48 @@ func (t *txScratch) replyBuf() []byte {
 // goroutine is never woken for it. While it busy-polls the TX CQ stays
 // unarmed; the reader hands re-arming back (EndBusyPoll) whenever it may
 // block with sends outstanding, so a completion is never left unnoticed.
-func (i *Interface) hostReader() {
-	defer i.readerWG.Done()
-	tx := &i.tx
+type hostReader struct {
+	host    HostPort
+	off     *offloadPath
+	tx      *txPath
+	neigh   *neighbourTable
+	conns   *activeSet
+	mcast   *mcastTable
+	hostOut *hostWriter
+	ctr     *counters
+	stop    <-chan struct{}
+	log     *slog.Logger
+
+	// What the interface is, fixed at Start: our hardware address, the
+	// broadcast group, the partition, the UD MTU, whether there is a CM.
+	hw    frame.HWAddr
+	bcast hca.GID
+	pkey  hca.PKey
+	udMTU int
+	cm    bool
+	// What the interface decides and the reader follows: the mode, the
+	// IP MTU, the host's ib0 state.
+	mode     *atomic.Int32
+	mtu      *atomic.Int64
+	hostDown func() bool
+
+	t txScratch
+}
+
+// run is the reader's goroutine.
+func (r *hostReader) run(done func()) {
+	defer done()
+	tx := r.tx
 	defer tx.napi.EndBusyPoll() // the TX poller reaps whatever is left
-	t := &txScratch{}
-	t.init(tx, max(1, i.host.BatchSize()))
+	t := &r.t
 	for {
-		if !tx.waitCredits(i.off.segReserve) {
+		if !tx.waitCredits(r.off.segReserve) {
 			return
 		}
 		want := min(len(t.idx), max(1, tx.creditsFree()))
-		if r := i.off.segReserve; r > 0 {
+		if rs := r.off.segReserve; rs > 0 {
 			// Each frame may be a super frame to cut in software.
-			want = min(want, max(1, tx.creditsFree()/r))
+			want = min(want, max(1, tx.creditsFree()/rs))
 		}
 		n := tx.pool.take(t.idx[:want])
 		if n == 0 {
@@ -108,42 +141,40 @@ func (i *Interface) hostReader() {
 		}
 		var got int
 		var err error
-		if op := i.off.port; op != nil {
+		if op := r.off.port; op != nil {
 			got, err = op.ReadFramesMeta(t.bufs[:n], t.sizes[:n], t.meta[:n])
 		} else {
-			got, err = i.host.ReadFrames(t.bufs[:n], t.sizes[:n])
+			got, err = r.host.ReadFrames(t.bufs[:n], t.sizes[:n])
 		}
 		if err != nil {
 			tx.pool.put(t.idx[:n]...)
 			select {
-			case <-i.stop:
+			case <-r.stop:
 				return
 			default:
 			}
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			i.log.Warn("host read", "err", err)
+			r.log.Warn("host read", "err", err)
 			continue
 		}
 		got = min(got, n)
 		now := time.Now()
 		t.free = t.free[:0]
 		t.replies = t.replies[:0]
-		i.mu.Lock()
-		i.neigh.mu.Lock()
+		tx.window.enter()
 		for k := range got {
 			t.pending = got - 1 - k
-			if !i.txFrameLocked(t, t.idx[k], t.sizes[k], t.meta[k], now) {
+			if !r.frame(t.idx[k], t.sizes[k], t.meta[k], now) {
 				t.free = append(t.free, t.idx[k])
 			}
 		}
-		i.neigh.mu.Unlock()
-		i.mu.Unlock()
+		tx.window.leave()
 		t.free = append(t.free, t.idx[got:n]...)
 		tx.pool.put(t.free...)
 		if len(t.replies) > 0 {
-			i.hostOut.write(t.replies)
+			r.hostOut.write(t.replies)
 		}
 		if got > 0 {
 			tx.napi.BusyPoll()

@@ -83,13 +83,13 @@ type Interface struct {
 	hostOut hostWriter
 	off     offloadPath // offloads.go
 
-	// mu guards the neighbour table, multicast groups, connection sets
-	// and connection states. Never held across napi Sync or CM calls that
-	// may wait for the CM goroutine.
+	// mu guards the passive connections and their states. Never held
+	// across napi Sync or CM calls that may wait for the CM goroutine.
+	// The other owners have their own locks, taken inside it.
 	mu      sync.Mutex
-	neigh   neighbourTable
+	neigh   neighbourTable // neighbour.go
 	mcast   mcastTable
-	txConns map[*txConn]struct{}
+	active  activeSet  // the active connections (txconn.go)
 	passive passiveSet // the passive connections (rxteardown.go)
 	rng     *rand.Rand
 
@@ -105,7 +105,6 @@ type Interface struct {
 
 	ctr         counters
 	ifCtr       interfaceCounters
-	txc         txConnCounters   // txconn.go
 	hostLinkCtr hostLinkCounters // hostlink.go
 
 	stop     chan struct{} // closed by Close: reader and control loop end
@@ -141,16 +140,16 @@ func New(cfg Config) (_ *Interface, err error) {
 		return nil, err
 	}
 	i := &Interface{
-		cfg:     cfg,
-		dev:     cfg.Device,
-		host:    cfg.Host,
-		log:     cfg.Logger.With("if", cfg.Name),
-		port:    cfg.Device.Port(),
-		txConns: make(map[*txConn]struct{}),
-		rng:     newPSNSource(cfg.CM.Seed),
-		stop:    make(chan struct{}),
+		cfg:  cfg,
+		dev:  cfg.Device,
+		host: cfg.Host,
+		log:  cfg.Logger.With("if", cfg.Name),
+		port: cfg.Device.Port(),
+		rng:  newPSNSource(cfg.CM.Seed),
+		stop: make(chan struct{}),
 	}
-	i.tx = txPath{sendq: cfg.SendQueueSize, stop: i.stop, data: &i.ctr, offCtr: &i.off.ctr, wake: make(chan struct{}, 1)}
+	i.tx = txPath{sendq: cfg.SendQueueSize, stop: i.stop, data: &i.ctr, offCtr: &i.off.ctr, wake: make(chan struct{}, 1), hostMAC: i.hostMACNow}
+	i.tx.window.init(i.log)
 	i.rx.i = i
 	i.off.init(cfg.Host, cfg.Device, cfg.SendQueueSize)
 	i.hostOut.init(cfg.Host, i.off.port, &i.ctr, func() bool { return ifState(i.state.Load()) != ifRunning }, i.log)
@@ -171,8 +170,9 @@ func New(cfg Config) (_ *Interface, err error) {
 	i.udMTU = frame.UDMTU(i.port.ActiveMTU)
 	i.bcast = frame.BroadcastMGID(cfg.PKey)
 	i.mcast.init(&i.cfg, i.dev, i.bcast, i.hostDown, i.log)
+	i.mcast.retire = i.tx.window.retire
 	i.passive.init(&i.mu, &i.cfg, cfg.DisableSRQ || cfg.DisableCM, i.ctl.post, i.mut, i.log)
-	i.neigh.init(&i.cfg, i.port.GID, i.dev, i.log, func(tc *txConn) {
+	i.neigh.init(&i.cfg, i.port.GID, i.port.ActiveMTU, i.dev, i.tx.window.retire, i.log, func(tc *txConn) {
 		tc.detachLocked(dropTxNeighFlushed)
 		i.ctl.post(tc.teardown)
 	})
@@ -202,7 +202,36 @@ func New(cfg Config) (_ *Interface, err error) {
 		}
 	}
 	i.hw = frame.NewHWAddr(flags, i.ud.qp.QPN(), i.port.GID)
+	i.initActive()
 	return i, nil
+}
+
+// initActive hands the active connections' owner what it works with.
+func (i *Interface) initActive() {
+	a := &i.active
+	a.set = make(map[*txConn]struct{})
+	a.neigh, a.tx, a.mcast, a.hostOut = &i.neigh, &i.tx, &i.mcast, &i.hostOut
+	a.dev, a.cmm, a.sendCQ, a.recvCQ = i.dev, i.cmm, i.txCQ, i.rxCQ
+	a.hw, a.bcast, a.srq = i.hw, i.bcast, i.srq != nil
+	a.sendq, a.retry, a.pkey, a.backoff = i.cfg.SendQueueSize, i.cfg.RCRetry, i.cfg.PKey, i.cfg.CMBackoff
+	a.pkeyIndex = func() int { return i.pkeyIndex }
+	a.running = func() bool { return ifState(i.state.Load()) == ifRunning }
+	a.mtu = i.MTU
+	a.post = i.ctl.post
+	a.emitEv = i.emit
+	a.log = i.log
+}
+
+// newHostReader hands the host reader what it works with.
+func (i *Interface) newHostReader() *hostReader {
+	r := &hostReader{
+		host: i.host, off: &i.off, tx: &i.tx, neigh: &i.neigh, conns: &i.active, mcast: &i.mcast,
+		hostOut: &i.hostOut, ctr: &i.ctr, stop: i.stop, log: i.log,
+		hw: i.hw, bcast: i.bcast, pkey: i.cfg.PKey, udMTU: i.udMTU, cm: i.cmm != nil,
+		mode: &i.mode, mtu: &i.mtu, hostDown: i.hostDown,
+	}
+	r.t.init(&i.tx, max(1, i.host.BatchSize()))
+	return r
 }
 
 // rxCQSize is Linux's recv_cq size (docs/linux.md §4.3): the UD ring
@@ -319,7 +348,7 @@ func (i *Interface) Start() error {
 		i.log.Warn("host SetLinkUp", "err", err)
 	}
 	i.readerWG.Add(1)
-	go i.hostReader()
+	go i.newHostReader().run(i.readerWG.Done)
 	i.log.Info("up", "hwaddr", i.hw, "mode", i.Mode(), "mtu", i.MTU())
 	return nil
 }
@@ -408,8 +437,7 @@ func (i *Interface) pkeyLinkDown() {
 	if err := i.host.SetLinkUp(false); err != nil {
 		i.log.Warn("host SetLinkUp", "err", err)
 	}
-	_, conns := i.snapshotConns()
-	for _, tc := range conns {
+	for _, tc := range i.active.snapshot() {
 		tc.teardown()
 	}
 }

@@ -100,6 +100,7 @@ type mcastTable struct {
 	max             int           // Config.MaxMcastGroups
 	sendOnlyTimeout time.Duration // Config.McastSendOnlyTimeout
 	hostDown        func() bool   // joins are only recorded while the host has ib0 down
+	retire          func(hca.AH)  // destroys an address handle once no send can use it (sendWindow)
 	log             *slog.Logger
 }
 
@@ -248,9 +249,8 @@ func (m *mcastTable) attachLocked(mgid hca.GID, g *mcastGroup) error {
 	return nil
 }
 
-// removeLocked detaches and forgets a host group. Sends complete within
-// PostSend on every backend, so no work request still refers to the
-// address handle destroyed here (neighbour eviction relies on the same).
+// removeLocked detaches and forgets a host group. Its address handle is
+// retired: the host reader may still be posting with it (sendWindow).
 func (m *mcastTable) removeLocked(mgid hca.GID, g *mcastGroup) {
 	if g.attached {
 		if err := m.qp.DetachMcast(mgid); err != nil {
@@ -259,9 +259,7 @@ func (m *mcastTable) removeLocked(mgid hca.GID, g *mcastGroup) {
 		g.attached = false
 	}
 	if g.ah != nil {
-		if err := g.ah.Destroy(); err != nil {
-			m.log.Warn("destroy multicast AH", "mgid", mgid, "err", err)
-		}
+		m.retire(g.ah)
 		g.ah = nil
 	}
 	delete(m.groups, mgid)
@@ -439,10 +437,6 @@ func (i *Interface) SyncHostGroups(groups []netip.Addr, readAt time.Time) error 
 			want[a] = true
 		}
 	}
-	// Interface.mu too: a leave destroys the group's address handle,
-	// which the host reader may be posting to under it.
-	i.mu.Lock()
-	defer i.mu.Unlock()
 	i.mcast.sync(want, readAt)
 	return nil
 }

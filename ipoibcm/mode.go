@@ -2,7 +2,6 @@ package ipoibcm
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 )
@@ -21,12 +20,6 @@ func (i *Interface) modeMTU(m Mode) int {
 		mtu = i.udMTU
 	}
 	return mtu
-}
-
-// useCMLocked reports whether frames to n go over an RC connection: in
-// connected mode, to a peer advertising 'C', outside a CM back-off.
-func (i *Interface) useCMLocked(n *neighbour, now time.Time) bool {
-	return i.cmm != nil && Mode(i.mode.Load()) == ModeConnected && n.hw.Connected() && !now.Before(n.cmBackoffUntil)
 }
 
 // switchMode (control loop): flush every TX connection, switch, tell the
@@ -55,15 +48,12 @@ func (i *Interface) switchMode(m Mode) error {
 	if lowerFirst {
 		hostErr = i.tellHostMTU(m, newMTU)
 	}
-	var conns []*txConn
-	i.mu.Lock()
 	i.mode.Store(int32(m))
 	i.mtu.Store(int64(newMTU))
-	for tc := range i.txConns {
-		conns = append(conns, tc)
-	}
-	i.mu.Unlock()
-	for _, tc := range conns {
+	// Connections a frame resolved in the old mode may have started are
+	// in the set once the reader's batch is over.
+	i.tx.window.quiesce()
+	for _, tc := range i.active.snapshot() {
 		tc.teardown()
 	}
 	// What the host may hand us follows the mode (offloads.go, modeCaps);

@@ -2,6 +2,8 @@ package ipoibcm
 
 import (
 	"errors"
+	"log/slog"
+	"sync"
 	"sync/atomic"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -35,15 +37,116 @@ type txPath struct {
 	// outstanding counts the credits taken: sends posted or parked.
 	outstanding atomic.Int64
 	// parkedCredits counts the credits parked frames hold (under
-	// Interface.mu); capped by parkedCreditCap so peers that never answer
+	// neighbourTable.mu); capped by parkedCreditCap so peers that never answer
 	// a REQ cannot hold every credit for the CM timeout and stall healthy
 	// traffic.
 	parkedCredits int
 	stopped       atomic.Bool
 	wake          chan struct{}
 	free          []int // handleTX scratch (TX poller)
+	// window is the host reader's batch, posted outside every lock.
+	window sendWindow
+	// hostMAC is the host's MAC now, the destination of ICMP answers.
+	hostMAC func() frame.MAC
 
 	ctr txPathCounters
+}
+
+// sendWindow is the span of one host reader batch. The reader resolves
+// each frame under the owners' locks (neighbour table, multicast table)
+// and posts after releasing them, so what it resolved (an address handle,
+// a connection) must outlive the locks until the batch ends:
+//
+//   - an address handle taken out of its table is retired here, not
+//     destroyed, and destroyed once the batch that may still post with it
+//     has ended (as Linux's ipoib_put_ah defers the free past the sends
+//     that use it);
+//   - whoever changes what the reader decides by (the host took ib0 down,
+//     the mode switched) waits with quiesce until the batch that read the
+//     old value has ended, so no frame resolved before the change is
+//     still in flight after it.
+//
+// A connection needs nothing of this: the reader reserves its send slot
+// (txConn.outstanding) under the neighbour table's lock, and teardown
+// (under the same lock) sees the reservation.
+type sendWindow struct {
+	mu    sync.Mutex
+	ended sync.Cond // batches moved
+	open  bool
+	// batches counts the batches ended.
+	batches uint64
+	// retired are address handles to destroy when the open batch ends;
+	// spare is the other half of the swap, so leave allocates nothing.
+	retired, spare []hca.AH
+	log            *slog.Logger
+}
+
+func (w *sendWindow) init(log *slog.Logger) {
+	w.ended.L = &w.mu
+	w.log = log
+}
+
+// enter opens a batch (host reader).
+func (w *sendWindow) enter() {
+	w.mu.Lock()
+	w.open = true
+	w.mu.Unlock()
+}
+
+// leave ends the batch (host reader): the address handles retired during
+// it are destroyed, and whoever waits in quiesce goes on.
+func (w *sendWindow) leave() {
+	w.mu.Lock()
+	w.open = false
+	w.batches++
+	dead := w.retired
+	w.retired, w.spare = w.spare[:0], dead
+	w.ended.Broadcast()
+	w.mu.Unlock()
+	for k, ah := range dead {
+		w.destroy(ah)
+		dead[k] = nil
+	}
+}
+
+// retire destroys ah, an address handle no table hands out any more, at
+// once when no batch is open, else when the open one ends.
+func (w *sendWindow) retire(ah hca.AH) {
+	w.mu.Lock()
+	if w.open {
+		w.retired = append(w.retired, ah)
+		w.mu.Unlock()
+		return
+	}
+	w.mu.Unlock()
+	w.destroy(ah)
+}
+
+// quiesce waits until the batch open now, if any, has ended. Never from
+// the host reader; it may wait only for a batch, which never waits.
+func (w *sendWindow) quiesce() {
+	w.mu.Lock()
+	for b := w.batches; w.open && w.batches == b; {
+		w.ended.Wait()
+	}
+	w.mu.Unlock()
+}
+
+// close destroys whatever is still retired (Close, the reader stopped).
+func (w *sendWindow) close() {
+	w.mu.Lock()
+	dead := w.retired
+	w.retired = nil
+	w.mu.Unlock()
+	for _, ah := range dead {
+		w.destroy(ah)
+	}
+}
+
+func (w *sendWindow) destroy(ah hca.AH) {
+	if err := ah.Destroy(); err != nil && w.log != nil {
+		w.log.Warn("destroy address handle", "dgid", ah.DGID(), "err", err)
+	}
 }
 
 // txPathCounters count the reader's stops and wakes and the ICMP
@@ -59,16 +162,16 @@ type txPathCounters struct {
 // REP handler posting parked frames, the control loop's ARP re-probe)
 // hands re-arming back to the TX poller after each post, because the
 // reader may be blocked with the CQ unarmed and nothing else would reap
-// what it posted. EndBusyPoll never blocks, so this is safe under
-// Interface.mu.
+// what it posted. EndBusyPoll never blocks.
 type poster struct {
 	tx    *txPath
 	reaps bool
 	wr    [1]hca.SendWR
 }
 
-// sendDest is where a send goes: an established connection (tc), or a UD
-// destination (address handle and QPN).
+// sendDest is where a send goes: an established connection (tc), whose
+// send slot the caller reserved (tc.outstanding) under the neighbour
+// table's lock, or a UD destination (address handle and QPN).
 type sendDest struct {
 	tc  *txConn
 	ah  hca.AH
@@ -94,7 +197,6 @@ func (p *poster) post(d sendDest, bufIdx, size int, etherType uint16, o sendOffl
 	if d.tc != nil {
 		qp = d.tc.qp
 		p.wr[0] = hca.SendWR{ID: wrID(wrKindSend, bufIdx), Data: b[headroom:size], Flags: o.flags}
-		d.tc.outstanding.Add(1)
 	} else {
 		p.wr[0] = hca.SendWR{ID: wrID(wrKindSend, bufIdx), Data: b[headroom:size], Flags: o.flags, MSS: o.mss, AH: d.ah, RemoteQPN: d.qpn, RemoteQKey: frame.QKeyIPoIB}
 	}
@@ -112,7 +214,9 @@ func (p *poster) post(d sendDest, bufIdx, size int, etherType uint16, o sendOffl
 			tx.data.drop(dropTxPostFailed)
 		}
 		if d.tc != nil {
-			d.tc.outstanding.Add(-1)
+			// The reservation goes back as a completion would: a
+			// teardown that ran meanwhile left the destroy to it.
+			d.tc.sendDone()
 			d.tc.sendFailed()
 		}
 		return false
@@ -128,6 +232,23 @@ func (p *poster) post(d sendDest, bufIdx, size int, etherType uint16, o sendOffl
 		tx.offCtr.txCsumHW.Add(1)
 	}
 	return true
+}
+
+// answerTooBig counts an IP packet too big for the path to n and builds
+// the ICMP frag-needed / packet-too-big for the host into dst (nil: no
+// room, counted all the same). It returns the reply, or nil.
+func (tx *txPath) answerTooBig(dst []byte, n *neighbour, pkt []byte, mtu int) []byte {
+	tx.data.txErrors.Add(1)
+	tx.data.drop(dropTxTooBig)
+	if dst == nil {
+		return nil
+	}
+	m := frame.BuildTooBig(dst, tx.hostMAC(), n.mac, pkt, mtu)
+	if m == 0 {
+		return nil
+	}
+	tx.ctr.tooBigSent.Add(1)
+	return dst[:m]
 }
 
 // handleTX is the TX poller's Handle (and the host reader's, when it
