@@ -5,7 +5,7 @@
 //
 // Data flows one way through each path:
 //
-//	host → hostReader (hostreader.go) → txFrameLocked (txframe.go)
+//	host → hostReader.run (hostreader.go) → hostReader.frame (txframe.go)
 //	     → poster.post (txpath.go) → HCA
 //	HCA  → rxPath.handleRX (rxpath.go) → hostWriter.write (hostport.go) → host
 //

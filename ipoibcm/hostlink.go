@@ -114,7 +114,7 @@ func (i *Interface) openForHost() error {
 		return fmt.Errorf("%s: host set the interface up: %w", i.cfg.Name, err)
 	}
 	i.mu.Lock()
-	// Up first, under mu (the host reader waits for it): attachLocked
+	// Up first, under mu: attachLocked
 	// only records joins while the host has ib0 down.
 	i.hostLink.Store(int32(hostLinkUp))
 	err := i.mcast.rejoin()

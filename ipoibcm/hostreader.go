@@ -104,6 +104,19 @@ type hostReader struct {
 	t txScratch
 }
 
+// newHostReader hands the host reader what it works with, from the
+// interface it reads for (Start); it keeps no pointer to it.
+func newHostReader(i *Interface) *hostReader {
+	r := &hostReader{
+		host: i.host, off: &i.off, tx: &i.tx, neigh: &i.neigh, conns: &i.active, mcast: &i.mcast,
+		hostOut: &i.hostOut, ctr: &i.ctr, stop: i.stop, log: i.log,
+		hw: i.hw, bcast: i.bcast, pkey: i.cfg.PKey, udMTU: i.udMTU, cm: i.cmm != nil,
+		mode: &i.mode, mtu: &i.mtu, hostDown: i.hostDown,
+	}
+	r.t.init(&i.tx, max(1, i.host.BatchSize()))
+	return r
+}
+
 // run is the reader's goroutine.
 func (r *hostReader) run(done func()) {
 	defer done()

@@ -202,36 +202,8 @@ func New(cfg Config) (_ *Interface, err error) {
 		}
 	}
 	i.hw = frame.NewHWAddr(flags, i.ud.qp.QPN(), i.port.GID)
-	i.initActive()
+	i.active.init(i)
 	return i, nil
-}
-
-// initActive hands the active connections' owner what it works with.
-func (i *Interface) initActive() {
-	a := &i.active
-	a.set = make(map[*txConn]struct{})
-	a.neigh, a.tx, a.mcast, a.hostOut = &i.neigh, &i.tx, &i.mcast, &i.hostOut
-	a.dev, a.cmm, a.sendCQ, a.recvCQ = i.dev, i.cmm, i.txCQ, i.rxCQ
-	a.hw, a.bcast, a.srq = i.hw, i.bcast, i.srq != nil
-	a.sendq, a.retry, a.pkey, a.backoff = i.cfg.SendQueueSize, i.cfg.RCRetry, i.cfg.PKey, i.cfg.CMBackoff
-	a.pkeyIndex = func() int { return i.pkeyIndex }
-	a.running = func() bool { return ifState(i.state.Load()) == ifRunning }
-	a.mtu = i.MTU
-	a.post = i.ctl.post
-	a.emitEv = i.emit
-	a.log = i.log
-}
-
-// newHostReader hands the host reader what it works with.
-func (i *Interface) newHostReader() *hostReader {
-	r := &hostReader{
-		host: i.host, off: &i.off, tx: &i.tx, neigh: &i.neigh, conns: &i.active, mcast: &i.mcast,
-		hostOut: &i.hostOut, ctr: &i.ctr, stop: i.stop, log: i.log,
-		hw: i.hw, bcast: i.bcast, pkey: i.cfg.PKey, udMTU: i.udMTU, cm: i.cmm != nil,
-		mode: &i.mode, mtu: &i.mtu, hostDown: i.hostDown,
-	}
-	r.t.init(&i.tx, max(1, i.host.BatchSize()))
-	return r
 }
 
 // rxCQSize is Linux's recv_cq size (docs/linux.md §4.3): the UD ring
@@ -348,7 +320,7 @@ func (i *Interface) Start() error {
 		i.log.Warn("host SetLinkUp", "err", err)
 	}
 	i.readerWG.Add(1)
-	go i.newHostReader().run(i.readerWG.Done)
+	go newHostReader(i).run(i.readerWG.Done)
 	i.log.Info("up", "hwaddr", i.hw, "mode", i.Mode(), "mtu", i.MTU())
 	return nil
 }

@@ -74,12 +74,12 @@ type mcastGroup struct {
 }
 
 // mcastTable is the interface's groups: their states, the UD QP's
-// attachments and the groups' address handles. mu guards the table; the
-// engine's paths that remove a group (and destroy its address handle)
-// also hold Interface.mu, under which the host reader posts to the
-// handles mcastTable.ah returns, so a handle is never destroyed between
-// the two. Lock order: Interface.mu, then mu; nothing of the table calls
-// out to the Interface.
+// attachments and the groups' address handles. mu guards the table. The
+// host reader posts to the handles mcastTable.ah returns after releasing
+// mu, so a removed group's handle is retired (sendWindow, txpath.go) and
+// destroyed once the reader's batch is over. Lock order: Interface.mu,
+// the neighbour table's, then mu; nothing of the table calls out to the
+// Interface.
 type mcastTable struct {
 	mu     sync.Mutex
 	groups map[hca.GID]*mcastGroup

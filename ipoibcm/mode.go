@@ -68,7 +68,7 @@ func (i *Interface) switchMode(m Mode) error {
 // tellHostMTU gives the host mtu, the MTU of mode m (control loop). A failure
 // does not undo the switch: connections are already flushed, and a host
 // still at the old MTU only costs ICMP frag-needed / packet-too-big for its
-// oversize packets (txNeighLocked answers them), whereas switching back
+// oversize packets (hostReader.unicastLocked answers them), whereas switching back
 // could fail the same way and leave mode and MTU inconsistent.
 func (i *Interface) tellHostMTU(m Mode, mtu int) error {
 	if err := i.host.SetMTU(mtu); err != nil {

@@ -125,6 +125,22 @@ type activeSet struct {
 	log       *slog.Logger
 }
 
+// init hands the active connections' owner what it works with, from the
+// interface being assembled (New); it keeps no pointer to it.
+func (a *activeSet) init(i *Interface) {
+	a.set = make(map[*txConn]struct{})
+	a.neigh, a.tx, a.mcast, a.hostOut = &i.neigh, &i.tx, &i.mcast, &i.hostOut
+	a.dev, a.cmm, a.sendCQ, a.recvCQ = i.dev, i.cmm, i.txCQ, i.rxCQ
+	a.hw, a.bcast, a.srq = i.hw, i.bcast, i.srq != nil
+	a.sendq, a.retry, a.pkey, a.backoff = i.cfg.SendQueueSize, i.cfg.RCRetry, i.cfg.PKey, i.cfg.CMBackoff
+	a.pkeyIndex = func() int { return i.pkeyIndex }
+	a.running = func() bool { return ifState(i.state.Load()) == ifRunning }
+	a.mtu = i.MTU
+	a.post = i.ctl.post
+	a.emitEv = i.emit
+	a.log = i.log
+}
+
 // txConn is an active RC connection to one neighbour (Linux ipoib_cm_tx):
 // set up from the control loop, made usable by the REP on the CM
 // goroutine, sent on by the host reader, torn down from the control loop
