@@ -695,10 +695,10 @@ func TestRacePacketsQueuedDuringConnect(t *testing.T) {
 	a := raceStart(t, fab, "a", pa, func(c *Config, d *wrapDevice) {
 		c.CM = rvSlowCM()
 		// The connection's first send is its first parked frame, posted
-		// by the REP handler with the connection just marked up and
-		// flushing: the later frames are handed to the reader there,
-		// which reads them and hands them over to the REP handler, to
-		// be posted behind the parked ones.
+		// by the REP handler with the connection just marked up and its
+		// parked frames being posted: the later frames are handed to the
+		// reader there, which reads them and then waits until the parked
+		// ones are out.
 		d.beforePost = func(ctx any, _ []hca.SendWR) {
 			tc, ok := ctx.(*txConn)
 			if !ok {
@@ -712,7 +712,7 @@ func TestRacePacketsQueuedDuringConnect(t *testing.T) {
 		for k := range later {
 			batch = append(batch, raceFrame(mac, src, parked+1+k))
 		}
-		w := window{state: tc.state.load(), flushing: tc.flushing}
+		w := window{state: tc.state.load(), flushing: tc.flushed != nil}
 		w.taken = pa.waitTaken(pa.push(batch...))
 		return w
 	}

@@ -155,12 +155,10 @@ type txConn struct {
 	state   txStateCell // changed only by txTransition
 	mtu     int         // peer's receive MTU incl. the IPoIB header (neighbourTable.mu)
 	created time.Time
-	// flushing: the REP handler is posting the parked frames; frames the
-	// host reader sends on the connection meanwhile queue on handoff,
-	// each holding a TX credit, and the REP handler posts them behind
-	// the parked ones, so none overtakes them (neighbourTable.mu).
-	flushing bool
-	handoff  []parkedFrame
+	// flushed is open while the REP handler posts the parked frames
+	// (neighbourTable.mu): the host reader waits for it to close before
+	// it sends on the connection itself, so no frame overtakes them.
+	flushed chan struct{}
 
 	// outstanding counts sends posted and not completed, and the send
 	// slots reserved for posts about to be made (under
@@ -374,10 +372,10 @@ func (tc *txConn) onCMEvent(ev cm.Event) {
 // connection up and posts the parked frames, in order, before any frame
 // the host reader sends on it later. The state change and taking the
 // parked frames happen under the neighbour table's lock, so the reader
-// cannot park a frame behind them; the posts come after it, with the
-// connection flushing: frames the reader sends meanwhile are handed to
-// this goroutine (handoff) and posted behind the parked ones, until none
-// is left and the reader may post on its own.
+// cannot park a frame behind them; the posts come after it, and a reader
+// that meanwhile has a frame for the connection waits until they are out
+// (flushed): at most maxParked posts, once per connection, as it waited
+// for the lock before.
 func (tc *txConn) applyREP(pd []byte) bool {
 	s := tc.set
 	_, mtu, err := parseCMPrivateData(pd)
@@ -403,7 +401,9 @@ func (tc *txConn) applyREP(pd []byte) bool {
 	// Their send slots, reserved under the lock as the reader reserves:
 	// a teardown from now on leaves the destroy to their completions.
 	tc.outstanding.Add(int64(cnt))
-	tc.flushing = true
+	if cnt > 0 {
+		tc.flushed = make(chan struct{})
+	}
 	pathMTU := min(tc.mtu-frame.EncapLen, s.mtu())
 	s.neigh.mu.Unlock()
 
@@ -426,22 +426,11 @@ func (tc *txConn) applyREP(pd []byte) bool {
 		}
 		tc.postHandedOver(&p, pf)
 	}
-	// The frames handed over while the parked ones went out, until none
-	// is left (a teardown meanwhile dropped those not yet taken).
-	var batch []parkedFrame
-	for {
+	if cnt > 0 {
 		s.neigh.mu.Lock()
-		if len(tc.handoff) == 0 || tc.state.load() != txUp {
-			tc.flushing = false
-			s.neigh.mu.Unlock()
-			break
-		}
-		batch, tc.handoff = tc.handoff, batch[:0]
-		tc.outstanding.Add(int64(len(batch)))
+		close(tc.flushed)
+		tc.flushed = nil
 		s.neigh.mu.Unlock()
-		for _, pf := range batch {
-			tc.postHandedOver(&p, pf)
-		}
 	}
 	if len(replies) > 0 {
 		s.hostOut.write(replies)
@@ -449,8 +438,8 @@ func (tc *txConn) applyREP(pd []byte) bool {
 	return true
 }
 
-// postHandedOver posts a parked or handed-over frame, whose TX credit it
-// hands to the send and whose send slot the caller reserved.
+// postHandedOver posts a parked frame, whose TX credit it hands to the
+// send and whose send slot the caller reserved.
 func (tc *txConn) postHandedOver(p *poster, pf parkedFrame) {
 	tx := tc.set.tx
 	et := binary.BigEndian.Uint16(tx.pool.bufs[pf.buf][12:14])
@@ -460,13 +449,6 @@ func (tc *txConn) postHandedOver(p *poster, pf parkedFrame) {
 		tx.pool.put1(pf.buf)
 		tx.wakeIfResumed(tx.outstanding.Load())
 	}
-}
-
-// handOverLocked queues a frame for the flushing REP handler, taking a
-// TX credit for it as parking does (neighbourTable.mu held).
-func (tc *txConn) handOverLocked(bufIdx, size int) {
-	tc.handoff = append(tc.handoff, parkedFrame{buf: bufIdx, n: size})
-	tc.set.tx.outstanding.Add(1)
 }
 
 // fail ends a connection that could not be set up (control loop); backoff
@@ -499,15 +481,6 @@ func (tc *txConn) detachLocked(reason dropReason) {
 	if tc.neigh.tx == tc {
 		tc.neigh.tx = nil
 		tc.neigh.dropParked(tc.set.tx, reason)
-	}
-	if len(tc.handoff) > 0 {
-		tx := tc.set.tx
-		for _, pf := range tc.handoff {
-			tx.pool.put1(pf.buf)
-			tx.data.drop(reason)
-		}
-		tx.returnCredits(len(tc.handoff))
-		tc.handoff = tc.handoff[:0]
 	}
 }
 

@@ -291,12 +291,17 @@ func (r *hostReader) unicastLocked(n *neighbour, bufIdx, size int, etherType uin
 				r.tooBig(n, bufIdx, size, pathMTU)
 				return false
 			}
-			if tc.flushing {
-				// Behind the parked frames the REP handler is posting.
-				r.off.finishCsum(f, tm)
-				tc.handOverLocked(bufIdx, size)
+			if ch := tc.flushed; ch != nil {
+				// Behind the parked frames the REP handler is posting:
+				// once they are out, route the frame again.
 				r.neigh.mu.Unlock()
-				return true
+				select {
+				case <-ch:
+				case <-r.stop:
+					return false
+				}
+				r.neigh.mu.Lock()
+				return r.unicastLocked(n, bufIdx, size, etherType, tm, now)
 			}
 			// The send slot, reserved where a teardown sees it.
 			tc.outstanding.Add(1)
