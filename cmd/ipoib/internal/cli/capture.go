@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ipoibcm/ipoib/control"
+	"github.com/ipoibcm/ipoib/internal/flagcheck"
 )
 
 func captureFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
@@ -21,27 +22,30 @@ func captureFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) in
 	duration := fs.Duration("duration", 0, "stop after this long (0: until interrupted)")
 	dir := controlDirFlag(fs, env)
 	return func(ctx context.Context, args []string) int {
-		if len(args) > 0 {
-			return usageError(env, "capture", fmt.Sprintf("unexpected argument %q", args[0]))
-		}
-		if *file == "" {
-			return usageError(env, "capture", "-w FILE is required")
-		}
-		switch *kind {
-		case "all", "cm", "data":
-		default:
-			return usageError(env, "capture", fmt.Sprintf("--kind %q: want all, cm or data", *kind))
-		}
-		if *duration < 0 {
-			return usageError(env, "capture", "--duration must not be negative")
-		}
 		req := control.CaptureRequest{Kind: *kind, Count: *count, DurationMS: duration.Milliseconds()}
-		if *qpn != "" {
-			v, err := strconv.ParseUint(*qpn, 0, 24)
-			if err != nil || v == 0 {
-				return usageError(env, "capture", fmt.Sprintf("--qpn %q: want a QP number 1..0xffffff", *qpn))
-			}
-			req.QPN = uint32(v)
+		if msg := firstBroken(
+			noArgs(args),
+			func() string {
+				if *file == "" {
+					return "-w FILE is required"
+				}
+				return ""
+			},
+			oneOf("kind", *kind, "all", "cm", "data"),
+			check(flagcheck.Duration("duration", *duration, 0)),
+			func() string {
+				if *qpn == "" {
+					return ""
+				}
+				v, err := strconv.ParseUint(*qpn, 0, 24)
+				if err != nil || v == 0 {
+					return fmt.Sprintf("--qpn %q: want a QP number 1..0xffffff", *qpn)
+				}
+				req.QPN = uint32(v)
+				return ""
+			},
+		); msg != "" {
+			return usageError(env, "capture", msg)
 		}
 		out := env.Stdout
 		if *file != "-" {
