@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ipoibcm/ipoib/control"
@@ -47,6 +49,11 @@ func captureFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) in
 		); msg != "" {
 			return usageError(env, "capture", msg)
 		}
+		if *host == "" {
+			if msg := captureHostNeeded(*dir); msg != "" {
+				return usageError(env, "capture", msg)
+			}
+		}
 		out := env.Stdout
 		if *file != "-" {
 			f, err := os.Create(*file)
@@ -70,3 +77,31 @@ func captureFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) in
 		return ExitOK
 	}
 }
+
+// captureHostNeeded is the usage message when no --host names one of
+// several hosts running (in one process or in several): a capture records
+// one HCA, and which one would otherwise be a guess. The message lists
+// them, at most listHosts.
+func captureHostNeeded(dir string) string {
+	resps, _ := control.QueryAll(dir, control.Request{Op: control.OpList}, controlTimeout)
+	var hosts []string
+	for _, r := range resps {
+		for _, i := range r.Interfaces {
+			if i.Parent == "" && !slices.Contains(hosts, i.Host) {
+				hosts = append(hosts, i.Host)
+			}
+		}
+	}
+	if len(hosts) < 2 {
+		return ""
+	}
+	slices.SortFunc(hosts, control.CompareHosts)
+	list := strings.Join(hosts[:min(len(hosts), listHosts)], ", ")
+	if len(hosts) > listHosts {
+		list += fmt.Sprintf(" and %d more ('ipoib show --brief' lists them)", len(hosts)-listHosts)
+	}
+	return fmt.Sprintf("--host is required: %d hosts run: %s", len(hosts), list)
+}
+
+// listHosts bounds the hosts a message names.
+const listHosts = 8

@@ -153,7 +153,7 @@ func (l *fabricLab) run(ctx context.Context, addrs []netip.Prefix, mode string, 
 		name := fmt.Sprintf("%s%d", prefix, i+1)
 		ns, err := l.owner.Create(name)
 		if err != nil {
-			return err
+			return netnsTakenHint(err)
 		}
 		l.namespaces = append(l.namespaces, ns)
 		// The engine raises the link once it has joined the broadcast
@@ -225,4 +225,23 @@ func (l *fabricLab) teardown() error {
 		errs = append(errs, l.namespaces[i].Delete())
 	}
 	return errors.Join(errs...)
+}
+
+// netnsTakenHint adds what to do about a namespace name that is taken:
+// whose it is the error says (tap.NetnsExistsError); a running ipoib's is
+// left alone, a crashed one's 'ipoib cleanup' removes, anyone else's is
+// theirs to delete.
+func netnsTakenHint(err error) error {
+	var ne *tap.NetnsExistsError
+	if !errors.As(err, &ne) {
+		return err
+	}
+	hint := fmt.Sprintf("remove it with 'ip netns delete %s' or give this run another --netns-prefix", ne.Name)
+	switch {
+	case ne.Running:
+		hint = "stop that process or give this run another --netns-prefix"
+	case ne.OwnerPID != 0:
+		hint = "'ipoib cleanup' removes it"
+	}
+	return fmt.Errorf("%w; %s", err, hint)
 }
