@@ -106,11 +106,13 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		return cm.Decision{Reject: cm.RejectNoQP}
 	}
 	var n *neighbour
+	i.neigh.mu.Lock()
 	if peerQPN != 0 {
 		n = i.neigh.learn(rc.peer, netip.Addr{}, now)
 	} else if n = i.neigh.lookupGID(req.RemoteGID); n == nil {
 		n = i.neigh.learn(rc.peer, netip.Addr{}, now)
 	}
+	i.neigh.mu.Unlock()
 	psn := i.rng.Uint32() & 0xffffff
 	i.mu.Unlock()
 	if old != nil {

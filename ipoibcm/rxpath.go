@@ -104,11 +104,12 @@ func (r *rxPath) transBuf() []byte {
 	return r.trans[r.nTrans-1]
 }
 
-// lock takes Interface.mu once per Handle call, on first need.
+// lock takes the neighbour table's lock once per Handle call, on first
+// need.
 func (r *rxPath) lock() {
 	i := r.i
 	if !r.locked {
-		i.mu.Lock()
+		i.neigh.mu.Lock()
 		r.locked = true
 	}
 }
@@ -119,9 +120,10 @@ func (r *rxPath) handleRX(wcs []hca.WC) {
 	i := r.i
 	if i.rxNAPI.Inline() {
 		// On the poster's goroutine (Config.InlineRX), which may hold
-		// Interface.mu (ours, or a peer's that posts to us while we post
-		// to it): take ours now or leave the batch to the RX poller.
-		if !i.mu.TryLock() {
+		// a neighbour table's lock (ours, or a peer's that posts to us
+		// while we post to it): take ours now or leave the batch to the
+		// RX poller.
+		if !i.neigh.mu.TryLock() {
 			i.rxNAPI.Defer(wcs)
 			return
 		}
@@ -150,7 +152,7 @@ func (r *rxPath) handleRX(wcs []hca.WC) {
 func (r *rxPath) flushRX() {
 	i := r.i
 	if r.locked {
-		i.mu.Unlock()
+		i.neigh.mu.Unlock()
 		r.locked = false
 	}
 	if len(r.frames) > 0 {
