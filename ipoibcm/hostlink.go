@@ -61,6 +61,10 @@ func (i *Interface) stopForHost() {
 	i.mu.Lock()
 	i.hostLink.Store(int32(hostLinkDown))
 	i.mu.Unlock()
+	// A frame of the reader's batch may have seen the host up: once the
+	// batch is over every frame after it sees the host down, and the
+	// connections it may have started are in the set.
+	i.tx.window.quiesce()
 	i.link.Store(false)
 	i.hostLinkCtr.downs.Add(1)
 	i.closeListener()
@@ -94,8 +98,9 @@ func (i *Interface) checkHostDownQuiet() {
 		return
 	}
 	i.mu.Lock()
-	left := len(i.passive.set) + len(i.txConns)
+	left := len(i.passive.set)
 	i.mu.Unlock()
+	left += i.active.count()
 	if left == 0 {
 		i.downQuiet = true
 		i.log.Info("host down: every connection is gone")
@@ -109,7 +114,7 @@ func (i *Interface) openForHost() error {
 		return fmt.Errorf("%s: host set the interface up: %w", i.cfg.Name, err)
 	}
 	i.mu.Lock()
-	// Up first, under mu (the host reader waits for it): attachLocked
+	// Up first, under mu: attachLocked
 	// only records joins while the host has ib0 down.
 	i.hostLink.Store(int32(hostLinkUp))
 	err := i.mcast.rejoin()

@@ -83,13 +83,13 @@ type Interface struct {
 	hostOut hostWriter
 	off     offloadPath // offloads.go
 
-	// mu guards the neighbour table, multicast groups, connection sets
-	// and connection states. Never held across napi Sync or CM calls that
-	// may wait for the CM goroutine.
+	// mu guards the passive connections and their states. Never held
+	// across napi Sync or CM calls that may wait for the CM goroutine.
+	// The other owners have their own locks, taken inside it.
 	mu      sync.Mutex
-	neigh   neighbourTable
+	neigh   neighbourTable // neighbour.go
 	mcast   mcastTable
-	txConns map[*txConn]struct{}
+	active  activeSet  // the active connections (txconn.go)
 	passive passiveSet // the passive connections (rxteardown.go)
 	rng     *rand.Rand
 
@@ -105,7 +105,6 @@ type Interface struct {
 
 	ctr         counters
 	ifCtr       interfaceCounters
-	txc         txConnCounters   // txconn.go
 	hostLinkCtr hostLinkCounters // hostlink.go
 
 	stop     chan struct{} // closed by Close: reader and control loop end
@@ -141,16 +140,16 @@ func New(cfg Config) (_ *Interface, err error) {
 		return nil, err
 	}
 	i := &Interface{
-		cfg:     cfg,
-		dev:     cfg.Device,
-		host:    cfg.Host,
-		log:     cfg.Logger.With("if", cfg.Name),
-		port:    cfg.Device.Port(),
-		txConns: make(map[*txConn]struct{}),
-		rng:     newPSNSource(cfg.CM.Seed),
-		stop:    make(chan struct{}),
+		cfg:  cfg,
+		dev:  cfg.Device,
+		host: cfg.Host,
+		log:  cfg.Logger.With("if", cfg.Name),
+		port: cfg.Device.Port(),
+		rng:  newPSNSource(cfg.CM.Seed),
+		stop: make(chan struct{}),
 	}
-	i.tx = txPath{sendq: cfg.SendQueueSize, stop: i.stop, data: &i.ctr, offCtr: &i.off.ctr, wake: make(chan struct{}, 1)}
+	i.tx = txPath{sendq: cfg.SendQueueSize, stop: i.stop, data: &i.ctr, offCtr: &i.off.ctr, wake: make(chan struct{}, 1), hostMAC: i.hostMACNow}
+	i.tx.window.init(i.log)
 	i.rx.i = i
 	i.off.init(cfg.Host, cfg.Device, cfg.SendQueueSize)
 	i.hostOut.init(cfg.Host, i.off.port, &i.ctr, func() bool { return ifState(i.state.Load()) != ifRunning }, i.log)
@@ -171,8 +170,9 @@ func New(cfg Config) (_ *Interface, err error) {
 	i.udMTU = frame.UDMTU(i.port.ActiveMTU)
 	i.bcast = frame.BroadcastMGID(cfg.PKey)
 	i.mcast.init(&i.cfg, i.dev, i.bcast, i.hostDown, i.log)
+	i.mcast.retire = i.tx.window.retire
 	i.passive.init(&i.mu, &i.cfg, cfg.DisableSRQ || cfg.DisableCM, i.ctl.post, i.mut, i.log)
-	i.neigh.init(&i.cfg, i.port.GID, i.dev, i.log, func(tc *txConn) {
+	i.neigh.init(&i.cfg, i.port.GID, i.port.ActiveMTU, i.dev, i.tx.window.retire, i.log, func(tc *txConn) {
 		tc.detachLocked(dropTxNeighFlushed)
 		i.ctl.post(tc.teardown)
 	})
@@ -202,6 +202,7 @@ func New(cfg Config) (_ *Interface, err error) {
 		}
 	}
 	i.hw = frame.NewHWAddr(flags, i.ud.qp.QPN(), i.port.GID)
+	i.active.init(i)
 	return i, nil
 }
 
@@ -319,7 +320,7 @@ func (i *Interface) Start() error {
 		i.log.Warn("host SetLinkUp", "err", err)
 	}
 	i.readerWG.Add(1)
-	go i.hostReader()
+	go newHostReader(i).run(i.readerWG.Done)
 	i.log.Info("up", "hwaddr", i.hw, "mode", i.Mode(), "mtu", i.MTU())
 	return nil
 }
@@ -408,8 +409,7 @@ func (i *Interface) pkeyLinkDown() {
 	if err := i.host.SetLinkUp(false); err != nil {
 		i.log.Warn("host SetLinkUp", "err", err)
 	}
-	_, conns := i.snapshotConns()
-	for _, tc := range conns {
+	for _, tc := range i.active.snapshot() {
 		tc.teardown()
 	}
 }

@@ -44,7 +44,7 @@ type rxPath struct {
 	trans  [][]byte
 	nTrans int
 
-	locked  bool // Interface.mu held for neighbour lookups
+	locked  bool // neighbourTable.mu held for neighbour lookups
 	now     time.Time
 	haveNow bool
 	macOf   func(frame.HWAddr) (frame.MAC, bool)

@@ -98,6 +98,7 @@ func (i *Interface) destroyResources() {
 			n.ah = nil
 		}
 	}
+	i.tx.window.close()
 	if i.rxCQ != nil {
 		if err := i.rxCQ.Destroy(); err != nil {
 			i.log.Warn("destroy RX CQ", "err", err)
@@ -136,11 +137,7 @@ func (i *Interface) snapshotConns() ([]*rxConn, []*txConn) {
 	for rc := range i.passive.set {
 		rx = append(rx, rc)
 	}
-	tx := make([]*txConn, 0, len(i.txConns))
-	for tc := range i.txConns {
-		tx = append(tx, tc)
-	}
-	return rx, tx
+	return rx, i.active.snapshot()
 }
 
 // checkShutdown finishes Close once nothing is left.
@@ -150,8 +147,9 @@ func (i *Interface) checkShutdown() {
 		return
 	}
 	i.mu.Lock()
-	left := len(i.passive.set) + len(i.txConns)
+	left := len(i.passive.set)
 	i.mu.Unlock()
+	left += i.active.count()
 	if left == 0 {
 		i.finishShutdown()
 	}
@@ -171,7 +169,7 @@ func (i *Interface) forceShutdown() {
 		if v := tc.outstanding.Swap(0); v > 0 {
 			i.tx.returnCredits(int(v))
 		}
-		i.txc.forced.Add(1)
+		i.active.ctr.forced.Add(1)
 		tc.destroy()
 	}
 	i.passive.reaper.flush, i.passive.reaper.drain = nil, nil

@@ -211,19 +211,7 @@ func (i *Interface) Stats() Stats {
 		s.Neighbours = append(s.Neighbours, ni)
 	}
 	i.neigh.mu.Unlock()
-	for tc := range i.txConns {
-		ci := ConnInfo{
-			Peer: tc.peer.ColonString(), PeerGID: tc.peer.GID().String(), State: tc.state.load().String(), MTU: tc.mtu,
-			AgeMS: millisSince(now, tc.created), IdleMS: tc.active.idleMS(now, tc.created), Packets: tc.packets.Load(), Bytes: tc.byts.Load(),
-		}
-		if tc.qp != nil {
-			ci.LocalQPN = tc.qp.QPN()
-		}
-		if tc.cmConn != nil {
-			ci.RemoteQPN = tc.cmConn.RemoteQPN()
-		}
-		s.TXConns = append(s.TXConns, ci)
-	}
+	s.TXConns = i.active.info(now)
 	for rc := range i.passive.set {
 		ci := ConnInfo{
 			Peer: rc.peer.ColonString(), PeerGID: rc.peer.GID().String(), LocalQPN: rc.qp.QPN(), State: rc.state.String(),
@@ -254,7 +242,7 @@ func millisSince(now, t time.Time) int64 {
 // reaperStats gathers the owners' counters into the one ReaperStats
 // section 'ipoib show' and the metrics have always read.
 func (i *Interface) reaperStats() ReaperStats {
-	r, a, t, p, n, g, h := &i.passive.reaper.ctr, &i.passive.limits.ctr, &i.txc, &i.tx.ctr, &i.neigh.ctr, &i.mcast.ctr, &i.hostLinkCtr
+	r, a, t, p, n, g, h := &i.passive.reaper.ctr, &i.passive.limits.ctr, &i.active.ctr, &i.tx.ctr, &i.neigh.ctr, &i.mcast.ctr, &i.hostLinkCtr
 	return ReaperStats{
 		StaleScans: r.staleScans.Load(), StaleReaped: r.staleReaped.Load(), MovedToError: r.movedToError.Load(),
 		LastWQESeen: r.lastWQESeen.Load(), LateLastWQE: r.lateLastWQE.Load(),
