@@ -270,6 +270,15 @@ func needRoot(t *testing.T) {
 	}
 }
 
+// needPing is needRoot for the tests that ping across ib0.
+func needPing(t *testing.T) {
+	t.Helper()
+	needRoot(t)
+	if _, err := exec.LookPath("ping"); err != nil {
+		t.Skip("ping not in PATH: apt-get install iputils-ping")
+	}
+}
+
 // freeUDPPort finds a UDP port free on addr.
 func freeUDPPort(t *testing.T, addr string) string {
 	t.Helper()
@@ -651,10 +660,7 @@ func ipIn(t *testing.T, ns string, args ...string) {
 // is followed (a ping to the host works after it: the replies reach the
 // new MAC); a host that sets ib0 down shows DOWN.
 func TestBinaryShowFollowsTheHost(t *testing.T) {
-	needRoot(t)
-	if _, err := exec.LookPath("ping"); err != nil {
-		t.Skip("ping not in PATH: apt-get install iputils-ping")
-	}
+	needPing(t)
 	const nsPrefix = "ipoib-t12s"
 	h1, h2 := nsPrefix+"1", nsPrefix+"2"
 	ctl := t.TempDir()
