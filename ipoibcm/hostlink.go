@@ -31,6 +31,16 @@ const (
 	hostLinkDown // down
 )
 
+// hostLinkCell holds the hostLink the engine follows: stored only by
+// hostLinkTransition's steps (control loop), loaded by every goroutine.
+type hostLinkCell struct{ v atomic.Int32 }
+
+func (c *hostLinkCell) load() hostLink   { return hostLink(c.v.Load()) }
+func (c *hostLinkCell) store(l hostLink) { c.v.Store(int32(l)) }
+
+// down reports whether the host has ib0 down (any goroutine).
+func (c *hostLinkCell) down() bool { return c.load() == hostLinkDown }
+
 // hostLinkCounters count the downs and ups the engine followed and what
 // the downs tore down and flushed.
 type hostLinkCounters struct {
@@ -41,7 +51,7 @@ type hostLinkCounters struct {
 // hostLinkTransition moves the interface to want (control loop): the one
 // place hostLink changes. Asking for the current state does nothing.
 func (i *Interface) hostLinkTransition(want hostLink) error {
-	from := hostLink(i.hostLink.Load())
+	from := i.hostLink.load()
 	switch {
 	case from == hostLinkUp && want == hostLinkDown:
 		i.stopForHost()
@@ -59,7 +69,7 @@ func (i *Interface) hostLinkTransition(want hostLink) error {
 // neighbours' paths and the multicast groups are flushed.
 func (i *Interface) stopForHost() {
 	i.mu.Lock()
-	i.hostLink.Store(int32(hostLinkDown))
+	i.hostLink.store(hostLinkDown)
 	i.mu.Unlock()
 	i.link.Store(false)
 	i.hostLinkCtr.downs.Add(1)
@@ -88,7 +98,7 @@ func (i *Interface) stopForHost() {
 // the interface is gone (control loop, after every work item): from then
 // on the interface sends nothing at all.
 func (i *Interface) checkHostDownQuiet() {
-	if i.downQuiet || hostLink(i.hostLink.Load()) != hostLinkDown {
+	if i.downQuiet || !i.hostLink.down() {
 		return
 	}
 	i.mu.Lock()
@@ -109,7 +119,7 @@ func (i *Interface) openForHost() error {
 	i.mu.Lock()
 	// Up first, under mu (the host reader waits for it): attachLocked
 	// only records joins while the host has ib0 down.
-	i.hostLink.Store(int32(hostLinkUp))
+	i.hostLink.store(hostLinkUp)
 	err := i.mcast.rejoin()
 	i.mu.Unlock()
 	i.hostLinkCtr.ups.Add(1)
@@ -124,7 +134,7 @@ func (i *Interface) openForHost() error {
 }
 
 // hostDown reports whether the host has ib0 down (any goroutine).
-func (i *Interface) hostDown() bool { return hostLink(i.hostLink.Load()) == hostLinkDown }
+func (i *Interface) hostDown() bool { return i.hostLink.down() }
 
 // listen opens the CM listener on the IPoIB service IDs of our UD QPN,
 // in the interface's partition.

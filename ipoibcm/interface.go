@@ -50,10 +50,9 @@ type Interface struct {
 	port  hca.Port
 	udMTU int
 	hw    frame.HWAddr
-	// hostMAC is the host's MAC (frame.MAC packed by packMAC): the
-	// destination of every frame written to the host, which the host may
-	// change at run time (FollowHostMAC).
-	hostMAC atomic.Uint64
+	// hostMAC is the host's MAC: the destination of every frame written
+	// to the host, which the host may change at run time (FollowHostMAC).
+	hostMAC macCell
 	bcast   hca.GID
 
 	mode  atomic.Int32 // Mode
@@ -74,7 +73,7 @@ type Interface struct {
 	// hostLink is the host's ib0 state the engine follows (hostLink,
 	// hostlink.go); downQuiet: while down, the last connection is gone
 	// (control loop).
-	hostLink  atomic.Int32
+	hostLink  hostLinkCell
 	downQuiet bool
 
 	// The two data flows: host → TX path → HCA and HCA → RX path → host.
@@ -151,7 +150,6 @@ func New(cfg Config) (_ *Interface, err error) {
 		stop:    make(chan struct{}),
 	}
 	i.tx = txPath{sendq: cfg.SendQueueSize, stop: i.stop, data: &i.ctr, offCtr: &i.off.ctr, wake: make(chan struct{}, 1)}
-	i.rx.i = i
 	i.off.init(cfg.Host, cfg.Device, cfg.SendQueueSize)
 	i.hostOut.init(cfg.Host, i.off.port, &i.ctr, func() bool { return ifState(i.state.Load()) != ifRunning }, i.log)
 	i.ctl.init()
@@ -170,7 +168,7 @@ func New(cfg Config) (_ *Interface, err error) {
 	}
 	i.udMTU = frame.UDMTU(i.port.ActiveMTU)
 	i.bcast = frame.BroadcastMGID(cfg.PKey)
-	i.mcast.init(&i.cfg, i.dev, i.bcast, i.hostDown, i.log)
+	i.mcast.init(&i.cfg, i.dev, i.bcast, i.hostLink.down, i.log)
 	i.passive.init(&i.mu, &i.cfg, cfg.DisableSRQ || cfg.DisableCM, i.ctl.post, i.mut, i.log)
 	i.neigh.init(&i.cfg, i.port.GID, i.dev, i.log, func(tc *txConn) {
 		tc.detachLocked(dropTxNeighFlushed)
@@ -178,7 +176,7 @@ func New(cfg Config) (_ *Interface, err error) {
 	})
 	var hm frame.MAC
 	copy(hm[:], cfg.Host.HostMAC())
-	i.hostMAC.Store(packMAC(hm))
+	i.hostMAC.store(hm)
 	i.mode.Store(int32(cfg.Mode))
 	i.mtu.Store(int64(i.modeMTU(cfg.Mode)))
 
@@ -202,6 +200,13 @@ func New(cfg Config) (_ *Interface, err error) {
 		}
 	}
 	i.hw = frame.NewHWAddr(flags, i.ud.qp.QPN(), i.port.GID)
+	if err := i.rx.init(rxEnv{
+		poller: i.rxNAPI, mu: &i.mu, neigh: &i.neigh, passive: &i.passive, post: i.ctl.post,
+		out: &i.hostOut, off: &i.off, ctr: &i.ctr, ud: i.ud, srq: i.srq,
+		hostMAC: &i.hostMAC, hostLink: &i.hostLink, self: i.hw, staleUpdate: cfg.StaleUpdate, log: i.log,
+	}, cfg.RXBudget); err != nil {
+		return nil, fmt.Errorf("%s: %w", cfg.Name, err)
+	}
 	return i, nil
 }
 
@@ -253,9 +258,6 @@ func (i *Interface) createQueues() error {
 	i.tx.napi, err = napi.New(napi.Config{Name: cfg.Name + "-tx", CQ: i.txCQ, Budget: cfg.TXBudget, Handle: i.tx.handleTX})
 	if err != nil {
 		return fmt.Errorf("tx napi: %w", err)
-	}
-	if err := i.rx.init(cfg.RXBudget); err != nil {
-		return err
 	}
 	if i.ud, err = newUDPath(i); err != nil {
 		return err

@@ -282,6 +282,13 @@ func (p *passiveSet) startDrain() {
 	p.log.Warn("drain WR refused by every flushed QP", "count", len(r.flush))
 }
 
+// drainPolled: the RX poller polled the drain WR's completion (it never
+// waits); the reaper finishes on the control loop.
+func (p *passiveSet) drainPolled() {
+	p.reaper.ctr.drainsCompleted.Add(1)
+	p.post(p.onDrainDone)
+}
+
 // onDrainDone runs when the RX poller polled the drain completion: every
 // connection it covers has no completion left in the RX CQ.
 func (p *passiveSet) onDrainDone() {

@@ -166,7 +166,7 @@ func (i *Interface) Stats() Stats {
 		MTU:      i.MTU(),
 		HWAddr:   i.hw.String(),
 		LinkUp:   i.LinkUp(),
-		HostLink: hostLink(i.hostLink.Load()).String(),
+		HostLink: i.hostLink.load().String(),
 		Counters: Counters{
 			RxPackets: c.rxPackets.Load(), TxPackets: c.txPackets.Load(),
 			RxBytes: c.rxBytes.Load(), TxBytes: c.txBytes.Load(),
@@ -178,7 +178,7 @@ func (i *Interface) Stats() Stats {
 		NAPI:        NAPIStats{RX: i.rxNAPI.Stats(), TX: i.tx.napi.Stats()},
 		Reaper:      i.reaperStats(),
 		Outstanding: i.tx.outstanding.Load(),
-		Offloads:    i.offloadStats(),
+		Offloads:    i.off.stats(i.rx.gro),
 	}
 	// Every reason, zero included: scripts find each key from the start.
 	for r := range numDropReasons {
