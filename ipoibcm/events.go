@@ -97,19 +97,26 @@ type EventObserver interface {
 	ObserveEvent(Event)
 }
 
-// emit hands e to the observer, if there is one.
-func (i *Interface) emit(kind EventKind, qpn, remote hca.QPN, peer hca.GID, elapsed time.Duration, detail string) {
-	o := i.cfg.Events
-	if o == nil {
+// observer is how the engine's owners tell Config.Events of a step; its
+// zero value observes nothing.
+type observer struct{ o EventObserver }
+
+// on reports whether anyone listens, so callers skip gathering an
+// event's fields when no one does.
+func (ob observer) on() bool { return ob.o != nil }
+
+// emit hands the event to the observer, if there is one.
+func (ob observer) emit(kind EventKind, qpn, remote hca.QPN, peer hca.GID, elapsed time.Duration, detail string) {
+	if ob.o == nil {
 		return
 	}
-	o.ObserveEvent(Event{Kind: kind, At: time.Now(), QPN: qpn, RemoteQPN: remote, Peer: peer, Elapsed: elapsed, Detail: detail})
+	ob.o.ObserveEvent(Event{Kind: kind, At: time.Now(), QPN: qpn, RemoteQPN: remote, Peer: peer, Elapsed: elapsed, Detail: detail})
 }
 
 // emitTX tells of an active connection. Its QP and CM id are read under
 // mu: connectTX sets them while Stats and the CM goroutine may look.
 func (i *Interface) emitTX(kind EventKind, tc *txConn, elapsed time.Duration, detail string) {
-	if i.cfg.Events == nil {
+	if !i.obs.on() {
 		return
 	}
 	var qpn, remote hca.QPN
@@ -122,7 +129,7 @@ func (i *Interface) emitTX(kind EventKind, tc *txConn, elapsed time.Duration, de
 	if cmConn != nil {
 		remote = cmConn.RemoteQPN()
 	}
-	i.emit(kind, qpn, remote, tc.peer.GID(), elapsed, detail)
+	i.obs.emit(kind, qpn, remote, tc.peer.GID(), elapsed, detail)
 }
 
 // Observers combines observers into one; nil ones are skipped, and with

@@ -143,7 +143,7 @@ func (i *Interface) listen() error {
 		return nil
 	}
 	qpn := uint64(i.ud.qp.QPN())
-	l, err := i.cmm.ListenPKey(i.cfg.PKey, []uint64{serviceIDIETF | qpn, serviceIDRFC | qpn}, i.decideREQ)
+	l, err := i.cmm.ListenPKey(i.cfg.PKey, []uint64{serviceIDIETF | qpn, serviceIDRFC | qpn}, i.passive.decideREQ)
 	if err != nil {
 		return fmt.Errorf("cm listen: %w", err)
 	}

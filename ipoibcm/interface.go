@@ -93,6 +93,7 @@ type Interface struct {
 	rng     *rand.Rand
 
 	ctl  control
+	obs  observer      // Config.Events
 	shut shutdownState // Close's, on the control loop
 	// hostMTUStale: the last mode switch could not set the host's MTU
 	// (control loop), so SetMode to the same mode tries again.
@@ -148,6 +149,7 @@ func New(cfg Config) (_ *Interface, err error) {
 		txConns: make(map[*txConn]struct{}),
 		rng:     newPSNSource(cfg.CM.Seed),
 		stop:    make(chan struct{}),
+		obs:     observer{cfg.Events},
 	}
 	i.tx = txPath{sendq: cfg.SendQueueSize, stop: i.stop, data: &i.ctr, offCtr: &i.off.ctr, wake: make(chan struct{}, 1)}
 	i.off.init(cfg.Host, cfg.Device, cfg.SendQueueSize)
@@ -169,7 +171,6 @@ func New(cfg Config) (_ *Interface, err error) {
 	i.udMTU = frame.UDMTU(i.port.ActiveMTU)
 	i.bcast = frame.BroadcastMGID(cfg.PKey)
 	i.mcast.init(&i.cfg, i.dev, i.bcast, i.hostLink.down, i.log)
-	i.passive.init(&i.mu, &i.cfg, cfg.DisableSRQ || cfg.DisableCM, i.ctl.post, i.mut, i.log)
 	i.neigh.init(&i.cfg, i.port.GID, i.dev, i.log, func(tc *txConn) {
 		tc.detachLocked(dropTxNeighFlushed)
 		i.ctl.post(tc.teardown)
@@ -200,6 +201,11 @@ func New(cfg Config) (_ *Interface, err error) {
 		}
 	}
 	i.hw = frame.NewHWAddr(flags, i.ud.qp.QPN(), i.port.GID)
+	i.passive.init(passiveEnv{
+		mu: &i.mu, neigh: &i.neigh, rng: i.rng, dev: i.dev, cq: i.rxCQ, srq: i.srq, poller: i.rxNAPI, post: i.ctl.post,
+		running: func() bool { return ifState(i.state.Load()) == ifRunning }, hostLink: &i.hostLink,
+		portMTU: i.port.ActiveMTU, udQPN: i.ud.qp.QPN(), obs: i.obs, mut: i.mut, log: i.log,
+	}, &i.cfg)
 	if err := i.rx.init(rxEnv{
 		poller: i.rxNAPI, mu: &i.mu, neigh: &i.neigh, passive: &i.passive, post: i.ctl.post,
 		out: &i.hostOut, off: &i.off, ctr: &i.ctr, ud: i.ud, srq: i.srq,
@@ -254,7 +260,6 @@ func (i *Interface) createQueues() error {
 	if err != nil {
 		return fmt.Errorf("rx napi: %w", err)
 	}
-	i.passive.rxNAPI = i.rxNAPI
 	i.tx.napi, err = napi.New(napi.Config{Name: cfg.Name + "-tx", CQ: i.txCQ, Budget: cfg.TXBudget, Handle: i.tx.handleTX})
 	if err != nil {
 		return fmt.Errorf("tx napi: %w", err)
