@@ -74,22 +74,17 @@ func (i *Interface) stopForHost() {
 	i.link.Store(false)
 	i.hostLinkCtr.downs.Add(1)
 	i.closeListener()
-	rx, tx := i.snapshotConns()
-	for _, rc := range rx {
-		i.passive.rxTransition(rc, rxEvHostDown)
-	}
-	for _, tc := range tx {
-		tc.teardown()
-	}
-	i.hostLinkCtr.downRXTeardowns.Add(uint64(len(rx)))
-	i.hostLinkCtr.downTXTeardowns.Add(uint64(len(tx)))
+	rx := i.passive.teardownAll(rxEvHostDown)
+	tx := i.teardownAllTX()
+	i.hostLinkCtr.downRXTeardowns.Add(uint64(rx))
+	i.hostLinkCtr.downTXTeardowns.Add(uint64(tx))
 	i.mu.Lock()
 	paths := i.neigh.flushPaths(&i.tx)
 	i.hostLinkCtr.downPathsFlushed.Add(uint64(paths))
 	groups := i.mcast.leaveAll()
 	i.mu.Unlock()
 	i.downQuiet = false
-	i.log.Info("host set the interface down: stopped", "rx_conns", len(rx), "tx_conns", len(tx),
+	i.log.Info("host set the interface down: stopped", "rx_conns", rx, "tx_conns", tx,
 		"paths", paths, "groups", groups)
 	i.checkHostDownQuiet()
 }
@@ -101,10 +96,7 @@ func (i *Interface) checkHostDownQuiet() {
 	if i.downQuiet || !i.hostLink.down() {
 		return
 	}
-	i.mu.Lock()
-	left := len(i.passive.set) + len(i.txConns)
-	i.mu.Unlock()
-	if left == 0 {
+	if i.passive.count()+i.countTX() == 0 {
 		i.downQuiet = true
 		i.log.Info("host down: every connection is gone")
 	}

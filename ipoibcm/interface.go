@@ -93,8 +93,8 @@ type Interface struct {
 	rng     *rand.Rand
 
 	ctl  control
-	obs  observer      // Config.Events
-	shut shutdownState // Close's, on the control loop
+	obs  observer // Config.Events
+	shut shutdown // Close's, on the control loop
 	// hostMTUStale: the last mode switch could not set the host's MTU
 	// (control loop), so SetMode to the same mode tries again.
 	hostMTUStale bool
@@ -110,7 +110,6 @@ type Interface struct {
 
 	stop     chan struct{} // closed by Close: reader and control loop end
 	readerWG sync.WaitGroup
-	ctlWG    sync.WaitGroup
 	closeErr error
 	closeMu  sync.Mutex
 
@@ -206,6 +205,7 @@ func New(cfg Config) (_ *Interface, err error) {
 		running: func() bool { return ifState(i.state.Load()) == ifRunning }, hostLink: &i.hostLink,
 		portMTU: i.port.ActiveMTU, udQPN: i.ud.qp.QPN(), obs: i.obs, mut: i.mut, log: i.log,
 	}, &i.cfg)
+	i.shut = shutdown{drainTimeout: cfg.DrainTimeout, rx: &i.passive, tx: i, log: i.log}
 	if err := i.rx.init(rxEnv{
 		poller: i.rxNAPI, mu: &i.mu, neigh: &i.neigh, passive: &i.passive, post: i.ctl.post,
 		out: &i.hostOut, off: &i.off, ctr: &i.ctr, ud: i.ud, srq: i.srq,
@@ -306,8 +306,12 @@ func (i *Interface) Start() error {
 	}
 	i.rxNAPI.Start()
 	i.tx.napi.Start()
-	i.ctlWG.Add(1)
-	go i.controlLoop()
+	i.ctl.start(controlTasks{
+		staleScan: periodic{i.cfg.StaleScan, i.passive.staleScan},
+		age:       periodic{max(min(i.cfg.NeighbourTimeout, i.cfg.McastSendOnlyTimeout)/2, time.Millisecond), i.ageNeighbours},
+		shutdown:  &i.shut,
+		after:     []func(){i.shut.check, i.checkHostDownQuiet},
+	})
 	if err := i.listen(); err != nil {
 		i.Close()
 		return fmt.Errorf("%s: %w", i.cfg.Name, err)
@@ -415,10 +419,7 @@ func (i *Interface) pkeyLinkDown() {
 	if err := i.host.SetLinkUp(false); err != nil {
 		i.log.Warn("host SetLinkUp", "err", err)
 	}
-	_, conns := i.snapshotConns()
-	for _, tc := range conns {
-		tc.teardown()
-	}
+	i.teardownAllTX()
 }
 
 // Mode is the current mode.

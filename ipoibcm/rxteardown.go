@@ -358,6 +358,34 @@ func (p *passiveSet) infoLocked(now time.Time, out []ConnInfo) []ConnInfo {
 	return out
 }
 
+// count is how many passive connections are left, teardown included.
+func (p *passiveSet) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.set)
+}
+
+// teardownAll sends every connection ev, a teardown event (control
+// loop: Close, the host's link down), and says how many there were.
+func (p *passiveSet) teardownAll(ev rxEvent) int {
+	rx := snapshotSet(p.mu, p.set)
+	for _, rc := range rx {
+		p.rxTransition(rc, ev)
+	}
+	return len(rx)
+}
+
+// forceAll destroys every connection left (Close's DrainTimeout ran out):
+// a drain that never completes covers nothing any more.
+func (p *passiveSet) forceAll() int {
+	rx := snapshotSet(p.mu, p.set)
+	for _, rc := range rx {
+		p.rxTransition(rc, rxEvForce)
+	}
+	p.reaper.flush, p.reaper.drain = nil, nil
+	return len(rx)
+}
+
 // staleScan moves passive connections idle longer than StaleAfter to
 // teardown (Linux ipoib_cm_stale_task).
 func (p *passiveSet) staleScan(now time.Time) {

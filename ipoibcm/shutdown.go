@@ -3,6 +3,8 @@ package ipoibcm
 import (
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
 	"time"
 )
 
@@ -53,13 +55,12 @@ func (i *Interface) closeSelf() error {
 	i.readerWG.Wait()
 
 	done := make(chan struct{})
-	i.ctl.post(func() { i.beginShutdown(done) })
+	i.ctl.post(func() { i.shut.begin(done) })
 	<-done
 
 	i.rxNAPI.Stop()
 	i.tx.napi.Stop()
-	i.ctl.stopLoop()
-	i.ctlWG.Wait()
+	i.ctl.stop()
 	i.destroyResources()
 	i.state.Store(int32(ifClosed))
 	if hostErr != nil && !errors.Is(hostErr, errAlreadyClosed) {
@@ -71,12 +72,31 @@ func (i *Interface) closeSelf() error {
 
 var errAlreadyClosed = errors.New("already closed")
 
-// shutdownState is the control loop's part of Close: whether it began,
-// whom to tell when it is done, and the DrainTimeout that forces it.
-type shutdownState struct {
+// shutdown is Close's part on the control loop: whether it began, whom
+// to tell when it is done, and the DrainTimeout that forces it. It owns no
+// connection: it asks the passive set and the active connections to take
+// theirs down, and waits until both are empty.
+type shutdown struct {
 	active bool
 	done   chan struct{}
 	timer  *time.Timer
+
+	drainTimeout time.Duration
+	rx           *passiveSet
+	tx           activeConns
+	log          *slog.Logger
+}
+
+// activeConns is what shutdown needs of the active connections' owner.
+type activeConns interface {
+	// teardownAllTX starts every active connection's teardown (control
+	// loop) and says how many there were.
+	teardownAllTX() int
+	// forceAllTX destroys every active connection left, handing back the
+	// credits their unflushed sends hold, and says how many.
+	forceAllTX() int
+	// countTX is how many active connections are left, closing included.
+	countTX() int
 }
 
 // destroyResources releases whatever New created, in dependency order.
@@ -110,61 +130,82 @@ func (i *Interface) destroyResources() {
 	}
 }
 
-// beginShutdown tears everything down through the normal protocol
-// (control loop); done closes when all is reaped or DrainTimeout forced.
-func (i *Interface) beginShutdown(done chan struct{}) {
-	r := &i.shut
-	r.active = true
-	r.done = done
-	r.timer = time.NewTimer(i.cfg.DrainTimeout)
-	rx, tx := i.snapshotConns()
-	for _, rc := range rx {
-		i.passive.rxTransition(rc, rxEvShutdown)
+// begin tears everything down through the normal protocol (control
+// loop); done closes when all is reaped or DrainTimeout forced the rest.
+func (sd *shutdown) begin(done chan struct{}) {
+	sd.active = true
+	sd.done = done
+	sd.timer = time.NewTimer(sd.drainTimeout)
+	sd.rx.teardownAll(rxEvShutdown)
+	sd.tx.teardownAllTX()
+}
+
+// deadline is the DrainTimeout's channel once Close began, nil before
+// (the control loop's select then never picks it).
+func (sd *shutdown) deadline() <-chan time.Time {
+	if sd.timer == nil {
+		return nil
 	}
+	return sd.timer.C
+}
+
+// check finishes Close once no connection is left (control loop, after
+// every work item).
+func (sd *shutdown) check() {
+	if !sd.active || sd.done == nil {
+		return
+	}
+	if sd.rx.count()+sd.tx.countTX() == 0 {
+		sd.finish()
+	}
+}
+
+// force: the drain did not finish within DrainTimeout (a wedged backend,
+// Linux's "RX drain timing out"): destroy what is left.
+func (sd *shutdown) force() {
+	sd.log.Warn("drain timed out; forcing", "rx", sd.rx.count(), "tx", sd.tx.countTX())
+	sd.rx.forceAll()
+	sd.tx.forceAllTX()
+	sd.finish()
+}
+
+func (sd *shutdown) finish() {
+	if sd.timer != nil {
+		sd.timer.Stop()
+		sd.timer = nil
+	}
+	if sd.done != nil {
+		close(sd.done)
+		sd.done = nil
+	}
+}
+
+// snapshotSet copies a connection set under the lock that guards it, so
+// a teardown (which takes the lock itself and removes the connection from
+// the set) can walk the copy.
+func snapshotSet[C comparable](mu *sync.Mutex, set map[C]struct{}) []C {
+	mu.Lock()
+	defer mu.Unlock()
+	out := make([]C, 0, len(set))
+	for c := range set {
+		out = append(out, c)
+	}
+	return out
+}
+
+// The active connections' side of shutdown and of the host's link down:
+// the set is guarded by Interface.mu.
+
+func (i *Interface) teardownAllTX() int {
+	tx := snapshotSet(&i.mu, i.txConns)
 	for _, tc := range tx {
 		tc.teardown()
 	}
+	return len(tx)
 }
 
-// snapshotConns copies the RX and TX connection sets under mu, so the
-// shutdown paths can tear connections down (which takes mu itself and
-// removes them from the sets) while walking the copies.
-func (i *Interface) snapshotConns() ([]*rxConn, []*txConn) {
-	i.mu.Lock()
-	defer i.mu.Unlock()
-	rx := make([]*rxConn, 0, len(i.passive.set))
-	for rc := range i.passive.set {
-		rx = append(rx, rc)
-	}
-	tx := make([]*txConn, 0, len(i.txConns))
-	for tc := range i.txConns {
-		tx = append(tx, tc)
-	}
-	return rx, tx
-}
-
-// checkShutdown finishes Close once nothing is left.
-func (i *Interface) checkShutdown() {
-	r := &i.shut
-	if !r.active || r.done == nil {
-		return
-	}
-	i.mu.Lock()
-	left := len(i.passive.set) + len(i.txConns)
-	i.mu.Unlock()
-	if left == 0 {
-		i.finishShutdown()
-	}
-}
-
-// forceShutdown: the drain did not finish within DrainTimeout (a wedged
-// backend, Linux's "RX drain timing out"): destroy what is left.
-func (i *Interface) forceShutdown() {
-	rx, tx := i.snapshotConns()
-	i.log.Warn("drain timed out; forcing", "rx", len(rx), "tx", len(tx))
-	for _, rc := range rx {
-		i.passive.rxTransition(rc, rxEvForce)
-	}
+func (i *Interface) forceAllTX() int {
+	tx := snapshotSet(&i.mu, i.txConns)
 	for _, tc := range tx {
 		// Return the credits its unflushed sends hold; late completions
 		// then find outstanding at zero and return none.
@@ -174,18 +215,11 @@ func (i *Interface) forceShutdown() {
 		i.txc.forced.Add(1)
 		tc.destroy()
 	}
-	i.passive.reaper.flush, i.passive.reaper.drain = nil, nil
-	i.finishShutdown()
+	return len(tx)
 }
 
-func (i *Interface) finishShutdown() {
-	r := &i.shut
-	if r.timer != nil {
-		r.timer.Stop()
-		r.timer = nil
-	}
-	if r.done != nil {
-		close(r.done)
-		r.done = nil
-	}
+func (i *Interface) countTX() int {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return len(i.txConns)
 }
