@@ -75,7 +75,7 @@ func (i *Interface) stopForHost() {
 	i.hostLinkCtr.downs.Add(1)
 	i.closeListener()
 	rx := i.passive.teardownAll(rxEvHostDown)
-	tx := i.teardownAllTX()
+	tx := i.teardownAll()
 	i.hostLinkCtr.downRXTeardowns.Add(uint64(rx))
 	i.hostLinkCtr.downTXTeardowns.Add(uint64(tx))
 	i.mu.Lock()
@@ -96,7 +96,7 @@ func (i *Interface) checkHostDownQuiet() {
 	if i.downQuiet || !i.hostLink.down() {
 		return
 	}
-	if i.passive.count()+i.countTX() == 0 {
+	if i.passive.count()+i.count() == 0 {
 		i.downQuiet = true
 		i.log.Info("host down: every connection is gone")
 	}

@@ -419,7 +419,7 @@ func (i *Interface) pkeyLinkDown() {
 	if err := i.host.SetLinkUp(false); err != nil {
 		i.log.Warn("host SetLinkUp", "err", err)
 	}
-	i.teardownAllTX()
+	i.teardownAll()
 }
 
 // Mode is the current mode.

@@ -87,16 +87,18 @@ type shutdown struct {
 	log          *slog.Logger
 }
 
-// activeConns is what shutdown needs of the active connections' owner.
+// activeConns is what shutdown (and the host's link down) needs of the
+// active connections' owner. The Interface implements it over txConns
+// below; the owner of the active connections takes it over.
 type activeConns interface {
-	// teardownAllTX starts every active connection's teardown (control
+	// teardownAll starts every active connection's teardown (control
 	// loop) and says how many there were.
-	teardownAllTX() int
-	// forceAllTX destroys every active connection left, handing back the
+	teardownAll() int
+	// forceAll destroys every active connection left, handing back the
 	// credits their unflushed sends hold, and says how many.
-	forceAllTX() int
-	// countTX is how many active connections are left, closing included.
-	countTX() int
+	forceAll() int
+	// count is how many active connections are left, closing included.
+	count() int
 }
 
 // destroyResources releases whatever New created, in dependency order.
@@ -137,7 +139,7 @@ func (sd *shutdown) begin(done chan struct{}) {
 	sd.done = done
 	sd.timer = time.NewTimer(sd.drainTimeout)
 	sd.rx.teardownAll(rxEvShutdown)
-	sd.tx.teardownAllTX()
+	sd.tx.teardownAll()
 }
 
 // deadline is the DrainTimeout's channel once Close began, nil before
@@ -155,7 +157,7 @@ func (sd *shutdown) check() {
 	if !sd.active || sd.done == nil {
 		return
 	}
-	if sd.rx.count()+sd.tx.countTX() == 0 {
+	if sd.rx.count()+sd.tx.count() == 0 {
 		sd.finish()
 	}
 }
@@ -163,9 +165,9 @@ func (sd *shutdown) check() {
 // force: the drain did not finish within DrainTimeout (a wedged backend,
 // Linux's "RX drain timing out"): destroy what is left.
 func (sd *shutdown) force() {
-	sd.log.Warn("drain timed out; forcing", "rx", sd.rx.count(), "tx", sd.tx.countTX())
+	sd.log.Warn("drain timed out; forcing", "rx", sd.rx.count(), "tx", sd.tx.count())
 	sd.rx.forceAll()
-	sd.tx.forceAllTX()
+	sd.tx.forceAll()
 	sd.finish()
 }
 
@@ -193,10 +195,9 @@ func snapshotSet[C comparable](mu *sync.Mutex, set map[C]struct{}) []C {
 	return out
 }
 
-// The active connections' side of shutdown and of the host's link down:
-// the set is guarded by Interface.mu.
+// activeConns over Interface.txConns, guarded by Interface.mu.
 
-func (i *Interface) teardownAllTX() int {
+func (i *Interface) teardownAll() int {
 	tx := snapshotSet(&i.mu, i.txConns)
 	for _, tc := range tx {
 		tc.teardown()
@@ -204,7 +205,7 @@ func (i *Interface) teardownAllTX() int {
 	return len(tx)
 }
 
-func (i *Interface) forceAllTX() int {
+func (i *Interface) forceAll() int {
 	tx := snapshotSet(&i.mu, i.txConns)
 	for _, tc := range tx {
 		// Return the credits its unflushed sends hold; late completions
@@ -218,7 +219,7 @@ func (i *Interface) forceAllTX() int {
 	return len(tx)
 }
 
-func (i *Interface) countTX() int {
+func (i *Interface) count() int {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	return len(i.txConns)
