@@ -71,9 +71,9 @@ func newEnginePairBatch(tb testing.TB, mode Mode, payload, batch int, tweak ...f
 		hostA = batchLimitedPort{memPort: p.pa, batch: batch}
 	}
 	p.a, p.b = mk("a", hostA), mk("b", p.pb)
-	p.a.mu.Lock()
+	p.a.neigh.mu.Lock()
 	n := p.a.neigh.learn(p.b.HWAddr(), netip.Addr{}, time.Now())
-	p.a.mu.Unlock()
+	p.a.neigh.mu.Unlock()
 	p.frame = make([]byte, frame.EthHdrLen+payload)
 	frame.PutEthernet(p.frame, frame.EthHeader{Dst: n.mac, Src: frame.MAC(p.pa.mac), EtherType: frame.EtherTypeIPv4})
 	ip := p.frame[frame.EthHdrLen:]

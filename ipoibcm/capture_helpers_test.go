@@ -83,8 +83,8 @@ func rvFabric(t *testing.T, seed int64) *soft.Fabric {
 
 // rvLearn teaches ifc a neighbour as ARP would, and returns its MAC.
 func rvLearn(ifc *Interface, hw frame.HWAddr, ip netip.Addr, now time.Time) frame.MAC {
-	ifc.mu.Lock()
-	defer ifc.mu.Unlock()
+	ifc.neigh.mu.Lock()
+	defer ifc.neigh.mu.Unlock()
 	return ifc.neigh.learn(hw, ip, now).mac
 }
 

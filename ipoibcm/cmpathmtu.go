@@ -18,8 +18,8 @@ import (
 // reqPathMTU is the path MTU our next REQ to n carries: our port MTU
 // unless the peer refused it.
 func (i *Interface) reqPathMTU(n *neighbour) hca.MTU {
-	i.mu.Lock()
-	defer i.mu.Unlock()
+	i.neigh.mu.Lock()
+	defer i.neigh.mu.Unlock()
 	if n.pathMTU != 0 && n.pathMTU < i.port.ActiveMTU {
 		return n.pathMTU
 	}
@@ -43,9 +43,9 @@ func (i *Interface) lowerPathMTU(tc *txConn) bool {
 		return false
 	}
 	lower := cur / 2
-	i.mu.Lock()
+	i.neigh.mu.Lock()
 	tc.neigh.pathMTU = lower
-	i.mu.Unlock()
+	i.neigh.mu.Unlock()
 	i.txc.mtuDowngrades.Add(1)
 	i.log.Info("peer refused our CM path MTU; the next REQ asks for less", "peer", tc.peer, "path_mtu", cur, "next", lower)
 	return true

@@ -44,14 +44,20 @@ func ParseMode(s string) (Mode, error) {
 const (
 	DefaultSendQueueSize = 128
 	DefaultRecvQueueSize = 256
-	// DefaultUDRecvQueueSize is the UD receive ring, 4x Linux's 256: UD
+	// DefaultUDRecvQueueSize is the UD receive ring, 16x Linux's 256: UD
 	// has no flow control, and a userspace receiver that hands every
 	// packet to the host with a write(2) (the host's TCP receive runs in
 	// that call) drains its ring several times slower than the peer's
-	// reader fills it with read(2)s. With 256 buffers a single TCP stream
-	// at the UD MTU overran the ring (3% of packets dropped, thousands of
-	// retransmits per second); 1024 absorbed the bursts with no drops.
-	DefaultUDRecvQueueSize = 1024
+	// reader fills it with read(2)s, so a stalled receiver must hold the
+	// sender's whole window. A Linux sender's window is bounded in bytes
+	// (tcp_wmem, 4 MiB: about 2 MB of segments in flight), the ring in
+	// packets: at MTU 4092 that window is ~520 datagrams, at 2000 ~1100,
+	// at 1280 ~1700 (measured with ss). 1024 held it only down to ~2100
+	// and TCP retransmitted hundreds of segments a second below that;
+	// 4096 holds it down to the IPv6 minimum MTU, 1280
+	// (TestBinaryDatagramLoweredMTUNoLoss). The buffers are IB-MTU sized
+	// whatever the host MTU, ~17 MB per interface, touched only as used.
+	DefaultUDRecvQueueSize = 4096
 	DefaultMaxNonSRQConns  = 128
 	// DefaultMaxRXConns: one passive connection per peer of a 1024-host
 	// subnet, plus the same again in teardown or restart.

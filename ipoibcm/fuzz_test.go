@@ -59,7 +59,9 @@ func FuzzEngineInput(f *testing.F) {
 			n := copy(ifc.tx.pool.bufs[idx[0]], host)
 			t.replies = t.replies[:0]
 			ifc.mu.Lock()
+			ifc.neigh.mu.Lock()
 			used := ifc.txFrameLocked(t, idx[0], n, fuzzMeta(meta), time.Now())
+			ifc.neigh.mu.Unlock()
 			ifc.mu.Unlock()
 			if !used {
 				ifc.tx.pool.put1(idx[0])

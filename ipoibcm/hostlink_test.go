@@ -81,7 +81,7 @@ func TestHostDownStopsAndUpRestarts(t *testing.T) {
 		t.Fatalf("after down: host_link %q link_up %v, %d TX %d RX conns, reaper %+v",
 			down.HostLink, down.LinkUp, len(down.TXConns), len(down.RXConns), r)
 	}
-	a.ifc.mu.Lock()
+	a.ifc.neigh.mu.Lock()
 	for _, n := range a.ifc.neigh.byGID {
 		if n.ah != nil || n.tx != nil || n.nParked != 0 {
 			t.Errorf("neighbour %v keeps its path while down: AH %v, TX %v, %d parked", n.hw, n.ah != nil, n.tx != nil, n.nParked)
@@ -94,7 +94,7 @@ func TestHostDownStopsAndUpRestarts(t *testing.T) {
 		}
 	}
 	a.ifc.mcast.mu.Unlock()
-	a.ifc.mu.Unlock()
+	a.ifc.neigh.mu.Unlock()
 
 	// Node 1 keeps trying; node 0's host (a gVisor stack, which does not
 	// know it is down) tries too.

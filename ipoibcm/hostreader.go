@@ -131,12 +131,14 @@ func (i *Interface) hostReader() {
 		t.free = t.free[:0]
 		t.replies = t.replies[:0]
 		i.mu.Lock()
+		i.neigh.mu.Lock()
 		for k := range got {
 			t.pending = got - 1 - k
 			if !i.txFrameLocked(t, t.idx[k], t.sizes[k], t.meta[k], now) {
 				t.free = append(t.free, t.idx[k])
 			}
 		}
+		i.neigh.mu.Unlock()
 		i.mu.Unlock()
 		t.free = append(t.free, t.idx[got:n]...)
 		tx.pool.put(t.free...)

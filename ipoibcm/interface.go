@@ -207,7 +207,7 @@ func New(cfg Config) (_ *Interface, err error) {
 	}, &i.cfg)
 	i.shut = shutdown{drainTimeout: cfg.DrainTimeout, rx: &i.passive, tx: i, log: i.log}
 	if err := i.rx.init(rxEnv{
-		poller: i.rxNAPI, mu: &i.mu, neigh: &i.neigh, passive: &i.passive, post: i.ctl.post,
+		poller: i.rxNAPI, mu: &i.neigh.mu, neigh: &i.neigh, passive: &i.passive, post: i.ctl.post,
 		out: &i.hostOut, off: &i.off, ctr: &i.ctr, ud: i.ud, srq: i.srq,
 		hostMAC: &i.hostMAC, hostLink: &i.hostLink, self: i.hw, staleUpdate: cfg.StaleUpdate, log: i.log,
 	}, cfg.RXBudget); err != nil {

@@ -29,13 +29,13 @@ const (
 )
 
 func validIPv4(p []byte) bool {
-	h, err := packet.ParseIP(p)
-	return err == nil && !h.IPv6
+	_, _, ok := packet.IPv4Lengths(p)
+	return ok
 }
 
 func validIPv6(p []byte) bool {
-	h, err := packet.ParseIP(p)
-	return err == nil && h.IPv6
+	_, ok := packet.IPv6Length(p)
+	return ok
 }
 
 func ipv4Dst(p []byte) netip.Addr {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,8 +19,8 @@ import (
 // host's ARP cache stays valid; learning the new address updates hw and
 // flushes the TX connection to the old QP.
 //
-// All fields are guarded by Interface.mu except mac, macIndex and gid,
-// which never change.
+// All fields are guarded by neighbourTable.mu except mac, macIndex and
+// gid, which never change.
 type neighbour struct {
 	gid      hca.GID
 	mac      frame.MAC
@@ -61,11 +62,14 @@ type parkedFrame struct {
 }
 
 // neighbourTable is the interface's neighbours, mapped both ways (the
-// one-to-one invariant checked), with the host addresses seen. Guarded by
-// Interface.mu, which every caller holds: a neighbour's connection and
-// parked frames change together with the connection set, under the same
-// lock.
+// one-to-one invariant checked), with the host addresses seen. Its lock
+// guards the maps, every neighbour's mutable fields (the connection and
+// the parked frames with them) and the credits the parked frames hold
+// (txPath.parkedCredits). Lock order: Interface.mu, then this one, then
+// the multicast table's.
 type neighbourTable struct {
+	mu sync.Mutex
+
 	byGID   map[hca.GID]*neighbour
 	byMAC   map[frame.MAC]*neighbour
 	nextMAC uint32
@@ -80,7 +84,7 @@ type neighbourTable struct {
 	evictAfter time.Duration // Config.NeighbourEvictAfter
 	log        *slog.Logger
 	// restarted flushes the connection of a neighbour that came back
-	// with a new QPN (Interface.mu held): it went to a QP that is gone.
+	// with a new QPN (mu held): it went to a QP that is gone.
 	restarted func(tc *txConn)
 }
 
@@ -155,7 +159,7 @@ func (n *neighbour) addIP(a netip.Addr) {
 }
 
 // park keeps a frame for a connection being set up (at most maxParked per
-// neighbour); under Interface.mu. A parked frame holds a TX credit so the
+// neighbour); under neighbourTable.mu. A parked frame holds a TX credit so the
 // REP handler can post it without overrunning a send queue; all parked
 // frames together hold at most parkedCreditCap credits. Linux does not
 // count neigh->queue against tx_outstanding at all, but there a parked skb
@@ -270,8 +274,8 @@ func (t *neighbourTable) dropAH(n *neighbour) {
 // the host's ARP cache to expire. The reply also reaches the host, which
 // takes it as a confirmation. Control loop.
 func (i *Interface) reresolve(n *neighbour) {
-	i.mu.Lock()
-	defer i.mu.Unlock()
+	i.neigh.mu.Lock()
+	defer i.neigh.mu.Unlock()
 	var src netip.Addr
 	for _, a := range i.neigh.hostIPs {
 		if a.Is4() {
@@ -312,6 +316,7 @@ func (i *Interface) reresolve(n *neighbour) {
 func (i *Interface) ageNeighbours(now time.Time) {
 	var idle []*txConn
 	i.mu.Lock()
+	i.neigh.mu.Lock()
 	for _, n := range i.neigh.byGID {
 		if now.Sub(n.lastUse) < i.neigh.timeout {
 			continue
@@ -323,6 +328,7 @@ func (i *Interface) ageNeighbours(now time.Time) {
 		}
 	}
 	i.neigh.evict(now, i.txConns, i.passive.set)
+	i.neigh.mu.Unlock()
 	i.mcast.age(now)
 	i.mu.Unlock()
 	for _, tc := range idle {

@@ -38,7 +38,9 @@ func rvHostFrame(t *testing.T, ifc *Interface, f []byte, now time.Time) bool {
 	ts := &txScratch{}
 	ts.init(&ifc.tx, 1)
 	ifc.mu.Lock()
+	ifc.neigh.mu.Lock()
 	ok := ifc.txFrameLocked(ts, idx[0], len(f), offload.Meta{}, now)
+	ifc.neigh.mu.Unlock()
 	ifc.mu.Unlock()
 	if !ok {
 		ifc.tx.pool.put1(idx[0])
@@ -75,9 +77,9 @@ func TestIdleNeighboursEvicted(t *testing.T) {
 	if !rvHostFrame(t, a, rvIPv4(xMAC, src, hostIP, [4]byte{10, 0, 2, 1}, 100), now) {
 		t.Fatal("UD send to x refused")
 	}
-	a.mu.Lock()
+	a.neigh.mu.Lock()
 	xAH := a.neigh.byMAC[xMAC].ah
-	a.mu.Unlock()
+	a.neigh.mu.Unlock()
 	if xAH == nil {
 		t.Fatal("no address handle for x")
 	}
@@ -142,8 +144,8 @@ func TestIdleNeighboursEvicted(t *testing.T) {
 
 func rvNeighbourMAC(t *testing.T, ifc *Interface, gid hca.GID) frame.MAC {
 	t.Helper()
-	ifc.mu.Lock()
-	defer ifc.mu.Unlock()
+	ifc.neigh.mu.Lock()
+	defer ifc.neigh.mu.Unlock()
 	n := ifc.neigh.byGID[gid]
 	if n == nil {
 		t.Fatalf("no neighbour for %s", gid)

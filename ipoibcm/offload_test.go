@@ -186,12 +186,12 @@ func newOffloadPair(t testing.TB, mode Mode, fcfg soft.Config, hostB HostPort) *
 		p.b.Close()
 		p.fab.Close()
 	})
-	p.a.mu.Lock()
+	p.a.neigh.mu.Lock()
 	n := p.a.neigh.learn(p.b.HWAddr(), netip.Addr{}, time.Now())
-	p.a.mu.Unlock()
-	p.b.mu.Lock()
+	p.a.neigh.mu.Unlock()
+	p.b.neigh.mu.Lock()
 	p.b.neigh.learn(p.a.HWAddr(), netip.Addr{}, time.Now())
-	p.b.mu.Unlock()
+	p.b.neigh.mu.Unlock()
 	p.dstMAC = n.mac
 	return p
 }

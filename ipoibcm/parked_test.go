@@ -60,9 +60,9 @@ func TestParkedCreditsCappedHealthyPeerFlows(t *testing.T) {
 	if parked != capCredits {
 		t.Fatalf("%d frames parked, want the cap %d", parked, capCredits)
 	}
-	a.mu.Lock()
+	a.neigh.mu.Lock()
 	held := a.tx.parkedCredits
-	a.mu.Unlock()
+	a.neigh.mu.Unlock()
 	if held != capCredits || st.Outstanding < int64(capCredits) {
 		t.Fatalf("parked credits %d, outstanding %d; want %d held", held, st.Outstanding, capCredits)
 	}

@@ -121,11 +121,13 @@ func (p *passiveSet) acceptREQ(req *cm.Request) cm.Decision {
 		return cm.Decision{Reject: cm.RejectNoQP}
 	}
 	var n *neighbour
+	p.neigh.mu.Lock()
 	if peerQPN != 0 {
 		n = p.neigh.learn(rc.peer, netip.Addr{}, now)
 	} else if n = p.neigh.lookupGID(req.RemoteGID); n == nil {
 		n = p.neigh.learn(rc.peer, netip.Addr{}, now)
 	}
+	p.neigh.mu.Unlock()
 	psn := p.rng.Uint32() & 0xffffff
 	p.mu.Unlock()
 	if old != nil {

@@ -28,12 +28,12 @@ import (
 //  4. deliver: the IPoIB message becomes an Ethernet frame for the host
 //     in its receive buffer (deliverIP), or translated into a scratch
 //     buffer for ARP (rxARPLocked) and neighbour discovery (deliverND),
-//     learning neighbours under Interface.mu, taken once per batch on
-//     first need (lock);
+//     learning neighbours under the neighbour table's lock, taken once
+//     per batch on first need (lock);
 //  5. GRO: the batch's in-order TCP segments of a flow are coalesced for
 //     a host that takes super frames (writeHost);
 //  6. host write: the batch goes to the host in one write through the
-//     hostWriter, with Interface.mu already released;
+//     hostWriter, with the neighbour table's lock already released;
 //  7. repost: every buffer goes back to its ring (repost).
 //
 // The path never calls back into the TX side and never posts a send: ICMP
@@ -44,7 +44,7 @@ import (
 // the interface, never the Interface itself.
 type rxEnv struct {
 	poller  *napi.Context // the RX poller that calls handleRX
-	mu      *sync.Mutex   // guards neigh (Interface.mu)
+	mu      *sync.Mutex   // guards neigh (neighbourTable.mu)
 	neigh   *neighbourTable
 	passive *passiveSet  // connection events, the drain completion
 	post    func(func()) // onto the control loop
@@ -95,7 +95,7 @@ type rxPath struct {
 	trans  [][]byte
 	nTrans int
 
-	locked  bool // Interface.mu held for neighbour lookups
+	locked  bool // the neighbour table's lock held for lookups
 	now     time.Time
 	haveNow bool
 	macOf   func(frame.HWAddr) (frame.MAC, bool)
@@ -159,8 +159,9 @@ func (r *rxPath) init(env rxEnv, batch int) error {
 func (r *rxPath) handleRX(wcs []hca.WC) {
 	if r.poller.Inline() {
 		// On the poster's goroutine (Config.InlineRX), which may hold
-		// Interface.mu (ours, or a peer's that posts to us while we post
-		// to it): take ours now or leave the batch to the RX poller.
+		// a neighbour table's lock (ours, or a peer's that posts to us
+		// while we post to it): take ours now or leave the batch to the
+		// RX poller.
 		if !r.mu.TryLock() {
 			r.poller.Defer(wcs)
 			return
@@ -467,7 +468,7 @@ func (r *rxPath) deliverND(pkt []byte, byteLen int, srcMAC frame.MAC) {
 	r.ctr.rxBytes.Add(uint64(byteLen))
 }
 
-// flushRX ends a handleRX call: Interface.mu goes first, then the batch
+// flushRX ends a handleRX call: the neighbour table's lock goes first, then the batch
 // goes to the host (GRO, one write) and the buffers back to their rings.
 func (r *rxPath) flushRX() {
 	if r.locked {
@@ -547,7 +548,7 @@ func (r *rxPath) repost() {
 
 // The poller's helpers.
 
-// lock takes Interface.mu once per handleRX call, on first need; flushRX
+// lock takes the neighbour table's lock once per handleRX call, on first need; flushRX
 // releases it before the host write.
 func (r *rxPath) lock() {
 	if !r.locked {

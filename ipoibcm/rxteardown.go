@@ -113,9 +113,9 @@ type passiveSet struct {
 // passiveEnv is what the passive set works with, fixed at New: narrow
 // pieces of the interface, never the Interface itself.
 type passiveEnv struct {
-	mu    *sync.Mutex // Interface.mu: guards the set, the states, neigh and rng
-	neigh *neighbourTable
-	rng   *rand.Rand // the starting PSNs of our REPs
+	mu    *sync.Mutex     // Interface.mu: guards the set, the states and rng
+	neigh *neighbourTable // its own lock (neigh.mu), taken inside mu
+	rng   *rand.Rand      // the starting PSNs of our REPs
 	dev   hca.Device
 	cq    hca.CQ   // the RX CQ: send and receive CQ of every passive QP
 	srq   *srqRing // nil: every connection has its own ring

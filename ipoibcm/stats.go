@@ -198,6 +198,7 @@ func (i *Interface) Stats() Stats {
 	if i.srq != nil && i.srq.srq != nil {
 		s.SRQPosted = i.srq.srq.Posted()
 	}
+	i.neigh.mu.Lock()
 	for _, n := range i.neigh.byGID {
 		ni := NeighbourInfo{
 			IPs: append([]netip.Addr{}, n.ips...), HWAddr: n.hw.ColonString(), MAC: n.mac.String(),
@@ -212,6 +213,7 @@ func (i *Interface) Stats() Stats {
 		}
 		s.Neighbours = append(s.Neighbours, ni)
 	}
+	i.neigh.mu.Unlock()
 	for tc := range i.txConns {
 		ci := ConnInfo{
 			Peer: tc.peer.ColonString(), PeerGID: tc.peer.GID().String(), State: tc.state.load().String(), MTU: tc.mtu,

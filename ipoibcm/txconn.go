@@ -254,13 +254,16 @@ func (tc *txConn) applyREP(pd []byte) bool {
 	}
 	var replies [][]byte
 	i.mu.Lock()
+	i.neigh.mu.Lock()
 	if !tc.txTransition(txEvREP) {
+		i.neigh.mu.Unlock()
 		i.mu.Unlock()
 		return false
 	}
 	tc.mtu = min(mtu, frame.CMBufSize)
 	n := tc.neigh
 	if n.tx != tc {
+		i.neigh.mu.Unlock()
 		i.mu.Unlock()
 		return true
 	}
@@ -291,6 +294,7 @@ func (tc *txConn) applyREP(pd []byte) bool {
 		}
 	}
 	n.unpark(tx)
+	i.neigh.mu.Unlock()
 	i.mu.Unlock()
 	if len(replies) > 0 {
 		i.hostOut.write(replies)
@@ -304,11 +308,11 @@ func (tc *txConn) applyREP(pd []byte) bool {
 func (tc *txConn) fail(backoff bool) {
 	i := tc.i
 	if backoff {
-		i.mu.Lock()
+		i.neigh.mu.Lock()
 		if tc.neigh.tx == tc || tc.neigh.tx == nil {
 			tc.neigh.cmBackoffUntil = time.Now().Add(i.cfg.CMBackoff)
 		}
-		i.mu.Unlock()
+		i.neigh.mu.Unlock()
 		i.txc.connectFailures.Add(1)
 	}
 	tc.teardown()
@@ -323,7 +327,7 @@ func (tc *txConn) sendFailed() {
 }
 
 // detachLocked unhooks tc from its neighbour so the next frame starts a
-// new connection, dropping frames parked for it.
+// new connection, dropping frames parked for it (neighbourTable.mu held).
 func (tc *txConn) detachLocked(reason dropReason) {
 	if tc.neigh.tx == tc {
 		tc.neigh.tx = nil
@@ -341,7 +345,9 @@ func (tc *txConn) teardown() {
 		i.mu.Unlock()
 		return
 	}
+	i.neigh.mu.Lock()
 	tc.detachLocked(dropTxNeighFlushed)
+	i.neigh.mu.Unlock()
 	i.mu.Unlock()
 	i.txc.teardowns.Add(1)
 	i.emitTX(EventTXTeardown, tc, 0, "")

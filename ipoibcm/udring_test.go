@@ -41,7 +41,9 @@ func TestUDRecvQueueSizeDefaults(t *testing.T) {
 
 // The UD QP gets UDRecvQueueSize posted buffers and the RX CQ room for all
 // of them beside the SRQ: a burst that fills the whole ring while the RX
-// poller is stalled loses nothing and overflows no CQ.
+// poller is stalled loses nothing and overflows no CQ. One datagram more
+// finds no receive posted: the port drops it, and the interface counts it
+// as rx_ud_no_buffer.
 func TestUDRingAbsorbsBurstWhilePollerStalled(t *testing.T) {
 	const ring = 40
 	fab := soft.NewFabric(soft.Config{})
@@ -111,12 +113,24 @@ func TestUDRingAbsorbsBurstWhilePollerStalled(t *testing.T) {
 	if d := fab.Stats().UDDrops.NoBuffer - before; d != 0 {
 		t.Fatalf("%d of a %d-packet burst dropped for want of a buffer, want 0", d, ring)
 	}
+	if n := ifc.Stats().Counters.RxUDNoBuffer; n != 0 {
+		t.Fatalf("rx_ud_no_buffer %d after a burst the ring held, want 0", n)
+	}
 	// One more than the ring while the poller still holds the first batch.
 	if _, err := qp.PostSend(wrs[:1]); err != nil {
 		t.Fatal(err)
 	}
 	if d := fab.Stats().UDDrops.NoBuffer - before; d != 1 {
 		t.Fatalf("%d dropped after overrunning the ring by one, want 1", d)
+	}
+	const more = 5
+	for range more {
+		if _, err := qp.PostSend(wrs[:1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d, n := fab.Stats().UDDrops.NoBuffer-before, ifc.Stats().Counters.RxUDNoBuffer; d != 1+more || n != d {
+		t.Fatalf("rx_ud_no_buffer %d, the fabric dropped %d for want of a buffer; want both %d", n, d, 1+more)
 	}
 	release()
 	total := 0

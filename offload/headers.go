@@ -2,7 +2,6 @@ package offload
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/ipoibcm/ipoib/internal/packet"
 )
@@ -21,7 +20,7 @@ var (
 	ErrNotIP = packet.ErrNotIP
 	// ErrNotL4: the IP payload is not TCP or UDP (or sits behind IPv6
 	// extension headers or an IPv4 fragment, which no offload covers).
-	ErrNotL4 = errors.New("not a TCP or UDP packet")
+	ErrNotL4 = packet.ErrNotTransport
 	// ErrBadLength: the IP length fields disagree with the frame.
 	ErrBadLength = packet.ErrBadLength
 	// ErrTooManySegments: the caller gave fewer output buffers than the
@@ -33,20 +32,9 @@ var (
 	ErrBadMSS = errors.New("segment size not positive")
 )
 
-// Headers is where the headers of one IP packet lie inside a frame.
-type Headers struct {
-	// L3 is the offset of the IP header; IPv6 tells which one.
-	L3   int
-	IPv6 bool
-	// Proto is ProtoTCP or ProtoUDP.
-	Proto uint8
-	// L4 is the offset of the TCP/UDP header, End the offset just past it
-	// (so End is the length of everything a segment repeats).
-	L4, End int
-	// Len is the packet's length per its IP header, link header included:
-	// bytes past it are link padding.
-	Len int
-}
+// Headers is where the headers of one IP packet lie inside a frame: the
+// packet layer's reading, with the offloads' methods on it.
+type Headers packet.Headers
 
 // CsumOffset is the offset of the L4 checksum field inside its header.
 func (h Headers) CsumOffset() int {
@@ -57,28 +45,9 @@ func (h Headers) CsumOffset() int {
 }
 
 // Parse finds the IPv4/IPv6 and TCP/UDP headers of the packet that starts
-// at l3off in frame. It rejects IPv4 fragments, IPv6 extension headers
-// and length fields that point past the frame.
+// at l3off in frame (packet.ParseHeaders). It rejects IPv4 fragments,
+// IPv6 extension headers and length fields that point past the frame.
 func Parse(frame []byte, l3off int) (Headers, error) {
-	h := Headers{L3: l3off}
-	if l3off < 0 || len(frame) < l3off+1 {
-		return h, ErrTruncated
-	}
-	ip, err := packet.ParseIP(frame[l3off:])
-	if err != nil {
-		return h, err
-	}
-	if ip.Fragment {
-		return h, fmt.Errorf("ipv4 fragment: %w", ErrNotL4)
-	}
-	h.IPv6, h.Proto, h.L4, h.Len = ip.IPv6, ip.Protocol, l3off+ip.HeaderLen, l3off+ip.Len
-	n, err := packet.TransportLen(h.Proto, frame[h.L4:h.Len])
-	if err != nil {
-		if errors.Is(err, packet.ErrNotTransport) {
-			return h, fmt.Errorf("ip protocol %d: %w", h.Proto, ErrNotL4)
-		}
-		return h, err
-	}
-	h.End = h.L4 + n
-	return h, nil
+	h, err := packet.ParseHeaders(frame, l3off)
+	return Headers(h), err
 }

@@ -81,12 +81,20 @@ func TestGarbageCountedWhileTrafficFlows(t *testing.T) {
 }
 
 // FuzzReceive feeds arbitrary datagrams to a live device's receive path.
+// The second argument's bits choose: 1, a valid ICRC on the socket's path;
+// 2, one flipped ICRC bit on the packet socket's path; 4, the BTH aimed at
+// the live RC QP (its destination QP replaced by the QP's number, which
+// the device draws from a random point, so no fixed number in a seed
+// reaches it).
 func FuzzReceive(f *testing.F) {
-	f.Add([]byte{}, uint32(0x10))
-	f.Add(wire.AppendPacket(nil, &wire.PacketSpec{BTH: wire.BTH{Opcode: wire.OpRCAck, PKey: 0xFFFF, DestQP: 0x10},
-		AETH: wire.AETH{Syndrome: wire.SyndromeNAKSeqErr}}), uint32(0x10))
-	f.Add(wire.AppendPacket(nil, &wire.PacketSpec{BTH: wire.BTH{Opcode: wire.OpRCSendFirst, PKey: 0xFFFF, DestQP: 0x10},
-		Payload: make([]byte, 64)}), uint32(0x10))
+	const toQP, validICRC = 4, 1
+	f.Add([]byte{}, uint32(0))
+	f.Add(wire.AppendPacket(nil, &wire.PacketSpec{BTH: wire.BTH{Opcode: wire.OpRCAck, PKey: 0xFFFF},
+		AETH: wire.AETH{Syndrome: wire.SyndromeNAKSeqErr}}), uint32(toQP|validICRC))
+	f.Add(wire.AppendPacket(nil, &wire.PacketSpec{BTH: wire.BTH{Opcode: wire.OpRCSendFirst, PKey: 0xFFFF},
+		Payload: make([]byte, 64)}), uint32(toQP|validICRC))
+	f.Add(wire.AppendPacket(nil, &wire.PacketSpec{BTH: wire.BTH{Opcode: wire.OpRCSendFirst, PKey: 0xFFFF},
+		Payload: make([]byte, 64)}), uint32(toQP))
 	f.Fuzz(func(t *testing.T, b []byte, qpn uint32) {
 		// A random 127/8 network per input keeps parallel fuzz workers
 		// apart.
@@ -96,12 +104,17 @@ func FuzzReceive(f *testing.F) {
 		mustModify(t, e.qp, hca.QPAttr{State: hca.QPStateInit})
 		mustModify(t, e.qp, hca.QPAttr{State: hca.QPStateRTR, DestQPN: 0x10, DestGID: hca.GIDFromAddr(netip.AddrFrom4([4]byte{127, fab.net, 0, 9})), PathMTU: 1024})
 		mustModify(t, e.qp, hca.QPAttr{State: hca.QPStateRTS, Timeout: 1, RetryCount: 7})
+		if qpn&toQP != 0 && len(b) >= wire.BTHLen {
+			b = bytes.Clone(b)
+			q := uint32(e.qp.QPN())
+			b[5], b[6], b[7] = byte(q>>16), byte(q>>8), byte(q)
+		}
 		buf := make([]byte, 100)
 		_, _ = e.qp.PostRecv([]hca.RecvWR{{ID: 1, Buf: buf}})
 		from := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, fab.net, 0, 9}), d.LocalAddr().Port())
 		// Give the packet a valid ICRC half the time so the QP logic runs.
 		pkt := bytes.Clone(b)
-		if len(pkt) >= wire.BTHLen+wire.ICRCLen && qpn&1 == 1 {
+		if len(pkt) >= wire.BTHLen+wire.ICRCLen && qpn&validICRC != 0 {
 			frame, err := wire.AppendFrame(nil, from, d.LocalAddr(), pkt, false)
 			if err == nil {
 				pkt = frame[wire.IPv4HeaderLen+wire.UDPHeaderLen:]

@@ -156,6 +156,21 @@ func FuzzParseIP(f *testing.F) {
 				t.Fatalf("transport header of %d past %+v", n, h)
 			}
 		}
+		// ParseHeaders, whose fast path is its own, agrees with ParseIP
+		// and TransportLen.
+		ph, perr := ParseHeaders(b, 0)
+		if err == nil && !h.Fragment {
+			n, terr := TransportLen(h.Protocol, b[h.HeaderLen:h.Len])
+			want := Headers{IPv6: h.IPv6, Proto: h.Protocol, L4: h.HeaderLen, Len: h.Len}
+			if terr == nil {
+				want.End = h.HeaderLen + n
+			}
+			if ph != want || (perr == nil) != (terr == nil) {
+				t.Fatalf("ParseHeaders %+v %v, want %+v %v", ph, perr, want, terr)
+			}
+		} else if perr == nil {
+			t.Fatalf("ParseHeaders %+v where ParseIP %+v %v", ph, h, err)
+		}
 		if herr == nil && hh.HeaderLen > len(b) {
 			t.Fatalf("header of %d in %d bytes", hh.HeaderLen, len(b))
 		}

@@ -63,14 +63,15 @@ func ndMessage(ipv6 []byte) ([]byte, error) {
 	if len(ipv6) < header.IPv6MinimumSize {
 		return nil, ErrTruncated
 	}
-	h, err := packet.ParseIP(ipv6)
-	if !h.IPv6 || h.Protocol != packet.ProtoICMPv6 || header.IPv6(ipv6).HopLimit() != ndHopLimit {
+	ip := header.IPv6(ipv6)
+	if header.IPVersion(ipv6) != header.IPv6Version || ip.NextHeader() != packet.ProtoICMPv6 || ip.HopLimit() != ndHopLimit {
 		return nil, ErrNotND
 	}
-	if err != nil {
+	n, ok := packet.IPv6Length(ipv6)
+	if !ok {
 		return nil, ErrTruncated
 	}
-	msg := ipv6[h.HeaderLen:h.Len]
+	msg := ipv6[header.IPv6MinimumSize:n]
 	if len(msg) < 4 {
 		return nil, ErrTruncated
 	}
