@@ -12,9 +12,15 @@
 #     hosts 2..8 knowing only host 1, then a ninth knowing only host 5: every
 #     pair of the eight, then the ninth with all eight, answers within 2 s;
 #   run 3, an IPv6 underlay: three hosts, no --peers, every pair answers
-#     within 2 s and the multicast goes to the MGID as the IPv6 group.
+#     within 2 s and the multicast goes to the MGID as the IPv6 group;
+#   run 4, a bridge made with defaults ('ip link add BR type bridge': snooping
+#     on, no querier) and IGMPv2 hosts: four hosts answer within 2 s, and
+#     again once the MDB entries their join reports made have expired (the
+#     membership interval shortened to 3 s) and their ARP caches are flushed:
+#     without a querier the bridge floods, and must keep doing so.
 # Needs root, iproute2 (ip, bridge), tshark, jq, ping. Namespaces ipoib-mc1..9
-# and bridge ipoibmcbr0 are this script's own; a crashed run's leftovers go.
+# and bridges ipoibmcbr0 and ipoibmcbr1 are this script's own; a crashed
+# run's leftovers go.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -25,6 +31,7 @@ command -v "$GO" >/dev/null || GO=/usr/local/go/bin/go
 
 NS=ipoib-mc # namespaces ipoib-mc1..ipoib-mc9
 BR=ipoibmcbr0
+BR_DEFAULT=ipoibmcbr1
 GROUP=239.255.255.255 # the IPoIB broadcast MGID ff12:401b:ffff::ffff:ffff over IPv4
 PING_BYTES=8000
 WORK=$(mktemp -d /tmp/ipoib-e2e-mcast.XXXXXX)
@@ -84,6 +91,7 @@ cleanup() {
 	stop_hosts
 	for i in $(seq 1 9); do ip netns del "$NS$i" 2>/dev/null; done
 	ip link del "$BR" 2>/dev/null
+	ip link del "$BR_DEFAULT" 2>/dev/null
 	((ci_failures == 0)) && [ "${DONE:-0}" = 1 ] && rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -147,6 +155,7 @@ ci_pass "built ipoib and icrccheck"
 ci_step "bridge $BR (IGMPv3 snooping, querier, fast leave) and nine namespaces"
 for i in $(seq 1 9); do ip netns del "$NS$i" 2>/dev/null || true; done
 ip link del "$BR" 2>/dev/null || true
+ip link del "$BR_DEFAULT" 2>/dev/null || true
 ip link add "$BR" mtu 9000 type bridge mcast_snooping 1 mcast_querier 1 mcast_igmp_version 3 mcast_mld_version 2
 ip link set "$BR" up
 for i in $(seq 1 9); do
@@ -256,5 +265,35 @@ bad=$(fields6 -Y '_ws.malformed || _ws.expert.severity >= "warning"' -T fields -
 "$ICRCCHECK" "$CAP6" >"$WORK/icrc6.log" 2>&1 || ci_fail "ICRC check (IPv6)" "$(tail -5 "$WORK/icrc6.log")"
 ci_pass "tshark: $total frames to the IPv6 group $MGID, all UD SEND_ONLY to QP 0xFFFFFF, $arps ARPs, nothing malformed, every ICRC verifies"
 stop_hosts || ci_fail "run 3: a host did not exit cleanly"
+
+# A bridge as 'ip link add' makes it: snooping on, no querier. The bridge
+# forwards a group only to the ports in its MDB while a querier counts as
+# present, and floods it otherwise; the join reports' MDB entries expire
+# after the membership interval (260 s by default, 3 s here) and nobody
+# queries to renew them. Each host's ARP cache is flushed after the expiry,
+# so the second round's pings need broadcast ARP (the IP group) again.
+ci_step "run 4: a default bridge (no querier), IGMPv2 hosts, before and after the MDB expires"
+ip link add "$BR_DEFAULT" type bridge
+ip link set "$BR_DEFAULT" type bridge mcast_membership_interval 300
+ip link set "$BR_DEFAULT" up
+for i in 1 2 3 4; do
+	ip netns exec "$NS$i" sysctl -qw net.ipv4.conf.all.force_igmp_version=2
+	ip link set "mcb$i" nomaster
+	ip link set "mcb$i" master "$BR_DEFAULT"
+done
+snoop=$(ip -j -d link show "$BR_DEFAULT" | jq -r '.[0].linkinfo.info_data | "\(.mcast_snooping) \(.mcast_querier)"')
+[ "$snoop" = "1 0" ] || ci_fail "bridge $BR_DEFAULT: mcast_snooping mcast_querier = $snoop, want the defaults 1 0"
+for i in 1 2 3 4; do start_host "$i" --multicast=on; done
+wait_up 1 2 3 4
+t0=$(now_ms)
+n=$(ping_pairs "1 2 3 4" "1 2 3 4") || ci_fail "run 4: some pairs did not answer within 2 s"
+ci_pass "run 4: all $n ordered pairs answered within 2 s on a default bridge ($(($(now_ms) - t0)) ms)"
+expired() { ! bridge -j mdb show dev "$BR_DEFAULT" | jq -e --arg g "$GROUP" '[.[].mdb[] | select(.grp == $g)] | length > 0' >/dev/null; }
+ci_wait_until 20 "the MDB entries of $GROUP to expire" expired || ci_fail "$GROUP still in the MDB of $BR_DEFAULT" "$(bridge mdb show dev "$BR_DEFAULT")"
+for i in 1 2 3 4; do ip -n "$NS$i" neigh flush dev ib0; done
+t0=$(now_ms)
+n=$(ping_pairs "1 2 3 4" "1 2 3 4") || ci_fail "run 4: after the MDB expired, some pairs did not answer within 2 s"
+ci_pass "run 4: after the MDB expired, all $n ordered pairs answered within 2 s again ($(($(now_ms) - t0)) ms)"
+stop_hosts || ci_fail "run 4: a host did not exit cleanly"
 DONE=1
 ci_finish

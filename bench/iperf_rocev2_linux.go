@@ -26,6 +26,10 @@ import (
 const (
 	// ScenarioUDPPipe: two TAPs joined by one UDP datagram per frame.
 	ScenarioUDPPipe = "udp-pipe"
+	// ScenarioUDPPipeOffload: two vnet-header TAPs joined by UDP GSO/GRO
+	// sockets, frames crossing with their offload metadata as they are
+	// (UDPMetaPort): the best a userspace UDP encapsulation does here.
+	ScenarioUDPPipeOffload = "udp-pipe-offload"
 	// ScenarioIBRoCEv2: ib0 in each namespace, one 'ipoib up' process
 	// each, RoCEv2 over the veth.
 	ScenarioIBRoCEv2 = "ib0-rocev2"
@@ -89,13 +93,15 @@ func (c *RoCEv2SuiteConfig) defaults() {
 	}
 }
 
-// RoCEv2Comparison sets ib0 over RoCEv2 against the udp-pipe baseline of
-// the same run.
+// RoCEv2Comparison sets ib0 over RoCEv2 against the udp-pipe baselines
+// of the same run; a ratio whose runs failed is 0.
 type RoCEv2Comparison struct {
-	Mode        string  `json:"mode"`
-	IBGbps      float64 `json:"ib0_gbps"`
-	UDPPipeGbps float64 `json:"udp_pipe_gbps"`
-	Ratio       float64 `json:"ratio_to_udp_pipe"`
+	Mode               string  `json:"mode"`
+	IBGbps             float64 `json:"ib0_gbps"`
+	UDPPipeGbps        float64 `json:"udp_pipe_gbps"`
+	Ratio              float64 `json:"ratio_to_udp_pipe"`
+	UDPPipeOffloadGbps float64 `json:"udp_pipe_offload_gbps"`
+	RatioOffload       float64 `json:"ratio_to_udp_pipe_offload"`
 }
 
 // RoCEv2Report is the outcome of RunRoCEv2IperfSuite.
@@ -119,21 +125,26 @@ func (r *RoCEv2Report) compare() {
 		if run.Scenario != ScenarioIBRoCEv2 {
 			continue
 		}
-		c := RoCEv2Comparison{Mode: run.Mode, IBGbps: find(ScenarioIBRoCEv2, run.Mode), UDPPipeGbps: find(ScenarioUDPPipe, run.Mode)}
+		c := RoCEv2Comparison{Mode: run.Mode, IBGbps: find(ScenarioIBRoCEv2, run.Mode), UDPPipeGbps: find(ScenarioUDPPipe, run.Mode),
+			UDPPipeOffloadGbps: find(ScenarioUDPPipeOffload, run.Mode)}
 		if c.IBGbps > 0 && c.UDPPipeGbps > 0 {
 			c.Ratio = c.IBGbps / c.UDPPipeGbps
+		}
+		if c.IBGbps > 0 && c.UDPPipeOffloadGbps > 0 {
+			c.RatioOffload = c.IBGbps / c.UDPPipeOffloadGbps
 		}
 		r.VsUDPPipe = append(r.VsUDPPipe, c)
 	}
 }
 
-// WriteTable prints the runs and the ib0/udp-pipe ratios.
+// WriteTable prints the runs and ib0's ratios to both udp-pipes.
 func (r *RoCEv2Report) WriteTable(w io.Writer) error {
 	if err := r.IperfReport.WriteTable(w); err != nil {
 		return err
 	}
 	for _, c := range r.VsUDPPipe {
-		if _, err := fmt.Fprintf(w, "%s mode: ib0-rocev2 %.2f Gbit/s vs udp-pipe %.2f Gbit/s: %s\n", c.Mode, c.IBGbps, c.UDPPipeGbps, fmtRatio(c.Ratio)); err != nil {
+		if _, err := fmt.Fprintf(w, "%s mode: ib0-rocev2 %.2f Gbit/s vs udp-pipe %.2f Gbit/s: %s, vs udp-pipe-offload %.2f Gbit/s: %s\n",
+			c.Mode, c.IBGbps, c.UDPPipeGbps, fmtRatio(c.Ratio), c.UDPPipeOffloadGbps, fmtRatio(c.RatioOffload)); err != nil {
 			return err
 		}
 	}
@@ -141,9 +152,10 @@ func (r *RoCEv2Report) WriteTable(w io.Writer) error {
 }
 
 // RunRoCEv2IperfSuite measures, for every mode, iperf3 single-stream TCP
-// between two namespaces joined by a veth pair over: the udp-pipe baseline
-// and ib0 run by two 'ipoib up' processes (RoCEv2 over the veth), at the
-// mode's MTU (the udp-pipe capped at what one UDP datagram carries).
+// between two namespaces joined by a veth pair over: the udp-pipe and
+// udp-pipe-offload baselines and ib0 run by two 'ipoib up' processes
+// (RoCEv2 over the veth), at the mode's MTU (the naive udp-pipe capped at
+// what one UDP datagram carries).
 func RunRoCEv2IperfSuite(ctx context.Context, cfg RoCEv2SuiteConfig) (*RoCEv2Report, error) {
 	cfg.defaults()
 	// Namespaces of their own, so this suite and the soft-fabric one never
@@ -166,7 +178,7 @@ func RunRoCEv2IperfSuite(ctx context.Context, cfg RoCEv2SuiteConfig) (*RoCEv2Rep
 	steps := []struct {
 		scenario string
 		build    linkBuilder
-	}{{ScenarioUDPPipe, cfg.buildUDPPipe}, {ScenarioIBRoCEv2, cfg.buildIB}}
+	}{{ScenarioUDPPipe, cfg.buildUDPPipe}, {ScenarioUDPPipeOffload, cfg.buildUDPPipeOffload}, {ScenarioIBRoCEv2, cfg.buildIB}}
 	total, n := len(steps)*len(cfg.Modes), 0
 	for _, mode := range cfg.Modes {
 		mtu := cfg.MTU[mode]
@@ -183,7 +195,8 @@ func RunRoCEv2IperfSuite(ctx context.Context, cfg RoCEv2SuiteConfig) (*RoCEv2Rep
 				runMTU = min(mtu, MaxUDPPipeFrame-14)
 			}
 			fmt.Fprintf(base.Progress, "[%d/%d] %-10s mode %-9s mtu %5d: running %v ...\n", n, total, s.scenario, mode, runMTU, base.Duration)
-			run := IperfRun{Scenario: s.scenario, Mode: mode, MTU: runMTU, Offloads: s.scenario == ScenarioIBRoCEv2 && cfg.IBOffloads}
+			run := IperfRun{Scenario: s.scenario, Mode: mode, MTU: runMTU,
+				Offloads: s.scenario == ScenarioUDPPipeOffload || s.scenario == ScenarioIBRoCEv2 && cfg.IBOffloads}
 			if res, err := runScenario(ctx, base, s.build, mode, runMTU); err != nil {
 				run.Err = err.Error()
 				fmt.Fprintf(base.Progress, "[%d/%d] %-10s FAILED: %s\n", n, total, s.scenario, run.Err)
@@ -208,10 +221,56 @@ func (c *RoCEv2SuiteConfig) underlay(a, b *tap.Netns) error {
 const udpPipePort = 4792
 
 func (c *RoCEv2SuiteConfig) buildUDPPipe(_ context.Context, _ string, mtu int, a, b *tap.Netns, addrA, addrB netip.Prefix) (func() error, error) {
+	return c.buildUDPTunnel(a, b, addrA, addrB, func(ns *tap.Netns, addr netip.Prefix, conn *net.UDPConn, far netip.AddrPort) (io.Closer, error) {
+		dev, err := tap.Open(tap.Config{Name: "tp0", Netns: ns, Link: tap.LinkConfig{MTU: mtu, Addrs: []netip.Prefix{addr}, Up: true}})
+		if err != nil {
+			return nil, err
+		}
+		p, err := NewUDPPipe(dev, conn, far, mtu+14)
+		if err != nil {
+			return nil, errors.Join(err, dev.Close())
+		}
+		return p, nil
+	})
+}
+
+// buildUDPPipeOffload is the udp-pipe with vnet-header TAPs and UDP
+// GSO/GRO sockets: each side an OffloadTapPipe between its TAP and a
+// UDPMetaPort, in segments as large as the underlay carries.
+func (c *RoCEv2SuiteConfig) buildUDPPipeOffload(_ context.Context, _ string, mtu int, a, b *tap.Netns, addrA, addrB netip.Prefix) (func() error, error) {
+	seg := c.VethMTU - 20 - 8
+	return c.buildUDPTunnel(a, b, addrA, addrB, func(ns *tap.Netns, addr netip.Prefix, conn *net.UDPConn, far netip.AddrPort) (io.Closer, error) {
+		dev, err := tap.Open(tap.Config{Name: "tp0", Netns: ns, VnetHdr: true, Link: tap.LinkConfig{MTU: mtu, Addrs: []netip.Prefix{addr}, Up: true}})
+		if err != nil {
+			return nil, err
+		}
+		port, err := NewUDPMetaPort(conn, far, seg, dev.HostOffloads())
+		if err != nil {
+			return nil, errors.Join(err, dev.Close())
+		}
+		p, err := NewOffloadTapPipe(dev, port)
+		if err != nil {
+			return nil, errors.Join(err, dev.Close())
+		}
+		if err := checkTapOffloads("udp-pipe-offload", dev); err != nil {
+			return nil, errors.Join(err, p.Close())
+		}
+		return p, nil
+	})
+}
+
+// udpTunnelSide joins one namespace's TAP (opened with addr) to conn,
+// whose datagrams go to far; on an error it has closed what it opened,
+// and the caller closes conn.
+type udpTunnelSide func(ns *tap.Netns, addr netip.Prefix, conn *net.UDPConn, far netip.AddrPort) (io.Closer, error)
+
+// buildUDPTunnel lays the underlay and, in each namespace, a UDP socket
+// on the pipe port joined to a TAP by side.
+func (c *RoCEv2SuiteConfig) buildUDPTunnel(a, b *tap.Netns, addrA, addrB netip.Prefix, side udpTunnelSide) (func() error, error) {
 	if err := c.underlay(a, b); err != nil {
 		return nil, err
 	}
-	var pipes []*UDPPipe
+	var pipes []io.Closer
 	stop := func() error {
 		var errs []error
 		for _, p := range pipes {
@@ -219,24 +278,18 @@ func (c *RoCEv2SuiteConfig) buildUDPPipe(_ context.Context, _ string, mtu int, a
 		}
 		return errors.Join(errs...)
 	}
-	for _, side := range []struct {
+	for _, s := range []struct {
 		ns         *tap.Netns
 		addr       netip.Prefix
 		local, far netip.Addr
 	}{{a, addrA, c.UnderlayA.Addr(), c.UnderlayB.Addr()}, {b, addrB, c.UnderlayB.Addr(), c.UnderlayA.Addr()}} {
-		conn, err := listenUDPIn(side.ns, netip.AddrPortFrom(side.local, udpPipePort))
+		conn, err := listenUDPIn(s.ns, netip.AddrPortFrom(s.local, udpPipePort))
 		if err != nil {
 			return nil, errors.Join(err, stop())
 		}
-		dev, err := tap.Open(tap.Config{Name: "tp0", Netns: side.ns, Link: tap.LinkConfig{MTU: mtu, Addrs: []netip.Prefix{side.addr}, Up: true}})
+		p, err := side(s.ns, s.addr, conn, netip.AddrPortFrom(s.far, udpPipePort))
 		if err != nil {
 			conn.Close()
-			return nil, errors.Join(err, stop())
-		}
-		p, err := NewUDPPipe(dev, conn, netip.AddrPortFrom(side.far, udpPipePort), mtu+14)
-		if err != nil {
-			conn.Close()
-			dev.Close()
 			return nil, errors.Join(err, stop())
 		}
 		pipes = append(pipes, p)

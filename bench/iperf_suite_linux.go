@@ -196,16 +196,23 @@ func buildTapPipeOffload(_ context.Context, _ string, mtu int, a, b *tap.Netns, 
 		return nil, err
 	}
 	p, err := NewOffloadTapPipe(da, db)
-	if err == nil {
-		for _, d := range []*tap.Device{da, db} {
-			if want := tap.OffloadCsum | tap.OffloadTSO4 | tap.OffloadTSO6; d.Offloads()&want != want {
-				err = fmt.Errorf("offload tap-pipe: kernel refused checksum/TSO offload on a vnet TAP (%v)", d.Offloads())
-			}
-		}
-		if err != nil {
-			return nil, errors.Join(err, p.Close())
-		}
-		return p.Close, nil
+	if err != nil {
+		return nil, errors.Join(err, da.Close(), db.Close())
 	}
-	return nil, errors.Join(err, da.Close(), db.Close())
+	if err := checkTapOffloads("offload tap-pipe", da, db); err != nil {
+		return nil, errors.Join(err, p.Close())
+	}
+	return p.Close, nil
+}
+
+// checkTapOffloads fails when the kernel did not put checksum offload and
+// TSO in force on a vnet TAP of an offload baseline, which would then
+// measure something else.
+func checkTapOffloads(baseline string, devs ...*tap.Device) error {
+	for _, d := range devs {
+		if want := tap.OffloadCsum | tap.OffloadTSO4 | tap.OffloadTSO6; d.Offloads()&want != want {
+			return fmt.Errorf("%s: kernel refused checksum/TSO offload on a vnet TAP (%v)", baseline, d.Offloads())
+		}
+	}
+	return nil
 }

@@ -61,10 +61,10 @@ func (s summary) mcast() string {
 // several processes reads as one list.
 func SortInterfaces(all []InterfaceStats) {
 	slices.SortStableFunc(all, func(a, b InterfaceStats) int {
-		if c := compareHosts(a.Interface.Host, b.Interface.Host); c != 0 {
+		if c := CompareHosts(a.Interface.Host, b.Interface.Host); c != 0 {
 			return c
 		}
-		return compareHosts(a.Interface.Name, b.Interface.Name)
+		return CompareHosts(a.Interface.Name, b.Interface.Name)
 	})
 }
 

@@ -103,7 +103,7 @@ func Capture(ctx context.Context, dir, host string, req CaptureRequest, out io.W
 		return InterfaceInfo{}, 0, err
 	}
 	if len(paths) == 0 {
-		return InterfaceInfo{}, 0, fmt.Errorf("control: no running ipoib process has a socket in %s (start one with 'ipoib fabric')", dir)
+		return InterfaceInfo{}, 0, errNoProcess(dir)
 	}
 	var errs []error
 	for _, p := range paths {
@@ -124,6 +124,9 @@ func Capture(ctx context.Context, dir, host string, req CaptureRequest, out io.W
 
 func captureFrom(ctx context.Context, path, host string, req CaptureRequest, out io.Writer) (InterfaceInfo, int64, error) {
 	c, err := net.DialTimeout("unix", path, 5*time.Second)
+	if errors.Is(err, os.ErrPermission) {
+		return InterfaceInfo{}, 0, noAccess(path)
+	}
 	if err != nil {
 		return InterfaceInfo{}, 0, fmt.Errorf("control: dial %s: %w", path, err)
 	}

@@ -22,6 +22,9 @@ type Client struct {
 // timeout.
 func Dial(path string, timeout time.Duration) (*Client, error) {
 	c, err := net.DialTimeout("unix", path, timeout)
+	if errors.Is(err, fs.ErrPermission) {
+		return nil, noAccess(path)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("control: dial %s: %w", path, err)
 	}
@@ -101,9 +104,14 @@ func (c *Client) Close() error { return c.conn.Close() }
 // Discover lists the sockets in dir that belong to running processes and
 // removes those of processes that are gone (a pid reused by another
 // process counts as gone: the start time in the name tells them apart).
-// Without write permission on dir the stale ones are skipped, not removed.
+// Without write permission on dir the stale ones are skipped, not removed;
+// without read permission it fails with ErrNoAccess, never reporting "no
+// process" while one runs.
 func Discover(dir string) ([]string, error) {
 	live, err := removeStale(dir)
+	if errors.Is(err, ErrNoAccess) {
+		return nil, err
+	}
 	if errors.Is(err, fs.ErrPermission) {
 		return live, nil
 	}
@@ -122,7 +130,7 @@ func QueryAll(dir string, req Request, timeout time.Duration) ([]Response, error
 		return nil, err
 	}
 	if len(paths) == 0 {
-		return nil, fmt.Errorf("control: no running ipoib process has a socket in %s (start one with 'ipoib fabric')", dir)
+		return nil, errNoProcess(dir)
 	}
 	var resps []Response
 	var errs []error

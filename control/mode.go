@@ -32,7 +32,7 @@ func SetModeAll(dir, host, name, mode string, timeout time.Duration) ([]Interfac
 		return nil, err
 	}
 	if len(paths) == 0 {
-		return nil, fmt.Errorf("control: no running ipoib process has a socket in %s (start one with 'ipoib fabric')", dir)
+		return nil, errNoProcess(dir)
 	}
 	// Phase 1: every process answers and says what it runs now.
 	type target struct {
@@ -99,6 +99,9 @@ func lockDir(dir string) (unlock func(), err error) {
 	if errors.Is(err, os.ErrNotExist) {
 		// No directory: nothing runs; Discover says so.
 		return func() {}, nil
+	}
+	if errors.Is(err, os.ErrPermission) {
+		return nil, noAccess(dir)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("control: mode lock: %w", err)

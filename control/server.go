@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/ipoibcm/ipoib/internal/proc"
 )
@@ -109,6 +110,28 @@ func removeStale(dir string) ([]string, error) {
 	return live, err
 }
 
+// ErrNoAccess is reported when this user may not read the control
+// directory or connect to a socket in it: the directory is 0700 and the
+// sockets 0600, their owner's (the user who started the process, root
+// for a fabric or a service), so another user sees no process at all.
+var ErrNoAccess = errors.New("permission denied")
+
+// noAccess is ErrNoAccess for path, naming its owner and what to do.
+func noAccess(path string) error {
+	owner := ""
+	var st syscall.Stat_t
+	if syscall.Stat(path, &st) == nil {
+		owner = fmt.Sprintf(" (uid %d's, mode %#o)", st.Uid, st.Mode&0o777)
+	}
+	return fmt.Errorf("control: %w: %s%s: the running processes' control sockets are their owner's; run as that user (sudo for root)",
+		ErrNoAccess, path, owner)
+}
+
+// errNoProcess is the error of a command that found no running process.
+func errNoProcess(dir string) error {
+	return fmt.Errorf("control: no running ipoib process has a socket in %s (start one with 'ipoib fabric' or 'ipoib up')", dir)
+}
+
 // RemoveStale deletes the sockets in dir whose process is gone, as
 // Discover does, and returns their paths ('ipoib cleanup').
 func RemoveStale(dir string) ([]string, error) {
@@ -121,6 +144,9 @@ func sweep(dir string) (live, removed []string, _ error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil, nil
+	}
+	if errors.Is(err, fs.ErrPermission) {
+		return nil, nil, noAccess(dir)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("control: read %s: %w", dir, err)
@@ -222,9 +248,9 @@ func Listen(dir string, endpoints []Endpoint, logger *slog.Logger) (*Server, err
 	slices.SortFunc(eps, func(a, b Endpoint) int {
 		ia, ib := a.Info(), b.Info()
 		if ia.Host != ib.Host {
-			return compareHosts(ia.Host, ib.Host)
+			return CompareHosts(ia.Host, ib.Host)
 		}
-		return compareHosts(ia.Name, ib.Name)
+		return CompareHosts(ia.Name, ib.Name)
 	})
 	s := &Server{path: path, ln: ln, endpoints: eps, log: logger, conns: map[net.Conn]struct{}{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -532,9 +558,9 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// compareHosts orders names with numeric suffixes naturally, so h2 comes
-// before h10.
-func compareHosts(a, b string) int {
+// CompareHosts orders host names with numeric suffixes naturally, so h2
+// comes before h10, as show sorts them.
+func CompareHosts(a, b string) int {
 	pa, na := splitNumericSuffix(a)
 	pb, nb := splitNumericSuffix(b)
 	if pa != pb || na < 0 || nb < 0 {

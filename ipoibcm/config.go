@@ -152,8 +152,8 @@ type Config struct {
 	// that delivers completion events inline (hca/soft) the sender, the
 	// peer's host reader, then writes the frame to this host itself: no
 	// wake-up of the RX poller, and the data stays on one core. A batch
-	// arriving while Interface.mu is held (the poster may hold it) goes to
-	// the RX poller. Off by default: a backend that raises completion
+	// arriving while the neighbour table's lock is held (by the RX poller
+	// or a control path) goes to the RX poller. Off by default: a backend that raises completion
 	// events on goroutines of its own (hca/rocev2) would write to the host
 	// from those.
 	InlineRX bool

@@ -5,8 +5,7 @@
 //
 // Data flows one way through each path:
 //
-//	host → hostReader (hostreader.go) → txFrameLocked (txframe.go)
-//	     → poster.post (txpath.go) → HCA
+//	host → hostReader.run → hostReader.frame → poster.post → HCA (txpath.go)
 //	HCA  → rxPath.handleRX (rxpath.go) → hostWriter.write (hostport.go) → host
 //
 // Goroutines per Interface: the host reader (it also busy-polls the TX
@@ -16,10 +15,12 @@
 // the control loop without blocking; the pollers' handlers never call
 // napi's Sync or Stop (structure_test.go checks it).
 //
-// Where the state lives: txPath (credits, the TX buffer pool, the one
-// post function), rxPath (the RX poller's batch), neighbour (neighbour.go:
-// the MAC ↔ port mapping and the frames parked for a connection), txConn
-// (txconn.go: an active connection's set-up, REP, teardown), rxConn
+// Where the state lives: hostReader (txpath.go: the host reader's batch),
+// txPath (txqueue.go: credits, the TX buffer pool, the reader's batch
+// window), neighbourTable (neighbour.go, its own lock: the MAC ↔ port
+// mapping and the frames parked for a connection), activeSet and txConn
+// (txconn.go: the active connections' set-up, REP, teardown), rxPath (the
+// RX poller's batch), rxConn
 // (rxconn.go: accepting a passive connection) and its state machine
 // (rxteardown.go: dead flag under the RX poll lock, QP to Error,
 // LAST_WQE_REACHED, one drain WR per batch, destroy once the drain

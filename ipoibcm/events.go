@@ -113,25 +113,6 @@ func (ob observer) emit(kind EventKind, qpn, remote hca.QPN, peer hca.GID, elaps
 	ob.o.ObserveEvent(Event{Kind: kind, At: time.Now(), QPN: qpn, RemoteQPN: remote, Peer: peer, Elapsed: elapsed, Detail: detail})
 }
 
-// emitTX tells of an active connection. Its QP and CM id are read under
-// mu: connectTX sets them while Stats and the CM goroutine may look.
-func (i *Interface) emitTX(kind EventKind, tc *txConn, elapsed time.Duration, detail string) {
-	if !i.obs.on() {
-		return
-	}
-	var qpn, remote hca.QPN
-	i.mu.Lock()
-	if tc.qp != nil {
-		qpn = tc.qp.QPN()
-	}
-	cmConn := tc.cmConn
-	i.mu.Unlock()
-	if cmConn != nil {
-		remote = cmConn.RemoteQPN()
-	}
-	i.obs.emit(kind, qpn, remote, tc.peer.GID(), elapsed, detail)
-}
-
 // Observers combines observers into one; nil ones are skipped, and with
 // none left the result is nil (no observation at all).
 func Observers(obs ...EventObserver) EventObserver {

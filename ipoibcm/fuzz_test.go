@@ -51,18 +51,13 @@ func FuzzEngineInput(f *testing.F) {
 	f.Add(buildIGMPv2([4]byte{239, 0, 0, 1}), []byte{0x08, 0x06, 0, 0, 0, 32}, []byte{1, 2, 0, 100, 0, 34, 0, 16, 0}, byte(1))
 	f.Add(unicastIPv4(port.mac), []byte{0x08, 0, 0, 0, 0x45}, []byte{5, 2, 0, 1, 0, 34, 0, 6, 0}, byte(2))
 	peer := hca.GID{0xfe, 0x80, 15: 0x77}
-	t := &txScratch{}
-	t.init(&ifc.tx, 4)
+	r := newHostReader(ifc)
 	f.Fuzz(func(tt *testing.T, host, wire, meta []byte, wcFlags byte) {
 		var idx [1]int
 		if ifc.tx.pool.take(idx[:]) == 1 {
 			n := copy(ifc.tx.pool.bufs[idx[0]], host)
-			t.replies = t.replies[:0]
-			ifc.mu.Lock()
-			ifc.neigh.mu.Lock()
-			used := ifc.txFrameLocked(t, idx[0], n, fuzzMeta(meta), time.Now())
-			ifc.neigh.mu.Unlock()
-			ifc.mu.Unlock()
+			r.t.replies = r.t.replies[:0]
+			used := r.frame(idx[0], n, fuzzMeta(meta), time.Now())
 			if !used {
 				ifc.tx.pool.put1(idx[0])
 			}

@@ -71,11 +71,15 @@ func (i *Interface) stopForHost() {
 	i.mu.Lock()
 	i.hostLink.store(hostLinkDown)
 	i.mu.Unlock()
+	// A frame of the reader's batch may have seen the host up: once the
+	// batch is over every frame after it sees the host down, and the
+	// connections it may have started are in the set.
+	i.tx.window.quiesce()
 	i.link.Store(false)
 	i.hostLinkCtr.downs.Add(1)
 	i.closeListener()
 	rx := i.passive.teardownAll(rxEvHostDown)
-	tx := i.teardownAll()
+	tx := i.active.teardownAll()
 	i.hostLinkCtr.downRXTeardowns.Add(uint64(rx))
 	i.hostLinkCtr.downTXTeardowns.Add(uint64(tx))
 	i.mu.Lock()
@@ -98,7 +102,7 @@ func (i *Interface) checkHostDownQuiet() {
 	if i.downQuiet || !i.hostLink.down() {
 		return
 	}
-	if i.passive.count()+i.count() == 0 {
+	if i.passive.count()+i.active.count() == 0 {
 		i.downQuiet = true
 		i.log.Info("host down: every connection is gone")
 	}
@@ -111,7 +115,7 @@ func (i *Interface) openForHost() error {
 		return fmt.Errorf("%s: host set the interface up: %w", i.cfg.Name, err)
 	}
 	i.mu.Lock()
-	// Up first, under mu (the host reader waits for it): attachLocked
+	// Up first, under mu: attachLocked
 	// only records joins while the host has ib0 down.
 	i.hostLink.store(hostLinkUp)
 	err := i.mcast.rejoin()

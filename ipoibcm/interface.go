@@ -82,13 +82,13 @@ type Interface struct {
 	hostOut hostWriter
 	off     offloadPath // offloads.go
 
-	// mu guards the neighbour table, multicast groups, connection sets
-	// and connection states. Never held across napi Sync or CM calls that
-	// may wait for the CM goroutine.
+	// mu guards the passive connections and their states. Never held
+	// across napi Sync or CM calls that may wait for the CM goroutine.
+	// The other owners have their own locks, taken inside it.
 	mu      sync.Mutex
-	neigh   neighbourTable
+	neigh   neighbourTable // neighbour.go
 	mcast   mcastTable
-	txConns map[*txConn]struct{}
+	active  activeSet  // the active connections (txconn.go)
 	passive passiveSet // the passive connections (rxteardown.go)
 	rng     *rand.Rand
 
@@ -105,7 +105,6 @@ type Interface struct {
 
 	ctr         counters
 	ifCtr       interfaceCounters
-	txc         txConnCounters   // txconn.go
 	hostLinkCtr hostLinkCounters // hostlink.go
 
 	stop     chan struct{} // closed by Close: reader and control loop end
@@ -140,17 +139,17 @@ func New(cfg Config) (_ *Interface, err error) {
 		return nil, err
 	}
 	i := &Interface{
-		cfg:     cfg,
-		dev:     cfg.Device,
-		host:    cfg.Host,
-		log:     cfg.Logger.With("if", cfg.Name),
-		port:    cfg.Device.Port(),
-		txConns: make(map[*txConn]struct{}),
-		rng:     newPSNSource(cfg.CM.Seed),
-		stop:    make(chan struct{}),
-		obs:     observer{cfg.Events},
+		cfg:  cfg,
+		dev:  cfg.Device,
+		host: cfg.Host,
+		log:  cfg.Logger.With("if", cfg.Name),
+		port: cfg.Device.Port(),
+		rng:  newPSNSource(cfg.CM.Seed),
+		stop: make(chan struct{}),
+		obs:  observer{cfg.Events},
 	}
-	i.tx = txPath{sendq: cfg.SendQueueSize, stop: i.stop, data: &i.ctr, offCtr: &i.off.ctr, wake: make(chan struct{}, 1)}
+	i.tx = txPath{sendq: cfg.SendQueueSize, stop: i.stop, data: &i.ctr, offCtr: &i.off.ctr, wake: make(chan struct{}, 1), hostMAC: i.hostMACNow}
+	i.tx.window.init(i.log)
 	i.off.init(cfg.Host, cfg.Device, cfg.SendQueueSize)
 	i.hostOut.init(cfg.Host, i.off.port, &i.ctr, func() bool { return ifState(i.state.Load()) != ifRunning }, i.log)
 	i.ctl.init()
@@ -170,7 +169,8 @@ func New(cfg Config) (_ *Interface, err error) {
 	i.udMTU = frame.UDMTU(i.port.ActiveMTU)
 	i.bcast = frame.BroadcastMGID(cfg.PKey)
 	i.mcast.init(&i.cfg, i.dev, i.bcast, i.hostLink.down, i.log)
-	i.neigh.init(&i.cfg, i.port.GID, i.dev, i.log, func(tc *txConn) {
+	i.mcast.retire = i.tx.window.retire
+	i.neigh.init(&i.cfg, i.port.GID, i.port.ActiveMTU, i.dev, i.tx.window.retire, i.log, func(tc *txConn) {
 		tc.detachLocked(dropTxNeighFlushed)
 		i.ctl.post(tc.teardown)
 	})
@@ -200,12 +200,13 @@ func New(cfg Config) (_ *Interface, err error) {
 		}
 	}
 	i.hw = frame.NewHWAddr(flags, i.ud.qp.QPN(), i.port.GID)
+	i.active.init(i)
 	i.passive.init(passiveEnv{
 		mu: &i.mu, neigh: &i.neigh, rng: i.rng, dev: i.dev, cq: i.rxCQ, srq: i.srq, poller: i.rxNAPI, post: i.ctl.post,
 		running: func() bool { return ifState(i.state.Load()) == ifRunning }, hostLink: &i.hostLink,
 		portMTU: i.port.ActiveMTU, udQPN: i.ud.qp.QPN(), obs: i.obs, mut: i.mut, log: i.log,
 	}, &i.cfg)
-	i.shut = shutdown{drainTimeout: cfg.DrainTimeout, rx: &i.passive, tx: i, log: i.log}
+	i.shut = shutdown{drainTimeout: cfg.DrainTimeout, rx: &i.passive, tx: &i.active, log: i.log}
 	if err := i.rx.init(rxEnv{
 		poller: i.rxNAPI, mu: &i.neigh.mu, neigh: &i.neigh, passive: &i.passive, post: i.ctl.post,
 		out: &i.hostOut, off: &i.off, ctr: &i.ctr, ud: i.ud, srq: i.srq,
@@ -330,7 +331,7 @@ func (i *Interface) Start() error {
 		i.log.Warn("host SetLinkUp", "err", err)
 	}
 	i.readerWG.Add(1)
-	go i.hostReader()
+	go newHostReader(i).run(i.readerWG.Done)
 	i.log.Info("up", "hwaddr", i.hw, "mode", i.Mode(), "mtu", i.MTU())
 	return nil
 }
@@ -419,7 +420,7 @@ func (i *Interface) pkeyLinkDown() {
 	if err := i.host.SetLinkUp(false); err != nil {
 		i.log.Warn("host SetLinkUp", "err", err)
 	}
-	i.teardownAll()
+	i.active.teardownAll()
 }
 
 // Mode is the current mode.

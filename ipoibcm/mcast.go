@@ -74,12 +74,12 @@ type mcastGroup struct {
 }
 
 // mcastTable is the interface's groups: their states, the UD QP's
-// attachments and the groups' address handles. mu guards the table; the
-// engine's paths that remove a group (and destroy its address handle)
-// also hold Interface.mu, under which the host reader posts to the
-// handles mcastTable.ah returns, so a handle is never destroyed between
-// the two. Lock order: Interface.mu, then mu; nothing of the table calls
-// out to the Interface.
+// attachments and the groups' address handles. mu guards the table. The
+// host reader posts to the handles mcastTable.ah returns after releasing
+// mu, so a removed group's handle is retired (sendWindow, txpath.go) and
+// destroyed once the reader's batch is over. Lock order: Interface.mu,
+// the neighbour table's, then mu; nothing of the table calls out to the
+// Interface.
 type mcastTable struct {
 	mu     sync.Mutex
 	groups map[hca.GID]*mcastGroup
@@ -100,6 +100,7 @@ type mcastTable struct {
 	max             int           // Config.MaxMcastGroups
 	sendOnlyTimeout time.Duration // Config.McastSendOnlyTimeout
 	hostDown        func() bool   // joins are only recorded while the host has ib0 down
+	retire          func(hca.AH)  // destroys an address handle once no send can use it (sendWindow)
 	log             *slog.Logger
 }
 
@@ -248,9 +249,8 @@ func (m *mcastTable) attachLocked(mgid hca.GID, g *mcastGroup) error {
 	return nil
 }
 
-// removeLocked detaches and forgets a host group. Sends complete within
-// PostSend on every backend, so no work request still refers to the
-// address handle destroyed here (neighbour eviction relies on the same).
+// removeLocked detaches and forgets a host group. Its address handle is
+// retired: the host reader may still be posting with it (sendWindow).
 func (m *mcastTable) removeLocked(mgid hca.GID, g *mcastGroup) {
 	if g.attached {
 		if err := m.qp.DetachMcast(mgid); err != nil {
@@ -259,9 +259,7 @@ func (m *mcastTable) removeLocked(mgid hca.GID, g *mcastGroup) {
 		g.attached = false
 	}
 	if g.ah != nil {
-		if err := g.ah.Destroy(); err != nil {
-			m.log.Warn("destroy multicast AH", "mgid", mgid, "err", err)
-		}
+		m.retire(g.ah)
 		g.ah = nil
 	}
 	delete(m.groups, mgid)
@@ -439,10 +437,6 @@ func (i *Interface) SyncHostGroups(groups []netip.Addr, readAt time.Time) error 
 			want[a] = true
 		}
 	}
-	// Interface.mu too: a leave destroys the group's address handle,
-	// which the host reader may be posting to under it.
-	i.mu.Lock()
-	defer i.mu.Unlock()
 	i.mcast.sync(want, readAt)
 	return nil
 }

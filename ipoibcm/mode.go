@@ -2,7 +2,6 @@ package ipoibcm
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 )
@@ -21,12 +20,6 @@ func (i *Interface) modeMTU(m Mode) int {
 		mtu = i.udMTU
 	}
 	return mtu
-}
-
-// useCMLocked reports whether frames to n go over an RC connection: in
-// connected mode, to a peer advertising 'C', outside a CM back-off.
-func (i *Interface) useCMLocked(n *neighbour, now time.Time) bool {
-	return i.cmm != nil && Mode(i.mode.Load()) == ModeConnected && n.hw.Connected() && !now.Before(n.cmBackoffUntil)
 }
 
 // switchMode (control loop): flush every TX connection, switch, tell the
@@ -55,15 +48,12 @@ func (i *Interface) switchMode(m Mode) error {
 	if lowerFirst {
 		hostErr = i.tellHostMTU(m, newMTU)
 	}
-	var conns []*txConn
-	i.mu.Lock()
 	i.mode.Store(int32(m))
 	i.mtu.Store(int64(newMTU))
-	for tc := range i.txConns {
-		conns = append(conns, tc)
-	}
-	i.mu.Unlock()
-	for _, tc := range conns {
+	// Connections a frame resolved in the old mode may have started are
+	// in the set once the reader's batch is over.
+	i.tx.window.quiesce()
+	for _, tc := range i.active.snapshot() {
 		tc.teardown()
 	}
 	// What the host may hand us follows the mode (offloads.go, modeCaps);
@@ -78,7 +68,7 @@ func (i *Interface) switchMode(m Mode) error {
 // tellHostMTU gives the host mtu, the MTU of mode m (control loop). A failure
 // does not undo the switch: connections are already flushed, and a host
 // still at the old MTU only costs ICMP frag-needed / packet-too-big for its
-// oversize packets (txNeighLocked answers them), whereas switching back
+// oversize packets (hostReader.unicastLocked answers them), whereas switching back
 // could fail the same way and leave mode and MTU inconsistent.
 func (i *Interface) tellHostMTU(m Mode, mtu int) error {
 	if err := i.host.SetMTU(mtu); err != nil {

@@ -79,7 +79,9 @@ type neighbourTable struct {
 
 	// What the table works with, fixed at New.
 	self       hca.GID // our port's GID: never a neighbour
+	portMTU    hca.MTU // our port's active MTU
 	ahs        ahMaker
+	retire     func(hca.AH)  // destroys an address handle once no send can use it
 	timeout    time.Duration // Config.NeighbourTimeout
 	evictAfter time.Duration // Config.NeighbourEvictAfter
 	log        *slog.Logger
@@ -95,10 +97,10 @@ type neighCounters struct {
 	restarts, aged, evicted, reresolves atomic.Uint64
 }
 
-func (t *neighbourTable) init(cfg *Config, self hca.GID, ahs ahMaker, log *slog.Logger, restarted func(*txConn)) {
+func (t *neighbourTable) init(cfg *Config, self hca.GID, portMTU hca.MTU, ahs ahMaker, retire func(hca.AH), log *slog.Logger, restarted func(*txConn)) {
 	t.byGID = make(map[hca.GID]*neighbour)
 	t.byMAC = make(map[frame.MAC]*neighbour)
-	t.self, t.ahs, t.log, t.restarted = self, ahs, log, restarted
+	t.self, t.portMTU, t.ahs, t.retire, t.log, t.restarted = self, portMTU, ahs, retire, log, restarted
 	t.timeout, t.evictAfter = cfg.NeighbourTimeout, cfg.NeighbourEvictAfter
 }
 
@@ -258,53 +260,24 @@ func (t *neighbourTable) ah(n *neighbour) (hca.AH, error) {
 	return n.ah, nil
 }
 
-// dropAH destroys n's address handle, if it has one.
+// dropAH retires n's address handle, if it has one: the host reader
+// may still be posting with it (sendWindow).
 func (t *neighbourTable) dropAH(n *neighbour) {
 	if n.ah != nil {
-		if err := n.ah.Destroy(); err != nil {
-			t.log.Warn("destroy neighbour AH", "peer", n.hw, "err", err)
-		}
+		t.retire(n.ah)
 		n.ah = nil
 	}
 }
 
-// reresolve asks ARP again for a neighbour's IPv4 addresses, from the
-// engine itself (sender = our hardware address and a host address), so a
-// peer that came back with a new UD QPN is relearnt without waiting for
-// the host's ARP cache to expire. The reply also reaches the host, which
-// takes it as a confirmation. Control loop.
-func (i *Interface) reresolve(n *neighbour) {
-	i.neigh.mu.Lock()
-	defer i.neigh.mu.Unlock()
-	var src netip.Addr
-	for _, a := range i.neigh.hostIPs {
-		if a.Is4() {
-			src = a
-			break
-		}
+// reqPathMTU is the path MTU our next REQ to n carries: our port MTU
+// unless the peer refused it (cmpathmtu.go).
+func (t *neighbourTable) reqPathMTU(n *neighbour) hca.MTU {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if n.pathMTU != 0 && n.pathMTU < t.portMTU {
+		return n.pathMTU
 	}
-	if !src.IsValid() {
-		return
-	}
-	p := poster{tx: &i.tx}
-	for _, ip := range n.ips {
-		if !ip.Is4() || i.tx.creditsFree() < 2 {
-			continue
-		}
-		var idx [1]int
-		if i.tx.pool.take(idx[:]) == 0 {
-			return
-		}
-		b := i.tx.pool.bufs[idx[0]]
-		req := frame.IPoIBARP{ARP: frame.ARP{Op: arpOpRequest, SenderIP: src, TargetIP: ip}, SenderHW: i.hw}
-		size := frame.EthHdrLen + req.Marshal(b[frame.EthHdrLen:])
-		ah, _, err := i.mcast.ah(i.bcast, netip.Addr{}, time.Now())
-		if err != nil || !p.post(sendDest{ah: ah, qpn: hca.QPNMulticast}, idx[0], size, frame.EtherTypeARP, sendOffload{}) {
-			i.tx.pool.put1(idx[0])
-			return
-		}
-		i.neigh.ctr.reresolves.Add(1)
-	}
+	return t.portMTU
 }
 
 // ageNeighbours disconnects the TX connection of neighbours unused for
@@ -327,7 +300,9 @@ func (i *Interface) ageNeighbours(now time.Time) {
 			i.neigh.ctr.aged.Add(1)
 		}
 	}
-	i.neigh.evict(now, i.txConns, i.passive.set)
+	i.active.mu.Lock()
+	i.neigh.evict(now, i.active.set, i.passive.set)
+	i.active.mu.Unlock()
 	i.neigh.mu.Unlock()
 	i.mcast.age(now)
 	i.mu.Unlock()
@@ -337,7 +312,8 @@ func (i *Interface) ageNeighbours(now time.Time) {
 }
 
 // evict removes neighbours idle for NeighbourEvictAfter that nothing
-// refers to (txConns and rxConns are the engine's connection sets): no TX connection (not even one still closing,
+// refers to (txConns and rxConns are the engine's connection sets, their
+// owners' locks held): no TX connection (not even one still closing,
 // whose teardown writes to its neighbour), no parked frame, no passive
 // connection from the port (its packets reach the host under the
 // neighbour's MAC). Their address handle is destroyed and their MAC index

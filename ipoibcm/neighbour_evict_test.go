@@ -26,8 +26,7 @@ func rvOnControlLoop(t *testing.T, ifc *Interface, fn func()) {
 }
 
 // rvHostFrame runs a host frame through the reader's translation (as the
-// host reader would, under the interface lock) and reports whether it
-// was sent or parked.
+// host reader would) and reports whether it was sent or parked.
 func rvHostFrame(t *testing.T, ifc *Interface, f []byte, now time.Time) bool {
 	t.Helper()
 	var idx [1]int
@@ -35,13 +34,7 @@ func rvHostFrame(t *testing.T, ifc *Interface, f []byte, now time.Time) bool {
 		t.Fatal("no TX buffer")
 	}
 	copy(ifc.tx.pool.bufs[idx[0]], f)
-	ts := &txScratch{}
-	ts.init(&ifc.tx, 1)
-	ifc.mu.Lock()
-	ifc.neigh.mu.Lock()
-	ok := ifc.txFrameLocked(ts, idx[0], len(f), offload.Meta{}, now)
-	ifc.neigh.mu.Unlock()
-	ifc.mu.Unlock()
+	ok := newHostReader(ifc).frame(idx[0], len(f), offload.Meta{}, now)
 	if !ok {
 		ifc.tx.pool.put1(idx[0])
 	}
@@ -157,7 +150,7 @@ func rvNeighbourMAC(t *testing.T, ifc *Interface, gid hca.GID) frame.MAC {
 // and skips indices still in use; a removed neighbour's index is free.
 func TestNeighbourMACIndexWrapsAndSkipsUsed(t *testing.T) {
 	var tb neighbourTable
-	tb.init(&Config{}, hca.GID{}, nil, slog.Default(), nil)
+	tb.init(&Config{}, hca.GID{}, hca.MTU4096, nil, nil, slog.Default(), nil)
 	now := time.Now()
 	hw := func(k int) frame.HWAddr { return frame.NewHWAddr(0, 1, rvFakeGID(k)) }
 	n0, err := tb.lookupOrCreate(hw(0), now)

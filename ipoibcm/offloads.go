@@ -165,26 +165,26 @@ func checkTxMeta(f []byte, m offload.Meta) (txMeta, bool) {
 
 // finishCsum completes a partial checksum in software: for a send the
 // HCA cannot checksum, or one about to be parked or segmented.
-func (i *Interface) finishCsum(f []byte, t *txMeta) {
+func (o *offloadPath) finishCsum(f []byte, t *txMeta) {
 	if !t.m.NeedsCsum {
 		return
 	}
 	offload.CompletePartial(f, int(t.m.CsumStart), int(t.m.CsumOffset))
 	t.m.NeedsCsum, t.hwCsum = false, false
-	i.off.ctr.txCsumSW.Add(1)
+	o.ctr.txCsumSW.Add(1)
 }
 
 // csumOffload is the send flag for a plain (non-GSO) frame: SendIPCsum
 // when the HCA can fill its partial checksum, else the checksum is
 // completed here.
-func (i *Interface) csumOffload(f []byte, t *txMeta) sendOffload {
+func (o *offloadPath) csumOffload(f []byte, t *txMeta) sendOffload {
 	if !t.m.NeedsCsum {
 		return sendOffload{}
 	}
-	if t.hwCsum && i.off.dev.IPCsum {
+	if t.hwCsum && o.dev.IPCsum {
 		return sendOffload{flags: hca.SendIPCsum}
 	}
-	i.finishCsum(f, t)
+	o.finishCsum(f, t)
 	return sendOffload{}
 }
 

@@ -254,7 +254,14 @@ func raceStart(t *testing.T, fab *soft.Fabric, name string, host HostPort, tweak
 }
 
 // onlyTXConn is ifc's single active connection.
-func onlyTXConn(t *testing.T, ifc *Interface) *txConn { return onlyConn(t, ifc, ifc.txConns, "active") }
+func onlyTXConn(t *testing.T, ifc *Interface) *txConn {
+	t.Helper()
+	conns := ifc.active.snapshot()
+	if len(conns) != 1 {
+		t.Fatalf("%s has %d active connections, want 1", ifc.Name(), len(conns))
+	}
+	return conns[0]
+}
 
 // onlyRXConn is ifc's single passive connection.
 func onlyRXConn(t *testing.T, ifc *Interface) *rxConn {
@@ -673,9 +680,9 @@ func TestRacePacketsQueuedDuringConnect(t *testing.T) {
 	repHeld := make(chan struct{}, 1)
 	releaseREP := make(chan struct{})
 	type window struct {
-		state  txState
-		parked int
-		taken  bool
+		state    txState
+		flushing bool
+		taken    bool
 	}
 	inWindow := make(chan window, 1)
 	var repWindow func(tc *txConn) window
@@ -688,10 +695,10 @@ func TestRacePacketsQueuedDuringConnect(t *testing.T) {
 	a := raceStart(t, fab, "a", pa, func(c *Config, d *wrapDevice) {
 		c.CM = rvSlowCM()
 		// The connection's first send is its first parked frame, posted
-		// by the REP handler under Interface.mu with the connection just
-		// marked up and every parked frame still on the neighbour: the
-		// later frames are handed to the reader there, which reads them
-		// and then waits for the lock.
+		// by the REP handler with the connection just marked up and its
+		// parked frames being posted: the later frames are handed to the
+		// reader there, which reads them and then waits until the parked
+		// ones are out.
 		d.beforePost = func(ctx any, _ []hca.SendWR) {
 			tc, ok := ctx.(*txConn)
 			if !ok {
@@ -705,7 +712,7 @@ func TestRacePacketsQueuedDuringConnect(t *testing.T) {
 		for k := range later {
 			batch = append(batch, raceFrame(mac, src, parked+1+k))
 		}
-		w := window{state: tc.state.load(), parked: tc.neigh.nParked}
+		w := window{state: tc.state.load(), flushing: tc.flushed != nil}
 		w.taken = pa.waitTaken(pa.push(batch...))
 		return w
 	}
@@ -751,9 +758,9 @@ func TestRacePacketsQueuedDuringConnect(t *testing.T) {
 	}
 	letREPGo()
 	w := recvOne(t, inWindow, "REP applied")
-	if w.state != txUp || w.parked != parked || !w.taken {
-		t.Fatalf("in the REP handler: connection %s with %d parked, later frames read %v; want up, %d, true",
-			w.state, w.parked, w.taken, parked)
+	if w.state != txUp || !w.flushing || !w.taken {
+		t.Fatalf("in the REP handler: connection %s, flushing %v, later frames read %v; want up, true, true",
+			w.state, w.flushing, w.taken)
 	}
 	for want := 1; want <= parked+later; want++ {
 		got := recvOne(t, recv.packets, fmt.Sprintf("frame %d", want))

@@ -88,8 +88,7 @@ type shutdown struct {
 }
 
 // activeConns is what shutdown (and the host's link down) needs of the
-// active connections' owner. The Interface implements it over txConns
-// below; the owner of the active connections takes it over.
+// active connections' owner (activeSet, txconn.go).
 type activeConns interface {
 	// teardownAll starts every active connection's teardown (control
 	// loop) and says how many there were.
@@ -120,6 +119,7 @@ func (i *Interface) destroyResources() {
 			n.ah = nil
 		}
 	}
+	i.tx.window.close()
 	if i.rxCQ != nil {
 		if err := i.rxCQ.Destroy(); err != nil {
 			i.log.Warn("destroy RX CQ", "err", err)
@@ -193,34 +193,4 @@ func snapshotSet[C comparable](mu *sync.Mutex, set map[C]struct{}) []C {
 		out = append(out, c)
 	}
 	return out
-}
-
-// activeConns over Interface.txConns, guarded by Interface.mu.
-
-func (i *Interface) teardownAll() int {
-	tx := snapshotSet(&i.mu, i.txConns)
-	for _, tc := range tx {
-		tc.teardown()
-	}
-	return len(tx)
-}
-
-func (i *Interface) forceAll() int {
-	tx := snapshotSet(&i.mu, i.txConns)
-	for _, tc := range tx {
-		// Return the credits its unflushed sends hold; late completions
-		// then find outstanding at zero and return none.
-		if v := tc.outstanding.Swap(0); v > 0 {
-			i.tx.returnCredits(int(v))
-		}
-		i.txc.forced.Add(1)
-		tc.destroy()
-	}
-	return len(tx)
-}
-
-func (i *Interface) count() int {
-	i.mu.Lock()
-	defer i.mu.Unlock()
-	return len(i.txConns)
 }

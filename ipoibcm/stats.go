@@ -179,7 +179,7 @@ func (i *Interface) Stats() Stats {
 		Offloads:    i.off.stats(i.rx.gro),
 	}
 	for _, c := range []interface{ report(*ReaperStats) }{
-		&i.passive.reaper.ctr, &i.passive.limits.ctr, &i.txc, &i.tx.ctr, &i.neigh.ctr, &i.mcast.ctr, &i.hostLinkCtr, &i.ifCtr,
+		&i.passive.reaper.ctr, &i.passive.limits.ctr, &i.active.ctr, &i.tx.ctr, &i.neigh.ctr, &i.mcast.ctr, &i.hostLinkCtr, &i.ifCtr,
 	} {
 		c.report(&s.Reaper)
 	}
@@ -214,19 +214,7 @@ func (i *Interface) Stats() Stats {
 		s.Neighbours = append(s.Neighbours, ni)
 	}
 	i.neigh.mu.Unlock()
-	for tc := range i.txConns {
-		ci := ConnInfo{
-			Peer: tc.peer.ColonString(), PeerGID: tc.peer.GID().String(), State: tc.state.load().String(), MTU: tc.mtu,
-			AgeMS: millisSince(now, tc.created), IdleMS: tc.active.idleMS(now, tc.created), Packets: tc.packets.Load(), Bytes: tc.byts.Load(),
-		}
-		if tc.qp != nil {
-			ci.LocalQPN = tc.qp.QPN()
-		}
-		if tc.cmConn != nil {
-			ci.RemoteQPN = tc.cmConn.RemoteQPN()
-		}
-		s.TXConns = append(s.TXConns, ci)
-	}
+	s.TXConns = i.active.info(now)
 	s.RXConns = i.passive.infoLocked(now, s.RXConns)
 	i.mu.Unlock()
 	sort.Slice(s.Neighbours, func(a, b int) bool { return s.Neighbours[a].MAC < s.Neighbours[b].MAC })

@@ -168,6 +168,15 @@ func (c *Context) Sync(fn func()) {
 // Handle is never called again. Stop is idempotent and safe from any
 // goroutine but the poll's own: like Sync, never call it from Handle, which
 // it would wait for.
+//
+// Completions an inline poll deferred that the goroutine had not handled
+// yet are handed to Handle by Stop itself, on its caller's goroutine
+// (Inline false), before it returns: they were polled off the CQ, so no
+// later poll would see them, and a consumer that counts what it posted
+// against what completed (a receive buffer reposted, a TX credit given
+// back) must get each one. Handle may run there as on the goroutine: the
+// caller of Stop already holds no lock Handle takes, or Stop would wait
+// forever for the goroutine's Handle.
 func (c *Context) Stop() {
 	c.lifeMu.Lock()
 	switch c.state {
@@ -183,9 +192,16 @@ func (c *Context) Stop() {
 	c.lifeMu.Unlock()
 	<-c.exited
 	// A BusyPoll that took the lock before stopping was set may still be
-	// in Handle; wait for it. Later ones see stopping under the lock.
+	// in Handle; wait for it. Later ones see stopping under the lock, and
+	// an inline poll sees running false, so deferred grows no more.
 	c.pollMu.Lock()
-	c.pollMu.Unlock()
+	defer c.pollMu.Unlock()
+	if n := len(c.deferred); n > 0 {
+		c.cfg.Handle(c.deferred)
+		clear(c.deferred)
+		c.deferred = c.deferred[:0]
+		c.counters.notePoll(n)
+	}
 }
 
 // Stats returns a snapshot of the counters.

@@ -56,7 +56,7 @@
 // block on a lock: Inline tells it where it runs, and Defer hands the
 // goroutine the completions it cannot handle there, which the goroutine
 // handles first, before anything newer (no inline poll runs while any
-// are deferred).
+// are deferred), or Stop does, if it comes first.
 //
 // napi does not know what a completion means; Handle does.
 package napi

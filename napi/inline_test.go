@@ -1,6 +1,7 @@
 package napi
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -129,5 +130,52 @@ func TestInlineNotWhilePolling(t *testing.T) {
 	}
 	if st := r.ctx.Stats(); st.InlinePolls != 0 || st.Wakeups == 0 {
 		t.Fatalf("stats %+v: want the goroutine woken, no inline poll", st)
+	}
+}
+
+// TestStopHandlesDeferred: completions an inline poll deferred are
+// handled once each even when Stop comes before the poll goroutine got to
+// them (Stop hands them to Handle itself), and counted as completions:
+// polled off the CQ, nothing else would ever see them. Each round races
+// Stop against the goroutine's wake-up; every interleaving must end with
+// every completion handled exactly once.
+func TestStopHandlesDeferred(t *testing.T) {
+	for round := range 200 {
+		cq := newFakeCQ(8)
+		var ctx *Context
+		seen := map[uint64]int{}
+		var mu sync.Mutex
+		ctx, err := New(Config{Name: "stop", CQ: cq, Inline: true, Handle: func(wcs []hca.WC) {
+			if ctx.Inline() && len(wcs) > 1 {
+				// Handle the first here, defer the rest (their
+				// handling needs a lock the poster holds).
+				ctx.Defer(wcs[1:])
+				wcs = wcs[:1]
+			}
+			mu.Lock()
+			for _, wc := range wcs {
+				seen[wc.ID]++
+			}
+			mu.Unlock()
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cq.onCompletion = ctx.Schedule
+		ctx.Start()
+		if err := cq.add(recvWC(0), recvWC(1), recvWC(2), recvWC(3)); err != nil {
+			t.Fatal(err)
+		}
+		ctx.Stop()
+		mu.Lock()
+		for id := range uint64(4) {
+			if seen[id] != 1 {
+				t.Fatalf("round %d: completion %d handled %d times (all: %v; stats %+v)", round, id, seen[id], seen, ctx.Stats())
+			}
+		}
+		mu.Unlock()
+		if st := ctx.Stats(); st.Completions != 4 || st.Deferred != 3 || st.InlinePolls != 1 {
+			t.Fatalf("round %d: stats %+v: want 4 completions, 3 deferred, 1 inline poll", round, st)
+		}
 	}
 }

@@ -303,23 +303,8 @@ func linkLocals(t *testing.T, ns *Netns, name string) []netip.Addr {
 // that fe80:: address and not the one the kernel derives from the MAC,
 // across the link going down and up again.
 func TestLinkLocalReplacesMACDerived(t *testing.T) {
-	requireRoot(t)
-	o := testOwner(t)
-	ns := createNetns(t, o, "ll")
 	ll := netip.MustParseAddr("fe80::200:ffff:a63:1")
-	d, err := Open(Config{Name: "ibt2", Netns: ns})
-	if err != nil {
-		t.Fatalf("open: %v", err)
-	}
-	defer d.Close()
-	// Up first, as a lab whose engine restarts finds it: the kernel's
-	// MAC-derived address is there and must go.
-	if err := d.SetLinkUp(true); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.SetLinkLocal(ll); err != nil {
-		t.Fatal(err)
-	}
+	ns, d := linkLocalDevice(t, "ll", "ibt2", ll)
 	for _, up := range []bool{true, false, true} {
 		if err := d.SetLinkUp(up); err != nil {
 			t.Fatal(err)

@@ -14,21 +14,8 @@ import (
 // (a tentative address cannot be bound), on first up and after the link
 // goes down and up again.
 func TestLinkLocalIsNoDAD(t *testing.T) {
-	requireRoot(t)
-	o := testOwner(t)
-	ns := createNetns(t, o, "nodad")
 	ll := netip.MustParseAddr("fe80::200:ffff:a63:2")
-	d, err := Open(Config{Name: "ibt3", Netns: ns})
-	if err != nil {
-		t.Fatalf("open: %v", err)
-	}
-	defer d.Close()
-	if err := d.SetLinkUp(true); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.SetLinkLocal(ll); err != nil {
-		t.Fatal(err)
-	}
+	ns, d := linkLocalDevice(t, "nodad", "ibt3", ll)
 	for i, up := range []bool{true, false, true} {
 		if i > 0 {
 			if err := d.SetLinkUp(up); err != nil {
@@ -57,6 +44,27 @@ func TestLinkLocalIsNoDAD(t *testing.T) {
 			t.Fatalf("step %d: bind to %v right after up: %v", i, ll, err)
 		}
 	}
+}
+
+// linkLocalDevice is a TAP named dev in a fresh namespace, up (as a lab
+// whose engine restarts finds it: the kernel's MAC-derived link-local is
+// there), given the link-local ll; it is closed when the test ends.
+func linkLocalDevice(t *testing.T, tag, dev string, ll netip.Addr) (*Netns, *Device) {
+	t.Helper()
+	requireRoot(t)
+	ns := createNetns(t, testOwner(t), tag)
+	d, err := Open(Config{Name: dev, Netns: ns})
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	if err := d.SetLinkUp(true); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetLinkLocal(ll); err != nil {
+		t.Fatal(err)
+	}
+	return ns, d
 }
 
 // addrFlags returns the IFA_FLAGS the kernel reports for addr on link.

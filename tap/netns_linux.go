@@ -89,7 +89,7 @@ func (o *Owner) Create(name string) (*Netns, error) {
 		return nil, err
 	}
 	if _, err := os.Stat(filepath.Join(netnsDir, name)); err == nil {
-		return nil, fmt.Errorf("create netns %s: %w", name, fs.ErrExist)
+		return nil, o.exists(name)
 	}
 	me, err := selfMarker()
 	if err != nil {
@@ -136,6 +136,40 @@ func (o *Owner) Create(name string) (*Netns, error) {
 	}
 	o.logger().Info("netns created", "name", name)
 	return n, nil
+}
+
+// NetnsExistsError is Create's error for a name that is taken, saying
+// whose the namespace is, as far as the owner markers tell: a running
+// ipoib process (OwnerPID, Running), one that is gone (OwnerPID, not
+// Running: CleanupStale removes it), or nobody known (OwnerPID 0: not
+// made by ipoib, or marked in another marker directory).
+type NetnsExistsError struct {
+	Name     string
+	OwnerPID int
+	Running  bool
+}
+
+func (e *NetnsExistsError) Error() string {
+	whose := "no ipoib owner marker: not made by ipoib"
+	switch {
+	case e.OwnerPID != 0 && e.Running:
+		whose = fmt.Sprintf("made by ipoib process %d, which is running", e.OwnerPID)
+	case e.OwnerPID != 0:
+		whose = fmt.Sprintf("made by ipoib process %d, which is gone", e.OwnerPID)
+	}
+	return fmt.Sprintf("create netns %s: %v (%s)", e.Name, fs.ErrExist, whose)
+}
+
+// Unwrap makes it an fs.ErrExist.
+func (e *NetnsExistsError) Unwrap() error { return fs.ErrExist }
+
+// exists is the NetnsExistsError for name, from its marker.
+func (o *Owner) exists(name string) error {
+	e := &NetnsExistsError{Name: name}
+	if m, err := readMarker(o.markerPath(name)); err == nil {
+		e.OwnerPID, e.Running = m.PID, processAlive(m)
+	}
+	return e
 }
 
 // Open returns a handle on an existing named namespace without claiming

@@ -137,63 +137,6 @@ func removeNetns(t *testing.T, names []string) {
 	}
 }
 
-// TestBinaryFlagsCheckedBeforeAnything: every bad value gets one line and
-// status 2 before a namespace, TAP, socket or fabric exists, whichever
-// command it is given to. As root the fabric cases would otherwise create
-// namespaces (they did: --mtu 50 failed after the first).
-func TestBinaryFlagsCheckedBeforeAnything(t *testing.T) {
-	const nsPrefix = "ipoib-t12f"
-	ctl := t.TempDir()
-	long := "ib0-sixteen-char" // 16 bytes: the kernel keeps 15
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
-		{[]string{"fabric", "--mtu", "70000"}, "--mtu 70000"},
-		{[]string{"fabric", "--mode", "datagram", "--mtu", "9000"}, "--mtu 9000"},
-		{[]string{"fabric", "--mtu", "50"}, "--mtu 50"},
-		{[]string{"fabric", "--ifname", long}, "--ifname"},
-		{[]string{"fabric", "--hosts", "0"}, "--hosts 0"},
-		{[]string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--mtu", "70000"}, "--mtu 70000"},
-		{[]string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--mode", "datagram", "--mtu", "9000"}, "--mtu 9000"},
-		{[]string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--ib-mtu", "1024", "--mode", "datagram", "--mtu", "2000"}, "--mtu 2000"},
-		{[]string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--mtu", "50"}, "--mtu 50"},
-		{[]string{"up", "--addr", "10.77.0.1/24", "--bind", "127.0.0.1", "--dev", long}, "--dev"},
-		{[]string{"soak", "--ud-loss", "2"}, "--ud-loss 2"},
-		{[]string{"soak", "--hosts", "0"}, "--hosts 0"},
-		{[]string{"soak", "--duration", "-1s"}, "--duration -1s"},
-		{[]string{"soak", "--no-such-flag"}, "no-such-flag"},
-		{[]string{"soak", "--hca", "ib"}, "--hca \"ib\""},
-		{[]string{"soak", "--hca", "rocev2", "--purge"}, "--purge does not apply to --hca rocev2"},
-		{[]string{"soak", "--udp-loss", "0.1"}, "--udp-loss does not apply to --hca soft"},
-		{[]string{"soak", "--hca", "rocev2", "--udp-dup", "2"}, "--udp-dup 2"},
-		{[]string{"soak", "--hca", "rocev2", "--hosts", "5000"}, "--hosts 5000"},
-		{[]string{"bench", "--hca", "rocev2"}, "--hca applies to --iperf"},
-		{[]string{"bench", "--streams", "4"}, "--streams applies to --iperf"},
-		{[]string{"bench", "--iperf", "--bytes", "1000"}, "--bytes applies to in-process"},
-		{[]string{"bench", "--iperf", "--hca", "ib"}, "--hca \"ib\""},
-	} {
-		args := tc.args
-		switch args[0] {
-		case "fabric":
-			args = append(args, "--netns-prefix", nsPrefix, "--control-dir", ctl)
-		case "up":
-			args = append(args, "--control-dir", ctl)
-		}
-		r := runIpoib(t, args...)
-		if r.code != 2 || !oneLine(r.stderr) || !strings.Contains(r.stderr, tc.want) || !strings.HasPrefix(r.stderr, "ipoib "+args[0]+": ") || r.stdout != "" {
-			t.Errorf("ipoib %v: exit %d stderr %q stdout %q; want 2 and one line naming %q", tc.args, r.code, short(r.stderr), short(r.stdout), tc.want)
-		}
-		if left := netnsWithPrefix(t, nsPrefix); len(left) > 0 {
-			t.Errorf("ipoib %v created namespaces %v before failing", tc.args, left)
-			removeNetns(t, left)
-		}
-		if entries, _ := os.ReadDir(ctl); len(entries) > 0 {
-			t.Errorf("ipoib %v left %d entries in the control directory", tc.args, len(entries))
-		}
-	}
-}
-
 // TestBinarySoakWithoutTrafficFails: with every UD delivery lost no ARP
 // is answered, nothing connects and nothing is delivered; that run tested
 // nothing and must not PASS.
@@ -324,6 +267,15 @@ func needRoot(t *testing.T) {
 	testutil.NeedRoot(t)
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("ip not in PATH: apt-get install iproute2")
+	}
+}
+
+// needPing is needRoot for the tests that ping across ib0.
+func needPing(t *testing.T) {
+	t.Helper()
+	needRoot(t)
+	if _, err := exec.LookPath("ping"); err != nil {
+		t.Skip("ping not in PATH: apt-get install iputils-ping")
 	}
 }
 
@@ -708,10 +660,7 @@ func ipIn(t *testing.T, ns string, args ...string) {
 // is followed (a ping to the host works after it: the replies reach the
 // new MAC); a host that sets ib0 down shows DOWN.
 func TestBinaryShowFollowsTheHost(t *testing.T) {
-	needRoot(t)
-	if _, err := exec.LookPath("ping"); err != nil {
-		t.Skip("ping not in PATH: apt-get install iputils-ping")
-	}
+	needPing(t)
 	const nsPrefix = "ipoib-t12s"
 	h1, h2 := nsPrefix+"1", nsPrefix+"2"
 	ctl := t.TempDir()

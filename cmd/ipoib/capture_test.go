@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -40,33 +39,8 @@ func TestBinaryCaptureInterrupted(t *testing.T) {
 		fab.stop()
 		checkGone(t, nsPrefix, ctl)
 	})
-	srv := exec.Command("ip", "netns", "exec", h2, iperf3, "-s", "-B", dst, "--forceflush")
-	srvOut, err := srv.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
+	srv := startIperf3Server(t, h2, dst)
 	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
-	listening := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(srvOut)
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), "Server listening") {
-				listening <- true
-			}
-		}
-		close(listening)
-	}()
-	select {
-	case ok := <-listening:
-		if !ok {
-			t.Fatal("iperf3 server exited before listening")
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("iperf3 server not listening within 30 s")
-	}
 
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
 		t.Run(sig.String(), func(t *testing.T) {

@@ -156,10 +156,7 @@ func linkLocalOf(t *testing.T, ns string) string {
 // checked TCP transfer work again both ways, each waited for on its own
 // reply within a bound.
 func TestBinaryHostDownStopsEngine(t *testing.T) {
-	needRoot(t)
-	if _, err := exec.LookPath("ping"); err != nil {
-		t.Skip("ping not in PATH: apt-get install iputils-ping")
-	}
+	needPing(t)
 	const nsPrefix = "ipoib-t12d"
 	h1, h2 := nsPrefix+"1", nsPrefix+"2"
 	a1, a2 := "10.77.95.1", "10.77.95.2"

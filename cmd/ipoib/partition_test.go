@@ -125,10 +125,7 @@ func tcpBetween(from, to, dst string, n int) error {
 // bad child requests cost one line and create nothing; child del removes
 // the TAP.
 func TestBinaryPartitions(t *testing.T) {
-	needRoot(t)
-	if _, err := exec.LookPath("ping"); err != nil {
-		t.Skip("ping not in PATH: apt-get install iputils-ping")
-	}
+	needPing(t)
 	const nsPrefix = "ipoib-t13c"
 	h1, h2, h3, h4, h5 := nsPrefix+"1", nsPrefix+"2", nsPrefix+"3", nsPrefix+"4", nsPrefix+"5"
 	ctl := t.TempDir()

@@ -65,10 +65,7 @@ func vethNamespaces(t *testing.T, a, b, ua, ub string) {
 // Median of 5 restarts, each timed from the restarted process's ready
 // line to the first 20,000-byte echo reply, under 1 s.
 func TestBinaryRestartedPeerReachable(t *testing.T) {
-	needRoot(t)
-	if _, err := exec.LookPath("ping"); err != nil {
-		t.Skip("ping not in PATH: apt-get install iputils-ping")
-	}
+	needPing(t)
 	const nsPrefix = "ipoib-t23r"
 	na, nb := nsPrefix+"1", nsPrefix+"2"
 	ua, ub := "10.97.0.1", "10.97.0.2"

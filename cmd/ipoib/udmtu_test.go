@@ -29,12 +29,11 @@ type iperf3Run struct {
 	} `json:"end"`
 }
 
-// iperf3Across runs one iperf3 TCP stream of seconds from namespace from
-// to addr in namespace to; the client starts once the server says it
-// listens.
-func iperf3Across(t *testing.T, from, to, addr string, seconds int) iperf3Run {
+// startIperf3Server starts 'iperf3 -s -B addr' (and args) in namespace
+// ns and returns once the server says it listens; the caller kills it.
+func startIperf3Server(t *testing.T, ns, addr string, args ...string) *exec.Cmd {
 	t.Helper()
-	srv := exec.Command("ip", "netns", "exec", to, "iperf3", "-s", "-1", "-B", addr, "--forceflush")
+	srv := exec.Command("ip", append([]string{"netns", "exec", ns, "iperf3", "-s", "-B", addr, "--forceflush"}, args...)...)
 	srvOut, err := srv.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +41,6 @@ func iperf3Across(t *testing.T, from, to, addr string, seconds int) iperf3Run {
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { srv.Process.Kill(); srv.Wait() }()
 	listening := make(chan bool, 1)
 	go func() {
 		sc := bufio.NewScanner(srvOut)
@@ -56,11 +54,24 @@ func iperf3Across(t *testing.T, from, to, addr string, seconds int) iperf3Run {
 	select {
 	case ok := <-listening:
 		if !ok {
+			srv.Wait()
 			t.Fatal("iperf3 server exited before listening")
 		}
 	case <-time.After(30 * time.Second):
+		srv.Process.Kill()
+		srv.Wait()
 		t.Fatal("iperf3 server not listening within 30 s")
 	}
+	return srv
+}
+
+// iperf3Across runs one iperf3 TCP stream of seconds from namespace from
+// to addr in namespace to; the client starts once the server says it
+// listens.
+func iperf3Across(t *testing.T, from, to, addr string, seconds int) iperf3Run {
+	t.Helper()
+	srv := startIperf3Server(t, to, addr, "-1")
+	defer func() { srv.Process.Kill(); srv.Wait() }()
 	out, err := exec.Command("ip", "netns", "exec", from, "iperf3", "-c", addr, "-t", fmt.Sprint(seconds), "-J").Output()
 	if err != nil {
 		t.Fatalf("iperf3 %s -> %s: %v\n%s", from, addr, err, out)

@@ -11,9 +11,9 @@ import (
 	"github.com/ipoibcm/ipoib/hca"
 )
 
-// heldTransmit is a device whose next socket write, once armed, stops
-// until released: a zero-copy write in progress, for as long as a test
-// needs it.
+// heldTransmit is a device whose next socket write of a QP given to
+// postLSOHeld stops until released: a zero-copy write in progress, for as
+// long as a test needs it.
 type heldTransmit struct {
 	dev     *Device
 	arm     atomic.Bool
@@ -23,15 +23,17 @@ type heldTransmit struct {
 }
 
 func newHeldTransmit(t *testing.T, f *testFabric) *heldTransmit {
-	h := &heldTransmit{inTx: make(chan struct{}), release: make(chan struct{})}
-	h.dev = f.openHooked(t, func() {
-		if h.arm.CompareAndSwap(true, false) {
-			close(h.inTx)
-			<-h.release
-		}
-	})
+	h := &heldTransmit{dev: f.newDevice(t), inTx: make(chan struct{}), release: make(chan struct{})}
 	t.Cleanup(h.unblock) // a failing test must not leave the write held
 	return h
+}
+
+// hold is the write wrapper's hook: the armed write stops.
+func (h *heldTransmit) hold() {
+	if h.arm.CompareAndSwap(true, false) {
+		close(h.inTx)
+		<-h.release
+	}
 }
 
 func (h *heldTransmit) unblock() { h.once.Do(func() { close(h.release) }) }
@@ -51,7 +53,7 @@ func udQP(t *testing.T, d *Device) (hca.QP, *waitCQ) {
 }
 
 // postLSOHeld posts a UD LSO send on q (its segments leave without a
-// copy) with the device's write held, and returns once the write is in
+// copy) with the write of q's socket held, and returns once the write is in
 // progress; the channel reports PostSend's result after the release.
 func postLSOHeld(t *testing.T, h *heldTransmit, q hca.QP, to *udEnd) <-chan error {
 	t.Helper()
@@ -61,6 +63,7 @@ func postLSOHeld(t *testing.T, h *heldTransmit, q hca.QP, to *udEnd) <-chan erro
 	}
 	const mss = 4000
 	msg := tcpSuperFrame(15 * mss)
+	holdWrites(t, q, h.hold)
 	h.arm.Store(true)
 	posted := make(chan error, 1)
 	go func() {
@@ -118,7 +121,8 @@ func TestDestroyDropsCompletionsWaitingForTransmit(t *testing.T) {
 // TestDestroyWaitsForTransmitWithoutDeviceLock: destroying a QP whose
 // send buffer a socket write still reads returns only after that write
 // (the buffer is the consumer's again afterwards), and the device
-// serves other callers while it waits.
+// serves other callers while it waits, also while the close of the QP's
+// source socket waits for the write.
 func TestDestroyWaitsForTransmitWithoutDeviceLock(t *testing.T) {
 	f := newTestFabric(t, 66, Faults{})
 	h := newHeldTransmit(t, f)

@@ -46,9 +46,8 @@ func randomFirstQPN() hca.QPN {
 // Device is one RoCEv2 HCA bound to a UDP address. It implements
 // hca.Device.
 type Device struct {
-	cfg   Config
-	hooks hooks
-	gid   hca.GID
+	cfg Config
+	gid hca.GID
 	// nodeGUID is fixed at creation (see nodeGUIDFor).
 	nodeGUID uint64
 	local    netip.AddrPort
@@ -106,6 +105,10 @@ type Device struct {
 	// rxShifts belongs to the receive path (mu held): the ICRC ID
 	// shifts of recently seen packet lengths.
 	rxShifts wire.IDShiftCache
+	// ipUDP is room for the IP and UDP headers an ICRC is computed over
+	// (mu held): a stack array passed to wire's header writers moves to
+	// the heap, one allocation per packet.
+	ipUDP    [wire.IPv6HeaderLen + wire.UDPHeaderLen]byte
 	work     *work
 	freeWork []*work
 	freeBufs [][]byte
@@ -158,24 +161,17 @@ type work struct {
 	out    []txPacket
 	cqs    []*cq
 	events []pendingEvent
+	// closes are source sockets their last QP let go of: closed after
+	// the batch's datagrams are written, outside mu, since a close waits
+	// for a write in progress on the socket.
+	closes []*udpSocket
 }
 
 var _ hca.Device = (*Device)(nil)
 
 // New opens the device's socket and starts its receive and timer
 // goroutines; Close stops them.
-func New(cfg Config) (*Device, error) { return newDevice(cfg, hooks{}) }
-
-// hooks let a test hold a transmit in progress; nil in production. A
-// wrapper of the sender's write cannot stand in for it: it would hold the
-// socket's file descriptor, whose Close (a QP's Destroy) waits for it.
-type hooks struct {
-	// beforeTransmit runs in unlock with txMu held, before a batch goes
-	// to the socket.
-	beforeTransmit func()
-}
-
-func newDevice(cfg Config, h hooks) (*Device, error) {
+func New(cfg Config) (*Device, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
@@ -202,7 +198,6 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 	tx.gso = sock.gso && !cfg.Faults.active()
 	d := &Device{
 		cfg:       cfg,
-		hooks:     h,
 		gid:       hca.GIDFromAddr(cfg.Bind.Addr()),
 		nodeGUID:  nodeGUIDFor(cfg.Bind.Addr()),
 		local:     netip.AddrPortFrom(cfg.Bind.Addr(), sock.port),
@@ -233,12 +228,12 @@ func newDevice(cfg Config, h hooks) (*Device, error) {
 	for _, p := range cfg.Peers {
 		d.addMember(p.Unmap())
 	}
-	d.wg.Add(2)
+	var src rxSource = newUDPReceiver(sock)
 	if psock != nil {
-		go d.rxPacketLoop()
-	} else {
-		go d.rxLoop()
+		src = newPacketReceiver(psock)
 	}
+	d.wg.Add(2)
+	go d.rxLoop(src)
 	go d.timerLoop()
 	if cfg.Gossip && !cfg.Multicast {
 		now := time.Now()
@@ -474,9 +469,12 @@ func (d *Device) Close() error {
 	for c := range d.heldCQs {
 		c.dropHeld()
 	}
-	d.srcPorts.closeAll(&d.ctr)
+	srcs := d.srcPorts.takeAll(&d.ctr)
 	gerr := d.closeGroups()
 	d.mu.Unlock()
+	for _, s := range srcs {
+		_ = s.Close()
+	}
 	close(d.done)
 	if n, ok := d.socketDrops(); ok {
 		d.ctr.socketDrops.Store(n)
@@ -509,6 +507,14 @@ func (d *Device) addMember(a netip.Addr) {
 // deferCompletion schedules a CQ's completion handler; mu held.
 func (d *Device) deferCompletion(c *cq) { d.work.cqs = append(d.work.cqs, c) }
 
+// deferClose schedules the close of a source socket (nil: none); mu
+// held.
+func (d *Device) deferClose(s *udpSocket) {
+	if s != nil {
+		d.work.closes = append(d.work.closes, s)
+	}
+}
+
 // deferEvent schedules an async event; mu held.
 func (d *Device) deferEvent(fn func(hca.AsyncEvent), ev hca.AsyncEvent) {
 	d.work.events = append(d.work.events, pendingEvent{fn, ev})
@@ -531,7 +537,7 @@ func (d *Device) queuePacket(src *udpSocket, dst netip.Addr, pkt []byte) {
 	if src == nil {
 		src = d.sock
 	}
-	var hdr [wire.IPv6HeaderLen + wire.UDPHeaderLen]byte
+	hdr := &d.ipUDP
 	udpLen := wire.UDPHeaderLen + len(pkt)
 	n := wire.PutIPHeader(hdr[:], d.local.Addr(), dst, udpLen)
 	wire.PutUDPHeader(hdr[n:], src.port, d.local.Port(), udpLen)
@@ -560,7 +566,7 @@ func (d *Device) queueZeroCopy(src *udpSocket, dst netip.Addr, buf []byte, h int
 	if src == nil {
 		src = d.sock
 	}
-	var hdr [wire.IPv6HeaderLen + wire.UDPHeaderLen]byte
+	hdr := &d.ipUDP
 	udpLen := wire.UDPHeaderLen + h + len(payload) + len(tail)
 	n := wire.PutIPHeader(hdr[:], d.local.Addr(), dst, udpLen)
 	wire.PutUDPHeader(hdr[n:], src.port, d.local.Port(), udpLen)
@@ -638,7 +644,7 @@ func (d *Device) dropAfterTx(q *qp) {
 // handlers and async events, outside every lock.
 func (d *Device) unlock() {
 	w := d.work
-	if len(w.out) == 0 && len(w.cqs) == 0 && len(w.events) == 0 {
+	if len(w.out) == 0 && len(w.cqs) == 0 && len(w.events) == 0 && len(w.closes) == 0 {
 		d.mu.Unlock()
 		return
 	}
@@ -653,14 +659,14 @@ func (d *Device) unlock() {
 		d.workGen++
 		d.txMu.Lock()
 		d.mu.Unlock()
-		if d.hooks.beforeTransmit != nil {
-			d.hooks.beforeTransmit()
-		}
 		d.transmit(w.out)
 		d.txDone.Store(gen)
 		d.txMu.Unlock()
 	} else {
 		d.mu.Unlock()
+	}
+	for _, s := range w.closes {
+		_ = s.Close()
 	}
 	for _, c := range w.cqs {
 		c.cfg.OnCompletion()
@@ -678,6 +684,8 @@ func (d *Device) unlock() {
 	w.cqs = w.cqs[:0]
 	clear(w.events)
 	w.events = w.events[:0]
+	clear(w.closes)
+	w.closes = w.closes[:0]
 	d.freeWork = append(d.freeWork, w)
 	if d.releaseAfterTx() {
 		d.unlock() // the completion handlers of what was released

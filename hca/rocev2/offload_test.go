@@ -320,3 +320,30 @@ func (w *sender) datagram(i int) []byte {
 	}
 	return b
 }
+
+// TestAuxNetOffset: the packet socket's PACKET_AUXDATA is found behind
+// another control message and read without allocating; its absence is -1.
+func TestAuxNetOffset(t *testing.T) {
+	gro := unix.CmsgSpace(4)
+	ctrl := make([]byte, gro+auxSpace)
+	ch := (*unix.Cmsghdr)(unsafe.Pointer(&ctrl[0]))
+	ch.Level, ch.Type = unix.SOL_UDP, unix.UDP_GRO
+	ch.SetLen(unix.CmsgLen(4))
+	aux := (*unix.Cmsghdr)(unsafe.Pointer(&ctrl[gro]))
+	aux.Level, aux.Type = unix.SOL_PACKET, unix.PACKET_AUXDATA
+	aux.SetLen(unix.CmsgLen(sizeofAuxdata))
+	(*unix.TpacketAuxdata)(unsafe.Pointer(&ctrl[gro+unix.CmsgLen(0)])).Net = 14
+	if got := auxNetOffset(ctrl); got != 14 {
+		t.Fatalf("tp_net %d, want 14", got)
+	}
+	if a := testing.AllocsPerRun(100, func() { auxNetOffset(ctrl) }); a != 0 {
+		t.Fatalf("%v allocations per call", a)
+	}
+	if got := auxNetOffset(ctrl[:gro]); got != -1 {
+		t.Fatalf("without auxdata: %d, want -1", got)
+	}
+	aux.SetLen(unix.CmsgLen(2))
+	if got := auxNetOffset(ctrl); got != -1 {
+		t.Fatalf("short auxdata read: %d", got)
+	}
+}

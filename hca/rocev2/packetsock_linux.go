@@ -12,6 +12,8 @@ import (
 
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
 )
 
 // packetSocket receives the device's IPv4 datagrams with their IP
@@ -150,9 +152,7 @@ func openPacketSocket(bind netip.AddrPort) (*packetSocket, error) {
 	// Our own transmits on loopback would show as PACKET_OUTGOING copies;
 	// the filter drops them, and this (Linux 4.20) spares their clones.
 	_ = unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 1)
-	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, socketBufferBytes) != nil {
-		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, socketBufferBytes)
-	}
+	setBufferSizes(fd, false)
 	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP)}); err != nil {
 		return nil, fmt.Errorf("rocev2: bind packet socket: %w", err)
 	}
@@ -234,17 +234,8 @@ func (s *udpSocket) ignoreReceive(keepGRO bool) error {
 // queued is how many bytes wait in the UDP socket's receive queue
 // (SO_MEMINFO's rmem_alloc); false if unknown.
 func (s *udpSocket) queued() (uint32, bool) {
-	var info [unix.SK_MEMINFO_VARS]uint32
-	var errno syscall.Errno
-	err := s.raw.Control(func(fd uintptr) {
-		l := uint32(unsafe.Sizeof(info))
-		_, _, errno = unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_SOCKET, soMeminfo,
-			uintptr(unsafe.Pointer(&info[0])), uintptr(unsafe.Pointer(&l)), 0)
-	})
-	if err != nil || errno != 0 {
-		return 0, false
-	}
-	return info[unix.SK_MEMINFO_RMEM_ALLOC], true
+	info, ok := s.meminfo()
+	return info[unix.SK_MEMINFO_RMEM_ALLOC], ok
 }
 
 // packetReceiver reads batches from the packet socket with recvmmsg:
@@ -259,6 +250,11 @@ type packetReceiver struct {
 	n      int
 	err    error
 	readFn func(fd uintptr) bool
+	// Scratch of deliver: the frame, a GSO segment's headers, the
+	// packet.
+	frame  packetFrame
+	segHdr [60 + wire.UDPHeaderLen]byte
+	pkt    wire.Packet
 }
 
 // Packet socket buffers: a GSO super-packet is up to 64 KiB behind its
@@ -340,16 +336,9 @@ func (r *packetReceiver) message(i int) (b []byte, netOff int, truncated bool) {
 // tp_net, the offset of the network header in the packet; -1 if there is
 // none or the buffer is malformed.
 func auxNetOffset(ctrl []byte) int {
-	msgs, err := unix.ParseSocketControlMessage(ctrl)
-	if err != nil {
-		return -1
-	}
-	for _, m := range msgs {
-		if m.Header.Level == unix.SOL_PACKET && m.Header.Type == unix.PACKET_AUXDATA && len(m.Data) >= sizeofAuxdata {
-			var aux unix.TpacketAuxdata
-			off := int(unsafe.Offsetof(aux.Net))
-			return int(binary.NativeEndian.Uint16(m.Data[off:]))
-		}
+	if data := cmsgData(ctrl, unix.SOL_PACKET, unix.PACKET_AUXDATA); len(data) >= sizeofAuxdata {
+		var aux unix.TpacketAuxdata
+		return int(binary.NativeEndian.Uint16(data[unsafe.Offsetof(aux.Net):]))
 	}
 	return -1
 }

@@ -226,7 +226,7 @@ func (q *qp) Modify(a hca.QPAttr) error {
 			q.dest, q.destQPN = dest, a.DestQPN&hca.QPNMask
 			// The QP pair's port from now on, as drivers call
 			// rdma_get_udp_sport when the AV is set.
-			d.srcPorts.release(q.src, &d.ctr)
+			d.deferClose(d.srcPorts.release(q.src, &d.ctr))
 			q.src = d.srcPorts.acquire(sourcePortOf(q), &d.ctr)
 			q.ePSN = a.RQPSN & psnMask
 			q.minRNR = a.MinRNRTimer & 31
@@ -409,8 +409,8 @@ func (q *qp) Destroy() error {
 	d.dropAfterTx(q)
 	txWait := q.zcGen
 	defer d.awaitTx(txWait)
-	defer d.mu.Unlock()
-	d.srcPorts.release(q.src, &d.ctr)
+	defer d.unlock() // closes the QP's source socket, outside mu
+	d.deferClose(d.srcPorts.release(q.src, &d.ctr))
 	q.src = nil
 	if d.qps[q.qpn] == q {
 		delete(d.qps, q.qpn)

@@ -4,41 +4,33 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
 )
 
-// rxBatch is how many datagrams one recvmmsg may return.
-const rxBatch = 64
-
-// rxBufSize leaves room beyond the largest valid packet so that an
-// oversized datagram shows as too long rather than silently cut.
-const rxBufSize = 8192
-
-// With GRO a message holds up to 64 KiB of coalesced datagrams, so the
-// buffers are that large and fewer: 512 KiB in all (8 and 32 measured
-// the same; the smaller set stays in cache).
-const (
-	rxBatchGRO   = 8
-	rxBufSizeGRO = 1 << 16
-)
+// rxSource is what the receive loop reads from: the UDP socket
+// (receiver) or, for an IPv4 device, the packet socket that shows the IP
+// headers (packetReceiver). Each belongs to the receive goroutine.
+type rxSource interface {
+	// read blocks until at least one message arrived and returns how
+	// many.
+	read() (int, error)
+	// deliver validates the datagrams of message i of the last read and
+	// hands each to its QP; mu held.
+	deliver(d *Device, i int)
+}
 
 // rxLoop reads datagrams in batches and processes each batch under one
 // lock acquisition, then sends the batch's coalesced ACKs.
-func (d *Device) rxLoop() {
+func (d *Device) rxLoop(src rxSource) {
 	defer d.wg.Done()
-	batch, bufSize := rxBatch, rxBufSize
-	if d.sock.gro {
-		batch, bufSize = rxBatchGRO, rxBufSizeGRO
-	}
-	r := newReceiver(d.sock, batch, bufSize)
-	var p wire.Packet
 	for {
-		n, err := r.read()
+		n, err := src.read()
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
+			if errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrClosed) {
 				return
 			}
 			select {
@@ -56,18 +48,7 @@ func (d *Device) rxLoop() {
 			return
 		}
 		for i := range n {
-			b, from, seg, ok, truncated := r.message(i)
-			switch {
-			case !ok:
-				d.ctr.rxPackets.Add(1)
-				d.ctr.drop(wire.DropGarbage)
-			case truncated:
-				d.ctr.rxPackets.Add(1)
-				d.ctr.drop(wire.DropTruncated)
-				d.warnOversize(from, len(b))
-			default:
-				d.receiveMessage(b, from, seg, &p)
-			}
+			src.deliver(d, i)
 		}
 		d.sendBatchAcks()
 		d.unlock()
@@ -166,7 +147,7 @@ func (d *Device) accept(b []byte, from netip.AddrPort, dst netip.Addr, p *wire.P
 		d.ctr.drop(wire.ReasonOf(err))
 		return false
 	}
-	var hdr [wire.IPv6HeaderLen + wire.UDPHeaderLen]byte
+	hdr := &d.ipUDP
 	udpLen := wire.UDPHeaderLen + len(b)
 	if from.Addr().Is4() != d.local.Addr().Is4() {
 		d.ctr.drop(wire.DropGarbage)

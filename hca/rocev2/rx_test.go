@@ -148,7 +148,7 @@ func FuzzReceive(f *testing.F) {
 func deviceLoops() (int, string) {
 	buf := make([]byte, 1<<20)
 	s := string(buf[:runtime.Stack(buf, true)])
-	return strings.Count(s, "rocev2.(*Device).rxLoop(") + strings.Count(s, "rocev2.(*Device).rxPacketLoop(") +
+	return strings.Count(s, "rocev2.(*Device).rxLoop(") +
 		strings.Count(s, "rocev2.(*Device).timerLoop("), s
 }
 

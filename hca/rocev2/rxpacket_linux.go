@@ -1,60 +1,22 @@
 package rocev2
 
-import (
-	"errors"
-	"net"
-	"os"
+import "github.com/ipoibcm/ipoib/hca/rocev2/wire"
 
-	"github.com/ipoibcm/ipoib/hca/rocev2/wire"
-)
-
-// rxPacketLoop is rxLoop for a device whose datagrams come from its
-// packet socket, each with the IP and UDP headers it had on the wire.
-func (d *Device) rxPacketLoop() {
-	defer d.wg.Done()
-	r := newPacketReceiver(d.psock)
-	var (
-		p   wire.Packet
-		f   packetFrame
-		hdr [60 + wire.UDPHeaderLen]byte // a GSO segment's headers
-	)
-	for {
-		n, err := r.read()
-		if err != nil {
-			if errors.Is(err, os.ErrClosed) || errors.Is(err, net.ErrClosed) {
-				return
-			}
-			select {
-			case <-d.done:
-				return
-			default:
-			}
-			d.cfg.Logger.Debug("rocev2: receive", "dev", d.cfg.Name, "err", err)
-			continue
-		}
-		d.ctr.rxBatches.Add(1)
-		d.mu.Lock()
-		if d.closed {
-			d.mu.Unlock()
-			return
-		}
-		for i := range n {
-			b, netOff, truncated := r.message(i)
-			if truncated {
-				d.ctr.rxPackets.Add(1)
-				d.ctr.drop(wire.DropTruncated)
-				continue
-			}
-			if err := parsePacketFrame(b, netOff, &f); err != nil {
-				d.ctr.rxPackets.Add(1)
-				d.ctr.drop(wire.ReasonOf(err))
-				continue
-			}
-			d.receiveFrame(&f, hdr[:], &p)
-		}
-		d.sendBatchAcks()
-		d.unlock()
+// deliver implements rxSource for the packet socket: each message is a
+// frame with the IP and UDP headers it had on the wire.
+func (r *packetReceiver) deliver(d *Device, i int) {
+	b, netOff, truncated := r.message(i)
+	if truncated {
+		d.ctr.rxPackets.Add(1)
+		d.ctr.drop(wire.DropTruncated)
+		return
 	}
+	if err := parsePacketFrame(b, netOff, &r.frame); err != nil {
+		d.ctr.rxPackets.Add(1)
+		d.ctr.drop(wire.ReasonOf(err))
+		return
+	}
+	d.receiveFrame(&r.frame, r.segHdr[:], &r.pkt)
 }
 
 // receiveFrame validates the datagrams of one packet-socket frame and

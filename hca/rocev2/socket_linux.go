@@ -73,13 +73,7 @@ func openSocket(bind netip.AddrPort, want offloads, mcast *net.Interface) (*udpS
 				return
 			}
 		}
-		// FORCE variants need CAP_NET_ADMIN; the plain ones are capped by
-		// rmem_max/wmem_max, which is still better than the default.
-		for _, o := range [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}} {
-			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[0], socketBufferBytes) != nil {
-				_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[1], socketBufferBytes)
-			}
-		}
+		setBufferSizes(int(fd), true)
 		// A zero segment size probes for UDP_SEGMENT without setting a
 		// socket-wide default; each message carries its own size.
 		have.gso = want.gso && unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_SEGMENT, 0) == nil
@@ -104,20 +98,39 @@ func (s *udpSocket) Close() error { return s.conn.Close() }
 // because the receive buffer was full.
 const soMeminfo = 55
 
-// drops reads sk_drops; false if the socket is closed or the kernel
-// does not report it.
-func (s *udpSocket) drops() (uint64, bool) {
-	var info [unix.SK_MEMINFO_VARS]uint32
+// setBufferSizes asks for socketBufferBytes of receive buffer on fd and,
+// with send, of send buffer. The FORCE variants need CAP_NET_ADMIN; the
+// plain ones are capped by rmem_max/wmem_max, which is still better than
+// the default.
+func setBufferSizes(fd int, send bool) {
+	opts := [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}}
+	if !send {
+		opts = opts[:1]
+	}
+	for _, o := range opts {
+		if unix.SetsockoptInt(fd, unix.SOL_SOCKET, o[0], socketBufferBytes) != nil {
+			_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, o[1], socketBufferBytes)
+		}
+	}
+}
+
+// meminfo reads the socket's SO_MEMINFO counters; false if the socket is
+// closed or the kernel does not report them.
+func (s *udpSocket) meminfo() (info [unix.SK_MEMINFO_VARS]uint32, ok bool) {
 	var errno syscall.Errno
 	err := s.raw.Control(func(fd uintptr) {
 		l := uint32(unsafe.Sizeof(info))
 		_, _, errno = unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_SOCKET, soMeminfo,
 			uintptr(unsafe.Pointer(&info[0])), uintptr(unsafe.Pointer(&l)), 0)
 	})
-	if err != nil || errno != 0 {
-		return 0, false
-	}
-	return uint64(info[unix.SK_MEMINFO_DROPS]), true
+	return info, err == nil && errno == 0
+}
+
+// drops reads sk_drops; false if the socket is closed or the kernel
+// does not report it.
+func (s *udpSocket) drops() (uint64, bool) {
+	info, ok := s.meminfo()
+	return uint64(info[unix.SK_MEMINFO_DROPS]), ok
 }
 
 // mmsgBatch is a reusable recvmmsg/sendmmsg vector: per message one

@@ -65,32 +65,36 @@ func (p *sourcePorts) acquire(port uint16, ctr *counters) *udpSocket {
 	return s
 }
 
-// release drops one user of s and closes it after the last. Datagrams
-// still queued for it fail as transmit errors; they belong to a QP that
-// is going away.
-func (p *sourcePorts) release(s *udpSocket, ctr *counters) {
+// release drops one user of s and returns it after the last, for the
+// caller to close once it has let go of Device.mu (Device.deferClose):
+// closing waits for a write in progress on the socket, which must not
+// stall the device. Nil while others still use it.
+func (p *sourcePorts) release(s *udpSocket, ctr *counters) *udpSocket {
 	if s == nil || s == p.main {
-		return
+		return nil
 	}
 	e := p.socks[s.port]
 	if e == nil || e.sock != s {
-		return
+		return nil
 	}
 	if e.refs--; e.refs > 0 {
-		return
+		return nil
 	}
 	delete(p.socks, s.port)
 	ctr.sourcePorts.Store(uint64(len(p.socks)))
-	_ = s.Close()
+	return s
 }
 
-// closeAll closes every source socket (Device.Close).
-func (p *sourcePorts) closeAll(ctr *counters) {
+// takeAll forgets every source socket and returns them to be closed
+// outside Device.mu (Device.Close).
+func (p *sourcePorts) takeAll(ctr *counters) []*udpSocket {
+	var all []*udpSocket
 	for port, e := range p.socks {
-		_ = e.sock.Close()
+		all = append(all, e.sock)
 		delete(p.socks, port)
 	}
 	ctr.sourcePorts.Store(0)
+	return all
 }
 
 // sourcePortOf is the port a QP sends from: an RC QP's from its QP pair

@@ -5,28 +5,49 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/offload"
 )
 
-// openHooked opens a device of f with h's beforeTransmit.
-func (f *testFabric) openHooked(t *testing.T, before func()) *Device {
+// heldRawConn is a socket's RawConn whose writes first run before,
+// inside the write (the descriptor in use, so a Close of the socket waits
+// for it) and with Device.txMu held: a test holds a transmit in progress
+// there.
+type heldRawConn struct {
+	syscall.RawConn
+	before func()
+}
+
+func (c heldRawConn) Write(f func(fd uintptr) bool) error {
+	held := false
+	return c.RawConn.Write(func(fd uintptr) bool {
+		if !held {
+			held = true
+			c.before()
+		}
+		return f(fd)
+	})
+}
+
+// holdWrites makes before run ahead of every write of the source socket
+// q sends from, which must be its own (not the fabric port's, which the
+// receive path also uses).
+func holdWrites(t *testing.T, q hca.QP, before func()) {
 	t.Helper()
-	cfg := f.config(t)
-	for _, d := range f.devs {
-		cfg.Peers = append(cfg.Peers, d.LocalAddr().Addr())
+	qq := q.(*qp)
+	d := qq.dev
+	d.mu.Lock()
+	s := qq.src
+	d.mu.Unlock()
+	if s == nil || s == d.sock {
+		t.Fatal("QP sends from the fabric port, not a source socket of its own")
 	}
-	d, err := newDevice(cfg, hooks{beforeTransmit: before})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range f.devs {
-		o.AddPeer(d.LocalAddr().Addr())
-	}
-	f.devs = append(f.devs, d)
-	return d
+	d.txMu.Lock()
+	s.raw = heldRawConn{RawConn: s.raw, before: before}
+	d.txMu.Unlock()
 }
 
 // TestZeroCopyLSOCompletesAfterTransmit: UD LSO segments leave from the
@@ -38,7 +59,14 @@ func TestZeroCopyLSOCompletesAfterTransmit(t *testing.T) {
 	f := newTestFabric(t, 62, Faults{})
 	var sendCQ atomic.Pointer[waitCQ]
 	var early, transmits atomic.Int32
-	da := f.openHooked(t, func() {
+	da := f.newDevice(t)
+	b := newUDEnd(t, f.newDevice(t), 64)
+	c := newWaitCQ(t, da, 64)
+	qa, err := da.CreateQP(hca.QPConfig{Type: hca.QPTypeUD, SendCQ: c.CQ, RecvCQ: c.CQ, MaxSendWR: 16, MaxRecvWR: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holdWrites(t, qa, func() {
 		transmits.Add(1)
 		if c := sendCQ.Load(); c != nil {
 			var wc [4]hca.WC
@@ -47,12 +75,6 @@ func TestZeroCopyLSOCompletesAfterTransmit(t *testing.T) {
 			}
 		}
 	})
-	b := newUDEnd(t, f.newDevice(t), 64)
-	c := newWaitCQ(t, da, 64)
-	qa, err := da.CreateQP(hca.QPConfig{Type: hca.QPTypeUD, SendCQ: c.CQ, RecvCQ: c.CQ, MaxSendWR: 16, MaxRecvWR: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, s := range []hca.QPState{hca.QPStateInit, hca.QPStateRTR, hca.QPStateRTS} {
 		mustModify(t, qa, hca.QPAttr{State: s, QKey: testQKey})
 	}
@@ -103,14 +125,15 @@ func TestZeroCopyRCFlushWaitsForTransmit(t *testing.T) {
 	unblock := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(unblock) // a failing test must not leave the transmit held
 	var hold atomic.Bool
-	da := f.openHooked(t, func() {
+	da := f.newDevice(t)
+	a, b := newRCEnd(t, da, rcOpts{}), newRCEnd(t, f.newDevice(t), rcOpts{})
+	connectRC(t, a, b, rcOpts{}, rcOpts{})
+	holdWrites(t, a.qp, func() {
 		if hold.CompareAndSwap(true, false) {
 			close(inTx)
 			<-release
 		}
 	})
-	a, b := newRCEnd(t, da, rcOpts{}), newRCEnd(t, f.newDevice(t), rcOpts{})
-	connectRC(t, a, b, rcOpts{}, rcOpts{})
 	msg, _ := da.Alloc(65520)
 	hold.Store(true)
 	posted := make(chan error, 1)

@@ -9,6 +9,8 @@ package flagcheck
 import (
 	"flag"
 	"fmt"
+	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -132,3 +134,51 @@ func PKey(what, s string) (uint16, string) {
 	}
 	return uint16(v), ""
 }
+
+// ListenAddr validates an address a command listens on (--metrics,
+// --pprof): HOST:PORT with HOST empty (every address), an IP address or
+// a host name, and PORT a number. Checked before anything runs, a typo
+// is a usage error, not a failed listen after namespaces exist.
+func ListenAddr(flagName, v string) string {
+	msg := fmt.Sprintf("--%s %q: want HOST:PORT, e.g. 127.0.0.1:9101", flagName, v)
+	host, port, err := net.SplitHostPort(v)
+	if err != nil {
+		return msg
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || (port != "0" && n == 0) {
+		return msg
+	}
+	if host == "" {
+		return ""
+	}
+	if _, err := netip.ParseAddr(host); err == nil {
+		return ""
+	}
+	if !hostName(host) {
+		return msg
+	}
+	return ""
+}
+
+// hostName reports whether s is spelled as a DNS host name (RFC 1123
+// labels: letters, digits, hyphens inside, at most 63 bytes each).
+func hostName(s string) bool {
+	if len(s) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(s, ".") {
+		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return false
+		}
+		for _, c := range l {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// LogLevels are the --log-level names, as the message for any other
+// spells them.
+const LogLevels = "debug, info, warn or error"

@@ -1,6 +1,7 @@
 package flagcheck
 
 import (
+	"net"
 	"strings"
 	"testing"
 )
@@ -29,6 +30,39 @@ func FuzzPKey(f *testing.F) {
 		}
 		if msg != "" && (k != 0 || strings.Contains(msg, "\n")) {
 			t.Fatalf("PKey(%q): %#x with message %q", s, k, msg)
+		}
+	})
+}
+
+func TestListenAddr(t *testing.T) {
+	for _, ok := range []string{"127.0.0.1:9101", ":9101", "[::1]:0", "localhost:6060", "metrics.example.org:80", "0.0.0.0:65535"} {
+		if msg := ListenAddr("metrics", ok); msg != "" {
+			t.Errorf("ListenAddr(%q) = %q", ok, msg)
+		}
+	}
+	for _, bad := range []string{"", "notanaddr", "9101", "127.0.0.1", "127.0.0.1:", "127.0.0.1:65536", "127.0.0.1:http", "::1:9101", "bad host:1", "-x:1", "a..b:1", "1.2.3.4:00"} {
+		want := `--metrics "` + bad + `": want HOST:PORT, e.g. 127.0.0.1:9101`
+		if msg := ListenAddr("metrics", bad); msg != want {
+			t.Errorf("ListenAddr(%q) = %q, want %q", bad, msg, want)
+		}
+	}
+}
+
+func FuzzListenAddr(f *testing.F) {
+	for _, s := range []string{"127.0.0.1:9101", ":0", "[fe80::1%eth0]:80", "notanaddr", "a.b:-1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		msg := ListenAddr("metrics", s)
+		if msg == "" {
+			// What it accepts, net.Listen can at least parse: a port
+			// that is a number and a host of one piece.
+			host, port, err := net.SplitHostPort(s)
+			if err != nil || port == "" || strings.ContainsAny(host, " /") {
+				t.Fatalf("ListenAddr(%q) accepted", s)
+			}
+		} else if strings.Contains(msg, "\n") && !strings.Contains(s, "\n") {
+			t.Fatalf("ListenAddr(%q): message of two lines %q", s, msg)
 		}
 	})
 }

@@ -55,9 +55,19 @@ type endpoint struct {
 	gathered *buffer.View // guarded by writeMu
 	// accept is what the reader of ReadFramesMeta takes (SetOffloads).
 	accept atomic.Pointer[offload.Caps]
-	// rxVouched is set while writeFrames delivers a frame whose checksum
-	// the writer vouched for (deliverVouched): the stack's NIC reads the
-	// RX checksum verdict of each packet from Capabilities.
+	// rxVouched is set while deliverVouched delivers the one frame whose
+	// checksum the writer vouched for. It is endpoint state, seen by every
+	// caller of Capabilities, yet holds for that frame alone: the stack
+	// reads the RX checksum bit in one place, nic.DeliverNetworkPacket
+	// (gVisor's stack/nic.go), once per packet, into
+	// pkt.RXChecksumValidated; every DeliverNetworkPacket into this NIC
+	// comes from deliverBuffer, whose callers hold writeMu, as
+	// deliverVouched does from set to clear, so no other packet is being
+	// delivered here meanwhile; the stack's other Capabilities readers
+	// (route.go, nic.go) test other bits; and the host's packets to its
+	// own addresses never enter through the NIC (ipv4/ipv6
+	// handleLocalPacket set the bit themselves).
+	// TestVouchedConcurrentWriters races vouched and unvouched writers.
 	rxVouched atomic.Bool
 }
 

@@ -40,10 +40,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 	plotFile := fs.String("plot", "", "draw the rows as bars against their baselines, with the ratios, to this SVG file")
 	prof := addProfileFlagsUsage(fs, "write a CPU profile of the whole run to this file (go tool pprof); with --hca rocev2 each 'ipoib up' also writes its own, to FILE.MODE.a and FILE.MODE.b")
 	return func(ctx context.Context, args []string) (code int) {
-		if msg := checkBench(args, flagcheck.Set(fs), *iperf, *hcaName, *modes, *duration, *streams, *mtuCM, *mtuUD, *size, *mtu, *runs); msg != "" {
-			return usageError(env, "bench", msg)
-		}
-		if msg := flagcheck.OnOff("offloads", *offloads); msg != "" {
+		if msg := checkBench(args, flagcheck.Set(fs), benchArgs{*iperf, *hcaName, *modes, *offloads, *duration, *streams, *mtuCM, *mtuUD, *size, *mtu, *runs}, prof); msg != "" {
 			return usageError(env, "bench", msg)
 		}
 		vnet := *offloads == "on"
@@ -65,7 +62,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 		}
 		modeList := strings.Split(*modes, ",")
 		if env.Euid() != 0 {
-			return fail(env, "bench", errors.New("--iperf needs root (network namespaces, TAP devices); 'ipoib bench' without --iperf runs in-process without root"))
+			return refuse(env, "bench", "--iperf needs root (network namespaces, TAP devices); 'ipoib bench' without --iperf runs in-process without root")
 		}
 		if err := bench.CheckIperfTools(); err != nil {
 			return fail(env, "bench", err)
@@ -104,41 +101,63 @@ var (
 	inProcOnlyFlags = []string{"bytes", "mtu", "runs"}
 )
 
-// checkBench validates the bench command line; "" means valid.
-func checkBench(args []string, set map[string]bool, iperf bool, hcaName, modes string, duration time.Duration, streams, mtuCM, mtuUD int, size int64, mtu, runs int) string {
-	if len(args) > 0 {
-		return fmt.Sprintf("unexpected argument %q", args[0])
+// benchArgs is the bench command line checkBench validates.
+type benchArgs struct {
+	iperf                        bool
+	hca, modes, offloads         string
+	duration                     time.Duration
+	streams, mtuConnected, mtuUD int
+	bytes                        int64
+	mtu, runs                    int
+}
+
+// checkBench validates the bench command line; "" means valid. The
+// in-process rows run over gVisor hosts, which need IPv6's 1280 bytes.
+func checkBench(args []string, set map[string]bool, a benchArgs, prof *profileFlags) string {
+	maxUD := fabricIBMTU - flagcheck.IPoIBHeaderLen
+	rules := []rule{
+		noArgs(args),
+		onlyWith(set, a.iperf, "--iperf runs", iperfOnlyFlags...),
+		func() string {
+			for _, f := range inProcOnlyFlags {
+				if set[f] && a.iperf {
+					return fmt.Sprintf("--%s applies to in-process runs only (without --iperf)", f)
+				}
+			}
+			return ""
+		},
 	}
-	for _, f := range iperfOnlyFlags {
-		if set[f] && !iperf {
-			return fmt.Sprintf("--%s applies to --iperf runs only", f)
-		}
+	if !a.iperf {
+		rules = append(rules,
+			func() string {
+				if a.bytes < 1 {
+					return fmt.Sprintf("--bytes %d: want at least 1", a.bytes)
+				}
+				return ""
+			},
+			check(flagcheck.IntRange("mtu", a.mtu, 1280, flagcheck.MaxConnectedMTU)),
+			check(flagcheck.IntRange("mtu-datagram", a.mtuUD, 1280, maxUD)),
+			check(flagcheck.IntRange("runs", a.runs, 1, 1000)),
+		)
+	} else {
+		rules = append(rules,
+			func() string {
+				for _, m := range strings.Split(a.modes, ",") {
+					if !validMode(m) {
+						return fmt.Sprintf("--modes: %q is not connected or datagram", m)
+					}
+				}
+				return ""
+			},
+			oneOf("hca", a.hca, "soft", "rocev2"),
+			oneOf("offloads", a.offloads, "on", "off"),
+			check(flagcheck.Duration("duration", a.duration, time.Second)),
+			check(flagcheck.IntRange("streams", a.streams, 1, 128)),
+			check(flagcheck.IntRange("mtu-connected", a.mtuConnected, flagcheck.MinIPMTU, flagcheck.MaxConnectedMTU)),
+			check(flagcheck.IntRange("mtu-datagram", a.mtuUD, flagcheck.MinIPMTU, maxUD)),
+		)
 	}
-	for _, f := range inProcOnlyFlags {
-		if set[f] && iperf {
-			return fmt.Sprintf("--%s applies to in-process runs only (without --iperf)", f)
-		}
-	}
-	if !iperf {
-		if size <= 0 || mtu < 1280 || mtuUD < 1280 || runs < 1 {
-			return "--bytes and --runs must be positive, --mtu and --mtu-datagram at least 1280"
-		}
-		return ""
-	}
-	for _, m := range strings.Split(modes, ",") {
-		if !validMode(m) {
-			return fmt.Sprintf("--modes: %q is not connected or datagram", m)
-		}
-	}
-	if hcaName != "soft" && hcaName != "rocev2" {
-		return fmt.Sprintf("--hca %q: want soft or rocev2", hcaName)
-	}
-	return flagcheck.First(
-		flagcheck.Duration("duration", duration, time.Second),
-		flagcheck.IntRange("streams", streams, 1, 128),
-		flagcheck.IntRange("mtu-connected", mtuCM, flagcheck.MinIPMTU, flagcheck.MaxConnectedMTU),
-		flagcheck.IntRange("mtu-datagram", mtuUD, flagcheck.MinIPMTU, fabricIBMTU-flagcheck.IPoIBHeaderLen),
-	)
+	return firstBroken(append(rules, prof.rules()...)...)
 }
 
 // benchReport is what every iperf suite's report can do: print itself

@@ -6,10 +6,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ipoibcm/ipoib/control"
+	"github.com/ipoibcm/ipoib/internal/flagcheck"
 )
 
 func captureFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
@@ -21,27 +24,35 @@ func captureFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) in
 	duration := fs.Duration("duration", 0, "stop after this long (0: until interrupted)")
 	dir := controlDirFlag(fs, env)
 	return func(ctx context.Context, args []string) int {
-		if len(args) > 0 {
-			return usageError(env, "capture", fmt.Sprintf("unexpected argument %q", args[0]))
-		}
-		if *file == "" {
-			return usageError(env, "capture", "-w FILE is required")
-		}
-		switch *kind {
-		case "all", "cm", "data":
-		default:
-			return usageError(env, "capture", fmt.Sprintf("--kind %q: want all, cm or data", *kind))
-		}
-		if *duration < 0 {
-			return usageError(env, "capture", "--duration must not be negative")
-		}
 		req := control.CaptureRequest{Kind: *kind, Count: *count, DurationMS: duration.Milliseconds()}
-		if *qpn != "" {
-			v, err := strconv.ParseUint(*qpn, 0, 24)
-			if err != nil || v == 0 {
-				return usageError(env, "capture", fmt.Sprintf("--qpn %q: want a QP number 1..0xffffff", *qpn))
+		if msg := firstBroken(
+			noArgs(args),
+			func() string {
+				if *file == "" {
+					return "-w FILE is required"
+				}
+				return ""
+			},
+			oneOf("kind", *kind, "all", "cm", "data"),
+			check(flagcheck.Duration("duration", *duration, 0)),
+			func() string {
+				if *qpn == "" {
+					return ""
+				}
+				v, err := strconv.ParseUint(*qpn, 0, 24)
+				if err != nil || v == 0 {
+					return fmt.Sprintf("--qpn %q: want a QP number 1..0xffffff", *qpn)
+				}
+				req.QPN = uint32(v)
+				return ""
+			},
+		); msg != "" {
+			return usageError(env, "capture", msg)
+		}
+		if *host == "" {
+			if msg := captureHostNeeded(*dir); msg != "" {
+				return usageError(env, "capture", msg)
 			}
-			req.QPN = uint32(v)
 		}
 		out := env.Stdout
 		if *file != "-" {
@@ -66,3 +77,31 @@ func captureFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) in
 		return ExitOK
 	}
 }
+
+// captureHostNeeded is the usage message when no --host names one of
+// several hosts running (in one process or in several): a capture records
+// one HCA, and which one would otherwise be a guess. The message lists
+// them, at most listHosts.
+func captureHostNeeded(dir string) string {
+	resps, _ := control.QueryAll(dir, control.Request{Op: control.OpList}, controlTimeout)
+	var hosts []string
+	for _, r := range resps {
+		for _, i := range r.Interfaces {
+			if i.Parent == "" && !slices.Contains(hosts, i.Host) {
+				hosts = append(hosts, i.Host)
+			}
+		}
+	}
+	if len(hosts) < 2 {
+		return ""
+	}
+	slices.SortFunc(hosts, control.CompareHosts)
+	list := strings.Join(hosts[:min(len(hosts), listHosts)], ", ")
+	if len(hosts) > listHosts {
+		list += fmt.Sprintf(" and %d more ('ipoib show --brief' lists them)", len(hosts)-listHosts)
+	}
+	return fmt.Sprintf("--host is required: %d hosts run: %s", len(hosts), list)
+}
+
+// listHosts bounds the hosts a message names.
+const listHosts = 8

@@ -50,7 +50,7 @@ func TestChildDelLeavesNothing(t *testing.T) {
 			leaked = testutil.AwaitGoroutines(base, 5*time.Second)
 		},
 	}
-	r := runCLIContext(ctx, t, env, "fabric", "--hosts", "1", "--netns-prefix", "ipoib-t13g", "--prefix", "10.77.70.0/24", "--log-level", "warn")
+	r := runCLIContext(ctx, t, env, "fabric", "--hosts", "2", "--netns-prefix", "ipoib-t13g", "--prefix", "10.77.70.0/24", "--log-level", "warn")
 	if r.code != ExitOK {
 		t.Fatalf("fabric exit %d stderr %s", r.code, r.stderr)
 	}

@@ -121,11 +121,11 @@ func TestHelpDescribesEveryCommandAndFlag(t *testing.T) {
 
 func TestFabricWithoutRootPointsToBench(t *testing.T) {
 	r := runCLI(t, Env{Euid: func() int { return 1000 }}, "fabric", "--hosts", "3")
-	if r.code != ExitFail || !strings.Contains(r.stderr, "'ipoib bench'") || !strings.Contains(r.stderr, "root") {
+	if r.code != ExitUsage || !strings.Contains(r.stderr, "'ipoib bench'") || !strings.Contains(r.stderr, "root") {
 		t.Fatalf("exit %d stderr %q", r.code, r.stderr)
 	}
 	r = runCLI(t, Env{Euid: func() int { return 1000 }}, "bench", "--iperf")
-	if r.code != ExitFail || !strings.Contains(r.stderr, "needs root") {
+	if r.code != ExitUsage || !strings.Contains(r.stderr, "needs root") {
 		t.Fatalf("bench --iperf without root: exit %d stderr %q", r.code, r.stderr)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strings"
 
 	"github.com/ipoibcm/ipoib/control"
 	"github.com/ipoibcm/ipoib/internal/flagcheck"
@@ -18,61 +19,68 @@ import (
 // engine with its goroutines.
 const maxHosts = 254
 
+// fabricHosts checks --hosts. One host is refused, not run: its ib0 has
+// no peer on the fabric (its own addresses are local to its namespace,
+// so not one packet would cross the engine), and a lab that carries
+// nothing looks like a broken one (docs/decisions.md).
+func fabricHosts(n int) string {
+	if n == 1 {
+		return "--hosts 1: a fabric needs at least 2 hosts (one host's ib0 has no peer to carry a packet to)"
+	}
+	return flagcheck.IntRange("hosts", n, 2, maxHosts)
+}
+
 func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	hosts := fs.Int("hosts", 2, "number of hosts (namespaces ipoib-h1..ipoib-hN, each with an ib0)")
 	prefix := fs.String("prefix", "10.77.0.0/24", "IPv4 prefix; host i gets address i of it (.1, .2, ...)")
-	mode := fs.String("mode", "connected", "initial mode: connected or datagram")
-	mtu := fs.Int("mtu", 0, "IP MTU of ib0; 0 = the mode's default (65520 connected, IB MTU - 4 datagram)")
 	ifname := fs.String("ifname", "ib0", "name of the TAP device in each namespace")
 	seed := fs.Int64("seed", 1, "soft fabric random seed")
-	lvl := &levelFlag{level: slog.LevelInfo}
-	fs.Var(lvl, "log-level", "log level: debug, info, warn, error")
 	dir := controlDirFlag(fs, env)
 	netnsPrefix := fs.String("netns-prefix", "ipoib-h", "namespace names are this prefix plus the host number")
 	prof := addProfileFlags(fs)
-	offloads := fs.String("offloads", "on", "on: open each TAP with a virtio header so TSO/USO super frames and partial checksums cross it (UD LSO and checksum offload underneath, GRO toward the host); off: one complete frame per read and write")
-	metricsAddr := fs.String("metrics", "", "serve Prometheus/OpenMetrics metrics at http://ADDR/metrics (e.g. 127.0.0.1:9101; empty: off)")
+	ib := declareIBFlags(fs, "ib0", "each TAP")
 	parts := &partitionsFlag{}
 	fs.Var(parts, "partition", "put hosts into a partition, as the subnet manager would: PKEY=HOST[:limited],... (e.g. 0x8001=1,2,3:limited); each member's P_Key table gets it and an <ifname>.8001 child with address i of the N-th subnet after --prefix (10.77.N.i/24) for the N-th --partition; repeatable")
 	return func(ctx context.Context, args []string) int {
-		if len(args) > 0 {
-			return usageError(env, "fabric", fmt.Sprintf("unexpected argument %q", args[0]))
-		}
-		if *netnsPrefix == "" || len(*netnsPrefix) > 24 {
-			return usageError(env, "fabric", fmt.Sprintf("--netns-prefix %q: want 1..24 characters", *netnsPrefix))
-		}
-		if msg := flagcheck.IntRange("hosts", *hosts, 1, maxHosts); msg != "" {
-			return usageError(env, "fabric", msg)
-		}
-		if !validMode(*mode) {
-			return usageError(env, "fabric", fmt.Sprintf("--mode %q: want connected or datagram", *mode))
-		}
-		if msg := flagcheck.First(flagcheck.MTU(*mode, *mtu, fabricIBMTU), flagcheck.Ifname("ifname", *ifname), flagcheck.OnOff("offloads", *offloads)); msg != "" {
-			return usageError(env, "fabric", msg)
-		}
-		pfx, err := netip.ParsePrefix(*prefix)
-		if err != nil || !pfx.Addr().Is4() {
-			return usageError(env, "fabric", fmt.Sprintf("--prefix %q: want an IPv4 prefix like 10.77.0.0/24", *prefix))
-		}
-		addrs, err := hostAddrs(pfx, *hosts)
-		if err != nil {
-			return usageError(env, "fabric", err.Error())
-		}
-		if msg := parts.check(*hosts, pfx); msg != "" {
+		var pfx netip.Prefix
+		var addrs []netip.Prefix
+		msg := firstBroken(append([]rule{
+			noArgs(args),
+			func() string {
+				if *netnsPrefix == "" || len(*netnsPrefix) > 24 || strings.ContainsAny(*netnsPrefix, "/ \t\n") {
+					return fmt.Sprintf("--netns-prefix %q: want 1..24 characters without '/' or spaces", *netnsPrefix)
+				}
+				return ""
+			},
+			func() string { return fabricHosts(*hosts) },
+			check(flagcheck.Ifname("ifname", *ifname)),
+			func() string {
+				var err error
+				if pfx, err = netip.ParsePrefix(*prefix); err != nil || !pfx.Addr().Is4() {
+					return fmt.Sprintf("--prefix %q: want an IPv4 prefix like 10.77.0.0/24", *prefix)
+				}
+				if addrs, err = hostAddrs(pfx, *hosts); err != nil {
+					return err.Error()
+				}
+				return ""
+			},
+			func() string { return parts.check(*hosts, pfx) },
+		}, append(ib.rules(func() int { return fabricIBMTU }), prof.rules()...)...)...)
+		if msg != "" {
 			return usageError(env, "fabric", msg)
 		}
 		if env.Euid() != 0 {
-			return fail(env, "fabric", errors.New("needs root to create network namespaces and TAP devices; without root, 'ipoib bench' measures the same engine in-process"))
+			return refuse(env, "fabric", "needs root to create network namespaces and TAP devices; without root, 'ipoib bench' measures the same engine in-process")
 		}
-		log := newLogger(env.Stderr, lvl.level)
+		log := newLogger(env.Stderr, ib.lvl.level)
 		stopProfile, err := prof.start()
 		if err != nil {
 			return fail(env, "fabric", err)
 		}
 		var m *metrics.Metrics
-		if *metricsAddr != "" {
+		if *ib.metrics != "" {
 			m = metrics.New()
-			srv, err := metrics.Serve(*metricsAddr, m, log)
+			srv, err := metrics.Serve(*ib.metrics, m, log)
 			if err != nil {
 				return fail(env, "fabric", errors.Join(err, stopProfile()))
 			}
@@ -80,8 +88,8 @@ func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 			log.Info("metrics", "url", "http://"+srv.Addr().String()+"/metrics")
 		}
 		lab := fabricLab{env: env, log: log, owner: &tap.Owner{MarkerDir: env.MarkerDir, Logger: log}, netnsPrefix: *netnsPrefix, metrics: m,
-			offloads: *offloads == "on", partitions: parts.parts, prefix: pfx}
-		err = lab.run(ctx, addrs, *mode, *mtu, *ifname, *seed, *dir)
+			offloads: *ib.offloads == "on", partitions: parts.parts, prefix: pfx}
+		err = lab.run(ctx, addrs, *ib.mode, *ib.mtu, *ifname, *seed, *dir)
 		if err = errors.Join(err, stopProfile()); err != nil {
 			return fail(env, "fabric", err)
 		}
@@ -145,7 +153,7 @@ func (l *fabricLab) run(ctx context.Context, addrs []netip.Prefix, mode string, 
 		name := fmt.Sprintf("%s%d", prefix, i+1)
 		ns, err := l.owner.Create(name)
 		if err != nil {
-			return err
+			return netnsTakenHint(err)
 		}
 		l.namespaces = append(l.namespaces, ns)
 		// The engine raises the link once it has joined the broadcast
@@ -217,4 +225,23 @@ func (l *fabricLab) teardown() error {
 		errs = append(errs, l.namespaces[i].Delete())
 	}
 	return errors.Join(errs...)
+}
+
+// netnsTakenHint adds what to do about a namespace name that is taken:
+// whose it is the error says (tap.NetnsExistsError); a running ipoib's is
+// left alone, a crashed one's 'ipoib cleanup' removes, anyone else's is
+// theirs to delete.
+func netnsTakenHint(err error) error {
+	var ne *tap.NetnsExistsError
+	if !errors.As(err, &ne) {
+		return err
+	}
+	hint := fmt.Sprintf("remove it with 'ip netns delete %s' or give this run another --netns-prefix", ne.Name)
+	switch {
+	case ne.Running:
+		hint = "stop that process or give this run another --netns-prefix"
+	case ne.OwnerPID != 0:
+		hint = "'ipoib cleanup' removes it"
+	}
+	return fmt.Errorf("%w; %s", err, hint)
 }

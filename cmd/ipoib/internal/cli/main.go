@@ -168,6 +168,13 @@ func usageError(env *Env, cmd, msg string) int {
 	return ExitUsage
 }
 
+// refuse prints one line and returns ExitUsage: the command line is
+// sound but cannot run as this user (not root); nothing was created.
+func refuse(env *Env, cmd, msg string) int {
+	fmt.Fprintf(env.Stderr, "ipoib %s: %s\n", cmd, msg)
+	return ExitUsage
+}
+
 // fail prints one line and returns ExitFail.
 func fail(env *Env, cmd string, err error) int {
 	fmt.Fprintf(env.Stderr, "ipoib %s: %v\n", cmd, err)
@@ -180,7 +187,10 @@ type levelFlag struct{ level slog.Level }
 func (l *levelFlag) String() string { return strings.ToLower(l.level.String()) }
 func (l *levelFlag) Get() any       { return l.String() }
 func (l *levelFlag) Set(s string) error {
-	return l.level.UnmarshalText([]byte(s))
+	if err := l.level.UnmarshalText([]byte(s)); err != nil {
+		return fmt.Errorf("want %s", flagcheck.LogLevels)
+	}
+	return nil
 }
 
 func newLogger(w io.Writer, l slog.Level) *slog.Logger {

@@ -33,10 +33,8 @@ func downFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	dev, host, dir := targetFlags(fs, env)
 	timeout := fs.Duration("timeout", 30*time.Second, "how long to wait for the process to exit")
 	return func(_ context.Context, args []string) int {
-		if len(args) > 0 {
-			return usageError(env, "down", fmt.Sprintf("unexpected argument %q", args[0]))
-		}
-		if msg := flagcheck.Ifname("dev", *dev); msg != "" {
+		if msg := firstBroken(noArgs(args), check(flagcheck.Ifname("dev", *dev)),
+			check(flagcheck.Duration("timeout", *timeout, 100*time.Millisecond))); msg != "" {
 			return usageError(env, "down", msg)
 		}
 		t, err := control.FindProcess(*dir, *host, *dev, controlTimeout)
@@ -93,10 +91,7 @@ func sameNetns(pid int) bool {
 func reloadFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	dev, host, dir := targetFlags(fs, env)
 	return func(_ context.Context, args []string) int {
-		if len(args) > 0 {
-			return usageError(env, "reload", fmt.Sprintf("unexpected argument %q", args[0]))
-		}
-		if msg := flagcheck.Ifname("dev", *dev); msg != "" {
+		if msg := firstBroken(noArgs(args), check(flagcheck.Ifname("dev", *dev))); msg != "" {
 			return usageError(env, "reload", msg)
 		}
 		t, err := control.FindProcess(*dir, *host, *dev, controlTimeout)
@@ -123,8 +118,8 @@ func reloadFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 
 func versionFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	return func(_ context.Context, args []string) int {
-		if len(args) > 0 {
-			return usageError(env, "version", fmt.Sprintf("unexpected argument %q", args[0]))
+		if msg := noArgs(args)(); msg != "" {
+			return usageError(env, "version", msg)
 		}
 		fmt.Fprint(env.Stdout, versionText(debug.ReadBuildInfo()))
 		return ExitOK
@@ -159,11 +154,11 @@ func cleanupFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) in
 	dir := controlDirFlag(fs, env)
 	markers := fs.String("marker-dir", env.MarkerDir, "directory of the namespace owner markers")
 	return func(_ context.Context, args []string) int {
-		if len(args) > 0 {
-			return usageError(env, "cleanup", fmt.Sprintf("unexpected argument %q", args[0]))
+		if msg := noArgs(args)(); msg != "" {
+			return usageError(env, "cleanup", msg)
 		}
 		if env.Euid() != 0 {
-			return usageError(env, "cleanup", "needs root to delete namespaces and sockets under /run")
+			return refuse(env, "cleanup", "needs root to delete namespaces and sockets under /run")
 		}
 		owner := &tap.Owner{MarkerDir: *markers}
 		nss, nsErr := owner.CleanupStale()

@@ -38,25 +38,36 @@ func showFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 		if len(args) == 1 && args[0] == "peers" {
 			*peers, args = true, nil
 		}
-		if len(args) > 0 {
-			return usageError(env, "show", fmt.Sprintf("unexpected argument %q (only 'peers')", args[0]))
-		}
-		if n := countTrue(*peers, *flat, *asJSON, *brief, *watch); n > 1 {
-			return usageError(env, "show", "pick one of peers, -S, --json, --brief, --watch")
-		}
-		if *dev != "" {
-			if msg := flagcheck.Ifname("dev", *dev); msg != "" {
-				return usageError(env, "show", msg)
-			}
-		}
-		if *watch && (*asJSON || *brief) {
-			return usageError(env, "show", "--watch prints rates; it does not combine with --json or --brief")
-		}
-		if *interval < 10*time.Millisecond {
-			return usageError(env, "show", fmt.Sprintf("--interval %v is below 10ms", *interval))
-		}
-		if *count < 0 {
-			return usageError(env, "show", "--count must not be negative")
+		set := flagcheck.Set(fs)
+		if msg := firstBroken(
+			func() string {
+				if len(args) > 0 {
+					return fmt.Sprintf("unexpected argument %q (only 'peers')", args[0])
+				}
+				return ""
+			},
+			func() string {
+				if countTrue(*peers, *flat, *asJSON, *brief, *watch) > 1 {
+					return "pick one of peers, -S, --json, --brief, --watch"
+				}
+				return ""
+			},
+			optIfname("dev", *dev),
+			onlyWith(set, *watch, "--watch", "interval", "count"),
+			func() string {
+				if *interval < 10*time.Millisecond {
+					return fmt.Sprintf("--interval %v is below 10ms", *interval)
+				}
+				return ""
+			},
+			func() string {
+				if *count < 0 {
+					return fmt.Sprintf("--count %d: want 0 (until interrupted) or more", *count)
+				}
+				return ""
+			},
+		); msg != "" {
+			return usageError(env, "show", msg)
 		}
 		req := control.Request{Op: control.OpStats, Host: *host, Name: *dev}
 		if *watch {
@@ -163,13 +174,16 @@ func modeFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	dev := fs.String("dev", "", "switch only the interface of this name (e.g. a child, ib0.8001)")
 	dir := controlDirFlag(fs, env)
 	return func(_ context.Context, args []string) int {
-		if len(args) != 1 || !validMode(args[0]) {
-			return usageError(env, "mode", "want exactly one of: connected, datagram")
-		}
-		if *dev != "" {
-			if msg := flagcheck.Ifname("dev", *dev); msg != "" {
-				return usageError(env, "mode", msg)
-			}
+		if msg := firstBroken(
+			func() string {
+				if len(args) != 1 || !validMode(args[0]) {
+					return "want exactly one of: connected, datagram"
+				}
+				return ""
+			},
+			optIfname("dev", *dev),
+		); msg != "" {
+			return usageError(env, "mode", msg)
 		}
 		infos, err := control.SetModeAll(*dir, *host, *dev, args[0], controlTimeout)
 		if err != nil {

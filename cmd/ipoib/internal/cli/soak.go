@@ -115,14 +115,26 @@ func checkSoak(cfg *soak.Config, args []string, set map[string]bool, delayProb f
 	if cfg.HCA == soak.HCARoCEv2 {
 		maxHosts = rocev2.MaxLoopbackDevices
 	}
-	return flagcheck.First(
-		func() string {
-			if len(args) > 0 {
-				return fmt.Sprintf("unexpected argument %q", args[0])
-			}
-			return ""
-		}(),
-		applySoakBackendFlags(cfg, set, delayProb, delayMax),
+	return firstBroken(
+		noArgs(args),
+		func() string { return applySoakBackendFlags(cfg, set, delayProb, delayMax) },
+		func() string { return flagcheck.First(soakValues(cfg, maxHosts, delayProb, delayMax)...) },
+		onlyWith(set, cfg.Capture != "", "--capture", "capture-packets"),
+		check(flagcheck.IntRange("capture-packets", cfg.CapturePackets, minCaptureRecords, maxCaptureRecords)),
+		listenAddr("metrics", cfg.Metrics),
+	)
+}
+
+// The --capture ring's size in records: the ring keeps at least 16
+// (capture.NewRing), and its 32 MiB bound stops it long before 16 Mi.
+const (
+	minCaptureRecords = 16
+	maxCaptureRecords = 1 << 24
+)
+
+// soakValues are the messages of the soak's numeric flags, in flag order.
+func soakValues(cfg *soak.Config, maxHosts int, delayProb float64, delayMax time.Duration) []string {
+	return []string{
 		flagcheck.Duration("duration", cfg.Duration, time.Millisecond),
 		flagcheck.IntRange("hosts", cfg.Hosts, 2, maxHosts),
 		flagcheck.Probability("delay-prob", delayProb),
@@ -150,7 +162,7 @@ func checkSoak(cfg *soak.Config, args []string, set map[string]bool, delayProb f
 			}
 			return ""
 		}(),
-	)
+	}
 }
 
 // Flags that configure one soak backend only.

@@ -92,23 +92,22 @@ type UpOptions struct {
 // reload declares them again on a fresh one, so the values of the file
 // and of the command line are resolved exactly as at the start.
 type upFlagSet struct {
-	fs                             *flag.FlagSet
-	dev, addr, hcaName, bind       *string
-	port                           *uint
-	peers, multicast, allow        *string
-	maxRX, maxRXPeer, maxHalfOpen  *int
-	mode, pkey, pkeyTable          *string
-	mtu, ibMTU                     *int
-	loss, dup, reorder, delay      *float64
-	delayTime                      *time.Duration
-	seed                           *uint64
-	rcRetry                        *uint
-	ackTimeout                     *time.Duration
-	offloads                       *string
-	udpOffload                     *bool
-	host, metricsAddr, dir, config *string
-	lvl                            *levelFlag
-	prof                           *profileFlags
+	fs                            *flag.FlagSet
+	dev, addr, hcaName, bind      *string
+	port                          *uint
+	peers, multicast, allow       *string
+	maxRX, maxRXPeer, maxHalfOpen *int
+	pkey, pkeyTable               *string
+	ibMTU                         *int
+	loss, dup, reorder, delay     *float64
+	delayTime                     *time.Duration
+	seed                          *uint64
+	rcRetry                       *uint
+	ackTimeout                    *time.Duration
+	udpOffload                    *bool
+	host, dir, config             *string
+	ib                            *ibFlags
+	prof                          *profileFlags
 }
 
 func declareUpFlags(fs *flag.FlagSet, env *Env) *upFlagSet {
@@ -125,10 +124,8 @@ func declareUpFlags(fs *flag.FlagSet, env *Env) *upFlagSet {
 	u.maxRX = fs.Int("max-rx-conns", 2048, "passive connections at most (REQs over it get REJ NO_QP); a peer holding an established one may replace it")
 	u.maxRXPeer = fs.Int("max-rx-conns-per-peer", 4, "passive connections from one peer GID at most")
 	u.maxHalfOpen = fs.Int("max-half-open", 256, "passive handshakes awaiting the peer's RTU at most; a REQ beyond evicts one of the source holding the most")
-	u.mode = fs.String("mode", "connected", "initial mode: connected or datagram")
 	u.pkey = fs.String("pkey", "0xffff", "partition of the device: its P_Key (0x8001); no subnet manager runs, so the port's P_Key table is {0xffff, this}, bit 15 clear making the port a limited member (0x0001)")
 	u.pkeyTable = fs.String("pkey-table", "", "more comma-separated P_Keys for the port's table, the partitions 'ipoib child add' may use here (bit 15 the membership, as --pkey)")
-	u.mtu = fs.Int("mtu", 0, "IP MTU of the device; 0 = the mode's default (65520 connected, IB MTU - 4 datagram)")
 	u.ibMTU = fs.Int("ib-mtu", 4096, "IB path MTU: 1024, 2048 or 4096 (the UDP path must carry it plus 60 bytes)")
 	u.loss = fs.Float64("loss", 0, "fault injection: probability of dropping an outgoing UDP datagram")
 	u.dup = fs.Float64("dup", 0, "fault injection: probability of sending a datagram twice")
@@ -138,12 +135,9 @@ func declareUpFlags(fs *flag.FlagSet, env *Env) *upFlagSet {
 	u.seed = fs.Uint64("seed", 1, "fault injection random seed")
 	u.rcRetry = fs.Uint("rc-retry", 6, "RC transport retry count the CM REQ asks for and both QPs use (0..7, 7 = forever): Linux IPoIB-CM asks for 0, which one lost UDP datagram would turn into a dropped connection")
 	u.ackTimeout = fs.Duration("ack-timeout", 50*time.Millisecond, "RC transport (ACK) timeout at least: the go-back-N retransmit delay when a datagram is lost")
-	u.offloads = fs.String("offloads", "on", "on: open the TAP with a virtio header so TSO/USO super frames and partial checksums cross it (UD LSO and checksum offload underneath, GRO toward the host); off: one complete frame per read and write")
 	u.udpOffload = fs.Bool("udp-offload", true, "use UDP GSO/GRO on the RoCEv2 socket where the kernel has them (false: one datagram per send and receive)")
 	u.host = fs.String("host", "", "name on the control socket (ipoib show/mode --host); default <dev>@<bind>")
-	u.metricsAddr = fs.String("metrics", "", "serve Prometheus/OpenMetrics metrics at http://ADDR/metrics (e.g. 127.0.0.1:9101; empty: off)")
-	u.lvl = &levelFlag{level: slog.LevelInfo}
-	fs.Var(u.lvl, "log-level", "log level: debug, info, warn, error")
+	u.ib = declareIBFlags(fs, "the device", "the TAP")
 	u.dir = controlDirFlag(fs, env)
 	u.prof = addProfileFlags(fs)
 	return u
@@ -158,8 +152,7 @@ func upFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 			return resolveError(env, "up", err)
 		}
 		if env.Euid() != 0 {
-			fmt.Fprintf(env.Stderr, "ipoib up: %v: needs root (CAP_NET_ADMIN) to create TAP device %s\n", ErrSetup, o.Dev)
-			return ExitUsage
+			return refuse(env, "up", fmt.Sprintf("%v: needs root (CAP_NET_ADMIN) to create TAP device %s", ErrSetup, o.Dev))
 		}
 		o.Ready = env.upReady
 		o.reload = func() (UpOptions, error) { return reloadUp(env, cmdline) }
@@ -344,126 +337,124 @@ func upChildren(o UpOptions, f *config.File) ([]config.Child, error) {
 	return out, nil
 }
 
-// options validates the flag values; a non-empty message is a usage
-// error naming the flag.
+// options validates the flag values in one table of rules, each filling
+// in what it parsed; a non-empty message is a usage error naming the
+// flag.
 func (u *upFlagSet) options(args []string) (UpOptions, string) {
-	o, msg := parseUp(args, upRaw{*u.dev, *u.addr, *u.hcaName, *u.bind, *u.port, *u.peers, *u.mode, *u.mtu, *u.ibMTU, *u.multicast})
-	if msg != "" {
+	o := UpOptions{Dev: *u.dev, HCA: *u.hcaName, IBMTU: *u.ibMTU}
+	rules := []rule{
+		noArgs(args),
+		check(flagcheck.Ifname("dev", *u.dev)),
+		func() string {
+			if *u.hcaName != "rocev2" {
+				return fmt.Sprintf("--hca %q: only rocev2 is available ('ipoib fabric' runs the soft fabric)", *u.hcaName)
+			}
+			return ""
+		},
+		func() string {
+			var err error
+			if *u.addr == "" {
+				return "--addr is required: the device's IP prefix, e.g. 10.77.0.1/24"
+			}
+			if o.Addr, err = netip.ParsePrefix(*u.addr); err != nil {
+				return fmt.Sprintf("--addr %q: want an IP prefix like 10.77.0.1/24", *u.addr)
+			}
+			return ""
+		},
+		func() string {
+			if *u.bind == "" {
+				return "--bind is required: this host's IP address on the link to the peers, e.g. 192.0.2.1"
+			}
+			bind, err := netip.ParseAddr(*u.bind)
+			if err != nil || bind.IsUnspecified() || bind.IsMulticast() {
+				return fmt.Sprintf("--bind %q: want this host's unicast IP address on the link to the peers", *u.bind)
+			}
+			if *u.port == 0 || *u.port > 65535 {
+				return fmt.Sprintf("--port %d out of range 1..65535", *u.port)
+			}
+			o.Bind = netip.AddrPortFrom(bind.Unmap(), uint16(*u.port))
+			return ""
+		},
+		func() string {
+			for _, s := range strings.Split(*u.peers, ",") {
+				if s = strings.TrimSpace(s); s == "" {
+					continue
+				}
+				p, err := netip.ParseAddr(s)
+				if err != nil || p.Unmap().Is4() != o.Bind.Addr().Is4() {
+					return fmt.Sprintf("--peers: %q is not an IP address of --bind's family", s)
+				}
+				o.Peers = append(o.Peers, p.Unmap())
+			}
+			return ""
+		},
+		oneOf("multicast", *u.multicast, "on", "off"),
+		func() string {
+			switch *u.ibMTU {
+			case 1024, 2048, 4096:
+				return ""
+			}
+			return fmt.Sprintf("--ib-mtu %d: want 1024, 2048 or 4096", *u.ibMTU)
+		},
+	}
+	rules = append(rules, u.ib.rules(func() int { return *u.ibMTU })...)
+	rules = append(rules,
+		func() string {
+			k, msg := flagcheck.PKey("--pkey", *u.pkey)
+			o.PKey = hca.PKey(k)
+			return msg
+		},
+		func() string {
+			for _, f := range strings.Split(*u.pkeyTable, ",") {
+				if f = strings.TrimSpace(f); f == "" {
+					continue
+				}
+				k, msg := flagcheck.PKey("--pkey-table", f)
+				if msg != "" {
+					return msg
+				}
+				o.PKeyTable = append(o.PKeyTable, hca.PKey(k))
+			}
+			return ""
+		},
+		check(flagcheck.Probability("loss", *u.loss)), check(flagcheck.Probability("dup", *u.dup)),
+		check(flagcheck.Probability("reorder", *u.reorder)), check(flagcheck.Probability("delay", *u.delay)),
+		check(flagcheck.Duration("delay-time", *u.delayTime, 0)),
+		check(flagcheck.UintMax("rc-retry", *u.rcRetry, 7)),
+		check(flagcheck.Duration("ack-timeout", *u.ackTimeout, time.Millisecond)),
+		func() string {
+			allowed, err := ParseAllow(*u.allow, o.Bind.Addr().Is4())
+			if err != nil {
+				return "--allow: " + err.Error()
+			}
+			o.Allow = allowed
+			return ""
+		},
+		atLeastOne("max-rx-conns", *u.maxRX), atLeastOne("max-rx-conns-per-peer", *u.maxRXPeer), atLeastOne("max-half-open", *u.maxHalfOpen),
+	)
+	if msg := firstBroken(append(rules, u.prof.rules()...)...); msg != "" {
 		return o, msg
 	}
-	k, msg := flagcheck.PKey("--pkey", *u.pkey)
-	if msg != "" {
-		return o, msg
-	}
-	o.PKey = hca.PKey(k)
-	for _, f := range strings.Split(*u.pkeyTable, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
-		k, msg := flagcheck.PKey("--pkey-table", f)
-		if msg != "" {
-			return o, msg
-		}
-		o.PKeyTable = append(o.PKeyTable, hca.PKey(k))
-	}
-	if msg := flagcheck.First(
-		flagcheck.Probability("loss", *u.loss), flagcheck.Probability("dup", *u.dup),
-		flagcheck.Probability("reorder", *u.reorder), flagcheck.Probability("delay", *u.delay),
-		flagcheck.Duration("delay-time", *u.delayTime, 0),
-		flagcheck.UintMax("rc-retry", *u.rcRetry, 7),
-		flagcheck.Duration("ack-timeout", *u.ackTimeout, time.Millisecond),
-		flagcheck.OnOff("offloads", *u.offloads),
-	); msg != "" {
-		return o, msg
-	}
-	o.Offloads = *u.offloads == "on"
-	allowed, err := ParseAllow(*u.allow, o.Bind.Addr().Is4())
-	if err != nil {
-		return o, "--allow: " + err.Error()
-	}
-	for _, l := range []struct {
-		name string
-		v    int
-	}{{"max-rx-conns", *u.maxRX}, {"max-rx-conns-per-peer", *u.maxRXPeer}, {"max-half-open", *u.maxHalfOpen}} {
-		if l.v < 1 {
-			return o, fmt.Sprintf("--%s %d: want at least 1", l.name, l.v)
-		}
-	}
-	o.Allow, o.MaxRXConns, o.MaxRXConnsPerPeer, o.MaxHalfOpen = allowed, *u.maxRX, *u.maxRXPeer, *u.maxHalfOpen
+	o.Mode, o.MTU, o.Offloads = *u.ib.mode, *u.ib.mtu, *u.ib.offloads == "on"
+	o.Multicast = *u.multicast == "on"
+	o.MaxRXConns, o.MaxRXConnsPerPeer, o.MaxHalfOpen = *u.maxRX, *u.maxRXPeer, *u.maxHalfOpen
 	o.RCRetry, o.AckTimeout, o.UDPOffload = uint8(*u.rcRetry), *u.ackTimeout, *u.udpOffload
 	o.Loss, o.Dup, o.Reorder, o.Delay, o.DelayTime, o.Seed = *u.loss, *u.dup, *u.reorder, *u.delay, *u.delayTime, *u.seed
-	o.Host, o.ControlDir, o.Metrics, o.LogLevel = *u.host, *u.dir, *u.metricsAddr, u.lvl.level
+	o.Host, o.ControlDir, o.Metrics, o.LogLevel = *u.host, *u.dir, *u.ib.metrics, u.ib.lvl.level
 	if o.Host == "" {
 		o.Host = o.Dev + "@" + o.Bind.Addr().String()
 	}
 	return o, ""
 }
 
-// upRaw is the flag values parseUp checks.
-type upRaw struct {
-	dev, addr, hca, bind string
-	port                 uint
-	peers, mode          string
-	mtu, ibMTU           int
-	multicast            string
-}
-
-// parseUp validates the flags; a non-empty message is a usage error.
-func parseUp(args []string, r upRaw) (UpOptions, string) {
-	var o UpOptions
-	if len(args) > 0 {
-		return o, fmt.Sprintf("unexpected argument %q", args[0])
-	}
-	if msg := flagcheck.Ifname("dev", r.dev); msg != "" {
-		return o, msg
-	}
-	if r.hca != "rocev2" {
-		return o, fmt.Sprintf("--hca %q: only rocev2 is available ('ipoib fabric' runs the soft fabric)", r.hca)
-	}
-	pfx, err := netip.ParsePrefix(r.addr)
-	if err != nil {
-		return o, fmt.Sprintf("--addr %q: want an IP prefix like 10.77.0.1/24", r.addr)
-	}
-	bind, err := netip.ParseAddr(r.bind)
-	if err != nil || bind.IsUnspecified() || bind.IsMulticast() {
-		return o, fmt.Sprintf("--bind %q: want this host's unicast IP address on the link to the peers", r.bind)
-	}
-	bind = bind.Unmap()
-	if r.port == 0 || r.port > 65535 {
-		return o, fmt.Sprintf("--port %d out of range 1..65535", r.port)
-	}
-	var peers []netip.Addr
-	for _, s := range strings.Split(r.peers, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
+// atLeastOne checks a limit flag.
+func atLeastOne(flagName string, v int) rule {
+	return func() string {
+		if v < 1 {
+			return fmt.Sprintf("--%s %d: want at least 1", flagName, v)
 		}
-		p, err := netip.ParseAddr(s)
-		if err != nil || p.Unmap().Is4() != bind.Is4() {
-			return o, fmt.Sprintf("--peers: %q is not an IP address of --bind's family", s)
-		}
-		peers = append(peers, p.Unmap())
+		return ""
 	}
-	var mcast bool
-	switch r.multicast {
-	case "on":
-		mcast = true
-	case "off":
-	default:
-		return o, fmt.Sprintf("--multicast %q: want on or off", r.multicast)
-	}
-	if !validMode(r.mode) {
-		return o, fmt.Sprintf("--mode %q: want connected or datagram", r.mode)
-	}
-	switch r.ibMTU {
-	case 1024, 2048, 4096:
-	default:
-		return o, fmt.Sprintf("--ib-mtu %d: want 1024, 2048 or 4096", r.ibMTU)
-	}
-	if msg := flagcheck.MTU(r.mode, r.mtu, r.ibMTU); msg != "" {
-		return o, msg
-	}
-	return UpOptions{Dev: r.dev, Addr: pfx, HCA: r.hca, Bind: netip.AddrPortFrom(bind, uint16(r.port)), Peers: peers,
-		Multicast: mcast, Mode: r.mode, MTU: r.mtu, IBMTU: r.ibMTU}, ""
 }
 
 // oneLine keeps an error message on one line (joined errors print one
