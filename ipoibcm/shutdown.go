@@ -9,8 +9,8 @@ import (
 )
 
 // Shutdown: Close stops the host reader, then takes every connection
-// through its normal teardown on the control loop (beginShutdown), bounded
-// by DrainTimeout (forceShutdown), then stops the pollers and the control
+// through its normal teardown on the control loop (shutdown.begin), bounded
+// by DrainTimeout (shutdown.force), then stops the pollers and the control
 // loop and destroys every queue.
 
 // Close stops the interface: its children first (child.go), then the

@@ -30,7 +30,7 @@ import (
 //	             out of the activeSet, QP destroyed
 //	txDestroyed
 //
-// txEvDestroy also comes from Close's DrainTimeout (forceShutdown), in
+// txEvDestroy also comes from Close's DrainTimeout (activeSet.forceAll), in
 // any state. Events that do not fit the state are refused: a duplicate
 // teardown, a REP for a connection already closing.
 
