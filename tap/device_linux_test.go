@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ipoibcm/ipoib/internal/testutil"
 	"github.com/vishvananda/netlink"
 )
 
@@ -97,31 +98,17 @@ func arpRequest(srcMAC net.HardwareAddr, srcIP, dstIP netip.Addr) []byte {
 	return append(f, dstIP.AsSlice()...)
 }
 
-func checksum(b []byte) uint16 {
-	var sum uint32
-	for i := 0; i+1 < len(b); i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(b[i:]))
-	}
-	if len(b)%2 == 1 {
-		sum += uint32(b[len(b)-1]) << 8
-	}
-	for sum>>16 != 0 {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
-}
-
 func icmpEcho(dstMAC, srcMAC net.HardwareAddr, src, dst netip.Addr, id, seq uint16, payload []byte) []byte {
 	icmp := []byte{8, 0, 0, 0}
 	icmp = binary.BigEndian.AppendUint16(icmp, id)
 	icmp = binary.BigEndian.AppendUint16(icmp, seq)
 	icmp = append(icmp, payload...)
-	binary.BigEndian.PutUint16(icmp[2:], checksum(icmp))
+	binary.BigEndian.PutUint16(icmp[2:], ^testutil.NaiveSum(icmp))
 	ip := []byte{0x45, 0, 0, 0, 0, 1, 0x40, 0, 64, 1, 0, 0}
 	binary.BigEndian.PutUint16(ip[2:], uint16(20+len(icmp)))
 	ip = append(ip, src.AsSlice()...)
 	ip = append(ip, dst.AsSlice()...)
-	binary.BigEndian.PutUint16(ip[10:], checksum(ip))
+	binary.BigEndian.PutUint16(ip[10:], ^testutil.NaiveSum(ip))
 	f := ethHeader(dstMAC, srcMAC, 0x0800)
 	f = append(f, ip...)
 	return append(f, icmp...)

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ipoibcm/ipoib/internal/testutil"
 )
 
 // roceUDFrame wraps a MAD in Ethernet / IPv4 / UDP 4791 / BTH (UD
@@ -31,7 +33,7 @@ func roceUDFrame(src, dst [4]byte, psn uint32, madBytes []byte) []byte {
 	ip[9] = 17
 	copy(ip[12:16], src[:])
 	copy(ip[16:20], dst[:])
-	binary.BigEndian.PutUint16(ip[10:], ipChecksum(ip[:ipLen]))
+	binary.BigEndian.PutUint16(ip[10:], ^testutil.NaiveSum(ip[:ipLen]))
 	udp := ip[ipLen:]
 	binary.BigEndian.PutUint16(udp[0:], 0xC001)
 	binary.BigEndian.PutUint16(udp[2:], 4791)
@@ -60,17 +62,6 @@ func icrc(pkt []byte) uint32 {
 	ip[20+6], ip[20+7] = 0xFF, 0xFF
 	ip[28+4] = 0xFF
 	return crc32.ChecksumIEEE(m)
-}
-
-func ipChecksum(h []byte) uint16 {
-	var s uint32
-	for i := 0; i+1 < len(h); i += 2 {
-		s += uint32(binary.BigEndian.Uint16(h[i:]))
-	}
-	for s > 0xFFFF {
-		s = s>>16 + s&0xFFFF
-	}
-	return ^uint16(s)
 }
 
 // writePcap writes frames as a classic pcap with LINKTYPE_ETHERNET.

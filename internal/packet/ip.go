@@ -114,7 +114,10 @@ func ParseIPHeader(b []byte) (IP, error) {
 // in registers where a struct of more than four fields goes through
 // memory. ParseIP says what is wrong with a packet it refuses.
 func IPv4Lengths(b []byte) (hl, n int, ok bool) {
-	if len(b) < header.IPv4MinimumSize || header.IPVersion(b) != header.IPv4Version {
+	// The version nibble read as header.IPVersion reads it, without the
+	// length check just made: the call's cost would keep callers such as
+	// the engine's validIPv4 from inlining this.
+	if len(b) < header.IPv4MinimumSize || b[0]>>4 != header.IPv4Version {
 		return 0, 0, false
 	}
 	ip := header.IPv4(b)

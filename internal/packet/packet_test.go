@@ -136,6 +136,37 @@ func TestChecksums(t *testing.T) {
 	}
 }
 
+func TestIPv6UpperLayer(t *testing.T) {
+	ext := func(next uint8, n int) []byte { // an extension header of n bytes
+		b := make([]byte, n)
+		b[0], b[1] = next, byte(n/8-1)
+		return b
+	}
+	hbh, ah := uint8(0), uint8(51)
+	base := ipv6UDP(0)[:40]
+	base[6] = hbh
+	p := append(append([]byte{}, base...), ext(44, 16)...)                                           // hop-by-hop, 16 bytes
+	p = append(p, ProtoICMPv6, 0, 0x01, 0x09, 0, 0, 0, 1)                                            // fragment, offset 0x109>>3 = 33
+	ahdr := []byte{ProtoICMPv6, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} // (4+2)*4 = 24
+	p[56] = ah
+	p = append(p, ahdr...)
+	p = append(p, 128, 0) // echo request
+	proto, off, frag, ok := IPv6UpperLayer(p)
+	if !ok || proto != ProtoICMPv6 || off != 40+16+8+24 || frag != 33 {
+		t.Fatalf("chain: proto %d off %d frag %d ok %v", proto, off, frag, ok)
+	}
+	if _, _, _, ok := IPv6UpperLayer(p[:40+16+8+7]); ok {
+		t.Fatal("an authentication header cut inside its first eight bytes walks")
+	}
+	// The last header may end at the end of a quote.
+	if proto, off, _, ok := IPv6UpperLayer(p[:40+16+8+24]); !ok || proto != ProtoICMPv6 || off != 88 {
+		t.Fatalf("quote ending after the chain: %d %d %v", proto, off, ok)
+	}
+	if proto, off, frag, ok := IPv6UpperLayer(ipv6UDP(4)); !ok || proto != ProtoUDP || off != 40 || frag != 0 {
+		t.Fatalf("no extension headers: %d %d %d %v", proto, off, frag, ok)
+	}
+}
+
 // FuzzParseIP: no input panics, and what parses describes bytes that are
 // there.
 func FuzzParseIP(f *testing.F) {
@@ -176,6 +207,9 @@ func FuzzParseIP(f *testing.F) {
 		}
 		if len(b) >= 40 {
 			_ = PseudoHeaderSum(b, b[0]>>4 == 6, ProtoUDP, len(b))
+			if _, off, _, ok := IPv6UpperLayer(b); off < 40 || (!ok && len(b)-off >= 8) {
+				t.Fatalf("IPv6UpperLayer: offset %d of %d, ok %v", off, len(b), ok)
+			}
 		}
 	})
 }

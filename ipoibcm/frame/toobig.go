@@ -1,7 +1,6 @@
 package frame
 
 import (
-	"encoding/binary"
 	"net/netip"
 
 	"github.com/ipoibcm/ipoib/internal/packet"
@@ -128,36 +127,14 @@ func buildFragNeeded(dst []byte, hostMAC, srcMAC MAC, pkt []byte, mtu int) int {
 // message whose type cannot be seen, unless it is a later fragment). A chain
 // that cannot be walked does not prevent the error.
 func ipv6IneligibleForError(pkt []byte) bool {
-	nh, off, fragOff := header.IPv6ExtensionHeaderIdentifier(header.IPv6(pkt).NextHeader()), header.IPv6MinimumSize, uint16(0)
-	for {
-		switch nh {
-		case header.IPv6HopByHopOptionsExtHdrIdentifier, header.IPv6RoutingExtHdrIdentifier,
-			header.IPv6DestinationOptionsExtHdrIdentifier, header.IPv6AuthenticationExtHdrIdentifier,
-			header.IPv6FragmentExtHdrIdentifier:
-		case packet.ProtoICMPv6:
-			if off >= len(pkt) {
-				return fragOff == 0
-			}
-			return pkt[off]&icmpv6InfoMask == 0
-		default:
-			return false
-		}
-		if len(pkt)-off < 8 {
-			return false
-		}
-		next := header.IPv6ExtensionHeaderIdentifier(pkt[off])
-		var hlen int
-		switch nh {
-		case header.IPv6FragmentExtHdrIdentifier:
-			fragOff = binary.BigEndian.Uint16(pkt[off+2:off+4]) &^ 0x7
-			hlen = 8
-		case header.IPv6AuthenticationExtHdrIdentifier:
-			hlen = (int(pkt[off+1]) + 2) * 4
-		default:
-			hlen = (int(pkt[off+1]) + 1) * 8
-		}
-		nh, off = next, off+hlen
+	proto, off, fragOff, ok := packet.IPv6UpperLayer(pkt)
+	switch {
+	case !ok || proto != packet.ProtoICMPv6:
+		return false
+	case off >= len(pkt):
+		return fragOff == 0
 	}
+	return pkt[off]&icmpv6InfoMask == 0
 }
 
 func buildPacketTooBig(dst []byte, hostMAC, srcMAC MAC, pkt []byte, mtu int) int {

@@ -37,9 +37,10 @@ func ICRC(ipHdr, udpHdr, ib []byte) (uint32, error) {
 		}
 		var h [header.IPv4MaximumHeaderSize]byte
 		copy(h[:], ipHdr[:ihl])
-		h[1] = 0xFF               // TOS
-		h[8] = 0xFF               // TTL
-		h[10], h[11] = 0xFF, 0xFF // header checksum
+		m := header.IPv4(h[:])
+		m.SetTOS(0xFF, 0)
+		m.SetTTL(0xFF)
+		m.SetChecksum(0xFFFF)
 		crc = updateSmall(crc, h[:ihl])
 	case header.IPv6Version:
 		if len(ipHdr) < IPv6HeaderLen {
@@ -47,16 +48,18 @@ func ICRC(ipHdr, udpHdr, ib []byte) (uint32, error) {
 		}
 		var h [IPv6HeaderLen]byte
 		copy(h[:], ipHdr)
-		// Traffic class and flow label, with the version nibble kept.
-		h[0], h[1], h[2], h[3] = 0x6F, 0xFF, 0xFF, 0xFF
-		h[7] = 0xFF // hop limit
+		// Traffic class and flow label (SetTOS keeps the version
+		// nibble 6), hop limit.
+		m := header.IPv6(h[:])
+		m.SetTOS(0xFF, 0xFFFFF)
+		m.SetHopLimit(0xFF)
 		crc = updateSmall(crc, h[:])
 	default:
 		return 0, DropGarbage
 	}
 	var u [UDPHeaderLen]byte
 	copy(u[:], udpHdr)
-	u[6], u[7] = 0xFF, 0xFF // UDP checksum
+	header.UDP(u[:]).SetChecksum(0xFFFF)
 	crc = updateSmall(crc, u[:])
 	var bth [BTHLen]byte
 	copy(bth[:], ib)
