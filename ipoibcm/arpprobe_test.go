@@ -22,7 +22,8 @@ func TestUnicastARPProbeToEvictedNeighbourIsBroadcast(t *testing.T) {
 
 	now := time.Now()
 	bMAC := rvLearn(a, b.HWAddr(), bIP, now)
-	rvOnControlLoop(t, a, func() { a.ageNeighbours(now.Add(a.cfg.NeighbourEvictAfter + time.Second)) })
+	later := now.Add(a.cfg.NeighbourEvictAfter + time.Second)
+	rvOnControlLoop(t, a, func() { a.neigh.age(later, &a.active, &a.passive); a.mcast.age(later) })
 	if a.Stats().Reaper.NeighEvicted != 1 {
 		t.Fatalf("b not evicted: %+v", a.Stats().Reaper)
 	}

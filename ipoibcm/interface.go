@@ -309,9 +309,12 @@ func (i *Interface) Start() error {
 	i.tx.napi.Start()
 	i.ctl.start(controlTasks{
 		staleScan: periodic{i.cfg.StaleScan, i.passive.staleScan},
-		age:       periodic{max(min(i.cfg.NeighbourTimeout, i.cfg.McastSendOnlyTimeout)/2, time.Millisecond), i.ageNeighbours},
-		shutdown:  &i.shut,
-		after:     []func(){i.shut.check, i.checkHostDownQuiet},
+		age: periodic{max(min(i.cfg.NeighbourTimeout, i.cfg.McastSendOnlyTimeout)/2, time.Millisecond), func(now time.Time) {
+			i.neigh.age(now, &i.active, &i.passive)
+			i.mcast.age(now)
+		}},
+		shutdown: &i.shut,
+		after:    []func(){i.shut.check, i.checkHostDownQuiet},
 	})
 	if err := i.listen(); err != nil {
 		i.Close()

@@ -280,32 +280,31 @@ func (t *neighbourTable) reqPathMTU(n *neighbour) hca.MTU {
 	return t.portMTU
 }
 
-// ageNeighbours disconnects the TX connection of neighbours unused for
-// sending for NeighbourTimeout (control loop). The MAC mapping stays: the
-// host's ARP cache still names it, and the next frame rebuilds the
-// connection. Neighbours silent in both directions for
-// NeighbourEvictAfter, with nothing left that refers to them, are
-// forgotten (neighbourTable.evict).
-func (i *Interface) ageNeighbours(now time.Time) {
+// age disconnects the TX connection of neighbours unused for sending for
+// NeighbourTimeout (control loop). The MAC mapping stays: the host's ARP
+// cache still names it, and the next frame rebuilds the connection.
+// Neighbours silent in both directions for NeighbourEvictAfter, with
+// nothing left that refers to them in either connection set, are
+// forgotten (evict).
+func (t *neighbourTable) age(now time.Time, active *activeSet, passive *passiveSet) {
 	var idle []*txConn
-	i.mu.Lock()
-	i.neigh.mu.Lock()
-	for _, n := range i.neigh.byGID {
-		if now.Sub(n.lastUse) < i.neigh.timeout {
+	passive.mu.Lock()
+	t.mu.Lock()
+	for _, n := range t.byGID {
+		if now.Sub(n.lastUse) < t.timeout {
 			continue
 		}
 		if n.tx != nil {
 			idle = append(idle, n.tx)
 			n.tx.detachLocked(dropTxNeighFlushed)
-			i.neigh.ctr.aged.Add(1)
+			t.ctr.aged.Add(1)
 		}
 	}
-	i.active.mu.Lock()
-	i.neigh.evict(now, i.active.set, i.passive.set)
-	i.active.mu.Unlock()
-	i.neigh.mu.Unlock()
-	i.mcast.age(now)
-	i.mu.Unlock()
+	active.mu.Lock()
+	t.evict(now, active.set, passive.set)
+	active.mu.Unlock()
+	t.mu.Unlock()
+	passive.mu.Unlock()
 	for _, tc := range idle {
 		tc.teardown()
 	}

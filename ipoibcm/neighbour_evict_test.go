@@ -98,7 +98,7 @@ func TestIdleNeighboursEvicted(t *testing.T) {
 
 	// First pass: x goes; z's connection is aged and torn down in the same
 	// pass, so z is still referred to and stays.
-	rvOnControlLoop(t, a, func() { a.ageNeighbours(later) })
+	rvOnControlLoop(t, a, func() { a.neigh.age(later, &a.active, &a.passive); a.mcast.age(later) })
 	got := present()
 	if got[xMAC.String()] || !got[yMAC.String()] || !got[zMAC.String()] || !got[bMAC.String()] {
 		t.Fatalf("after pass 1: %v; want y, z and b only (x %s y %s z %s b %s)", got, xMAC, yMAC, zMAC, bMAC)
@@ -111,7 +111,7 @@ func TestIdleNeighboursEvicted(t *testing.T) {
 	}
 
 	// Second pass: z's connection is gone, so z goes too.
-	rvOnControlLoop(t, a, func() { a.ageNeighbours(later) })
+	rvOnControlLoop(t, a, func() { a.neigh.age(later, &a.active, &a.passive); a.mcast.age(later) })
 	got = present()
 	if got[zMAC.String()] || !got[yMAC.String()] || !got[bMAC.String()] || len(got) != 2 {
 		t.Fatalf("after pass 2: %v; want y %s and b %s", got, yMAC, bMAC)
