@@ -13,9 +13,9 @@ import "github.com/ipoibcm/ipoib/hca/cm"
 // different IB MTUs connect at the smaller one within a round trip or two.
 
 // rejectPathMTU refuses a REQ whose path MTU our port cannot take.
-func (i *Interface) rejectPathMTU(req *cm.Request) cm.Decision {
-	i.passive.limits.ctr.rejectedMTU.Add(1)
-	i.log.Info("CM REQ path MTU above our port's: REJ INVALID_MTU, the peer retries lower",
-		"from", req.RemoteGID, "path_mtu", req.PathMTU, "port_mtu", i.port.ActiveMTU)
+func (p *passiveSet) rejectPathMTU(req *cm.Request) cm.Decision {
+	p.limits.ctr.rejectedMTU.Add(1)
+	p.log.Info("CM REQ path MTU above our port's: REJ INVALID_MTU, the peer retries lower",
+		"from", req.RemoteGID, "path_mtu", req.PathMTU, "port_mtu", p.portMTU)
 	return cm.Decision{Reject: cm.RejectInvalidMTU}
 }

@@ -97,13 +97,20 @@ type EventObserver interface {
 	ObserveEvent(Event)
 }
 
-// emit hands e to the observer, if there is one.
-func (i *Interface) emit(kind EventKind, qpn, remote hca.QPN, peer hca.GID, elapsed time.Duration, detail string) {
-	o := i.cfg.Events
-	if o == nil {
+// observer is how the engine's owners tell Config.Events of a step; its
+// zero value observes nothing.
+type observer struct{ o EventObserver }
+
+// on reports whether anyone listens, so callers skip gathering an
+// event's fields when no one does.
+func (ob observer) on() bool { return ob.o != nil }
+
+// emit hands the event to the observer, if there is one.
+func (ob observer) emit(kind EventKind, qpn, remote hca.QPN, peer hca.GID, elapsed time.Duration, detail string) {
+	if ob.o == nil {
 		return
 	}
-	o.ObserveEvent(Event{Kind: kind, At: time.Now(), QPN: qpn, RemoteQPN: remote, Peer: peer, Elapsed: elapsed, Detail: detail})
+	ob.o.ObserveEvent(Event{Kind: kind, At: time.Now(), QPN: qpn, RemoteQPN: remote, Peer: peer, Elapsed: elapsed, Detail: detail})
 }
 
 // Observers combines observers into one; nil ones are skipped, and with

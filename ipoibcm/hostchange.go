@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 )
@@ -73,7 +74,7 @@ func (i *Interface) FollowHostMAC(mac net.HardwareAddr) error {
 	}
 	var m frame.MAC
 	copy(m[:], mac)
-	if old := unpackMAC(i.hostMAC.Swap(packMAC(m))); old != m {
+	if old := i.hostMAC.swap(m); old != m {
 		i.log.Info("host MAC changed; frames to the host follow it", "mac", net.HardwareAddr(m[:]), "was", net.HardwareAddr(old[:]))
 	}
 	return nil
@@ -85,7 +86,15 @@ func (i *Interface) HostMAC() net.HardwareAddr {
 	return net.HardwareAddr(m[:])
 }
 
-func (i *Interface) hostMACNow() frame.MAC { return unpackMAC(i.hostMAC.Load()) }
+func (i *Interface) hostMACNow() frame.MAC { return i.hostMAC.load() }
+
+// macCell holds a MAC the host may change at run time (FollowHostMAC)
+// while the data paths read it per frame: packed into one atomic word.
+type macCell struct{ v atomic.Uint64 }
+
+func (c *macCell) load() frame.MAC            { return unpackMAC(c.v.Load()) }
+func (c *macCell) store(m frame.MAC)          { c.v.Store(packMAC(m)) }
+func (c *macCell) swap(m frame.MAC) frame.MAC { return unpackMAC(c.v.Swap(packMAC(m))) }
 
 func packMAC(m frame.MAC) uint64 {
 	var v uint64

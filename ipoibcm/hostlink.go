@@ -31,6 +31,16 @@ const (
 	hostLinkDown // down
 )
 
+// hostLinkCell holds the hostLink the engine follows: stored only by
+// hostLinkTransition's steps (control loop), loaded by every goroutine.
+type hostLinkCell struct{ v atomic.Int32 }
+
+func (c *hostLinkCell) load() hostLink   { return hostLink(c.v.Load()) }
+func (c *hostLinkCell) store(l hostLink) { c.v.Store(int32(l)) }
+
+// down reports whether the host has ib0 down (any goroutine).
+func (c *hostLinkCell) down() bool { return c.load() == hostLinkDown }
+
 // hostLinkCounters count the downs and ups the engine followed and what
 // the downs tore down and flushed.
 type hostLinkCounters struct {
@@ -41,7 +51,7 @@ type hostLinkCounters struct {
 // hostLinkTransition moves the interface to want (control loop): the one
 // place hostLink changes. Asking for the current state does nothing.
 func (i *Interface) hostLinkTransition(want hostLink) error {
-	from := hostLink(i.hostLink.Load())
+	from := i.hostLink.load()
 	switch {
 	case from == hostLinkUp && want == hostLinkDown:
 		i.stopForHost()
@@ -59,7 +69,7 @@ func (i *Interface) hostLinkTransition(want hostLink) error {
 // neighbours' paths and the multicast groups are flushed.
 func (i *Interface) stopForHost() {
 	i.mu.Lock()
-	i.hostLink.Store(int32(hostLinkDown))
+	i.hostLink.store(hostLinkDown)
 	i.mu.Unlock()
 	// A frame of the reader's batch may have seen the host up: once the
 	// batch is over every frame after it sees the host down, and the
@@ -68,15 +78,10 @@ func (i *Interface) stopForHost() {
 	i.link.Store(false)
 	i.hostLinkCtr.downs.Add(1)
 	i.closeListener()
-	rx, tx := i.snapshotConns()
-	for _, rc := range rx {
-		i.passive.rxTransition(rc, rxEvHostDown)
-	}
-	for _, tc := range tx {
-		tc.teardown()
-	}
-	i.hostLinkCtr.downRXTeardowns.Add(uint64(len(rx)))
-	i.hostLinkCtr.downTXTeardowns.Add(uint64(len(tx)))
+	rx := i.passive.teardownAll(rxEvHostDown)
+	tx := i.active.teardownAll()
+	i.hostLinkCtr.downRXTeardowns.Add(uint64(rx))
+	i.hostLinkCtr.downTXTeardowns.Add(uint64(tx))
 	i.mu.Lock()
 	i.neigh.mu.Lock()
 	paths := i.neigh.flushPaths(&i.tx)
@@ -85,7 +90,7 @@ func (i *Interface) stopForHost() {
 	groups := i.mcast.leaveAll()
 	i.mu.Unlock()
 	i.downQuiet = false
-	i.log.Info("host set the interface down: stopped", "rx_conns", len(rx), "tx_conns", len(tx),
+	i.log.Info("host set the interface down: stopped", "rx_conns", rx, "tx_conns", tx,
 		"paths", paths, "groups", groups)
 	i.checkHostDownQuiet()
 }
@@ -94,14 +99,10 @@ func (i *Interface) stopForHost() {
 // the interface is gone (control loop, after every work item): from then
 // on the interface sends nothing at all.
 func (i *Interface) checkHostDownQuiet() {
-	if i.downQuiet || hostLink(i.hostLink.Load()) != hostLinkDown {
+	if i.downQuiet || !i.hostLink.down() {
 		return
 	}
-	i.mu.Lock()
-	left := len(i.passive.set)
-	i.mu.Unlock()
-	left += i.active.count()
-	if left == 0 {
+	if i.passive.count()+i.active.count() == 0 {
 		i.downQuiet = true
 		i.log.Info("host down: every connection is gone")
 	}
@@ -116,7 +117,7 @@ func (i *Interface) openForHost() error {
 	i.mu.Lock()
 	// Up first, under mu: attachLocked
 	// only records joins while the host has ib0 down.
-	i.hostLink.Store(int32(hostLinkUp))
+	i.hostLink.store(hostLinkUp)
 	err := i.mcast.rejoin()
 	i.mu.Unlock()
 	i.hostLinkCtr.ups.Add(1)
@@ -131,7 +132,7 @@ func (i *Interface) openForHost() error {
 }
 
 // hostDown reports whether the host has ib0 down (any goroutine).
-func (i *Interface) hostDown() bool { return hostLink(i.hostLink.Load()) == hostLinkDown }
+func (i *Interface) hostDown() bool { return i.hostLink.down() }
 
 // listen opens the CM listener on the IPoIB service IDs of our UD QPN,
 // in the interface's partition.
@@ -140,7 +141,7 @@ func (i *Interface) listen() error {
 		return nil
 	}
 	qpn := uint64(i.ud.qp.QPN())
-	l, err := i.cmm.ListenPKey(i.cfg.PKey, []uint64{serviceIDIETF | qpn, serviceIDRFC | qpn}, i.decideREQ)
+	l, err := i.cmm.ListenPKey(i.cfg.PKey, []uint64{serviceIDIETF | qpn, serviceIDRFC | qpn}, i.passive.decideREQ)
 	if err != nil {
 		return fmt.Errorf("cm listen: %w", err)
 	}

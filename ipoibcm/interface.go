@@ -50,10 +50,9 @@ type Interface struct {
 	port  hca.Port
 	udMTU int
 	hw    frame.HWAddr
-	// hostMAC is the host's MAC (frame.MAC packed by packMAC): the
-	// destination of every frame written to the host, which the host may
-	// change at run time (FollowHostMAC).
-	hostMAC atomic.Uint64
+	// hostMAC is the host's MAC: the destination of every frame written
+	// to the host, which the host may change at run time (FollowHostMAC).
+	hostMAC macCell
 	bcast   hca.GID
 
 	mode  atomic.Int32 // Mode
@@ -74,7 +73,7 @@ type Interface struct {
 	// hostLink is the host's ib0 state the engine follows (hostLink,
 	// hostlink.go); downQuiet: while down, the last connection is gone
 	// (control loop).
-	hostLink  atomic.Int32
+	hostLink  hostLinkCell
 	downQuiet bool
 
 	// The two data flows: host → TX path → HCA and HCA → RX path → host.
@@ -94,7 +93,8 @@ type Interface struct {
 	rng     *rand.Rand
 
 	ctl  control
-	shut shutdownState // Close's, on the control loop
+	obs  observer // Config.Events
+	shut shutdown // Close's, on the control loop
 	// hostMTUStale: the last mode switch could not set the host's MTU
 	// (control loop), so SetMode to the same mode tries again.
 	hostMTUStale bool
@@ -109,7 +109,6 @@ type Interface struct {
 
 	stop     chan struct{} // closed by Close: reader and control loop end
 	readerWG sync.WaitGroup
-	ctlWG    sync.WaitGroup
 	closeErr error
 	closeMu  sync.Mutex
 
@@ -147,10 +146,10 @@ func New(cfg Config) (_ *Interface, err error) {
 		port: cfg.Device.Port(),
 		rng:  newPSNSource(cfg.CM.Seed),
 		stop: make(chan struct{}),
+		obs:  observer{cfg.Events},
 	}
 	i.tx = txPath{sendq: cfg.SendQueueSize, stop: i.stop, data: &i.ctr, offCtr: &i.off.ctr, wake: make(chan struct{}, 1), hostMAC: i.hostMACNow}
 	i.tx.window.init(i.log)
-	i.rx.i = i
 	i.off.init(cfg.Host, cfg.Device, cfg.SendQueueSize)
 	i.hostOut.init(cfg.Host, i.off.port, &i.ctr, func() bool { return ifState(i.state.Load()) != ifRunning }, i.log)
 	i.ctl.init()
@@ -169,16 +168,15 @@ func New(cfg Config) (_ *Interface, err error) {
 	}
 	i.udMTU = frame.UDMTU(i.port.ActiveMTU)
 	i.bcast = frame.BroadcastMGID(cfg.PKey)
-	i.mcast.init(&i.cfg, i.dev, i.bcast, i.hostDown, i.log)
+	i.mcast.init(&i.cfg, i.dev, i.bcast, i.hostLink.down, i.log)
 	i.mcast.retire = i.tx.window.retire
-	i.passive.init(&i.mu, &i.cfg, cfg.DisableSRQ || cfg.DisableCM, i.ctl.post, i.mut, i.log)
 	i.neigh.init(&i.cfg, i.port.GID, i.port.ActiveMTU, i.dev, i.tx.window.retire, i.log, func(tc *txConn) {
 		tc.detachLocked(dropTxNeighFlushed)
 		i.ctl.post(tc.teardown)
 	})
 	var hm frame.MAC
 	copy(hm[:], cfg.Host.HostMAC())
-	i.hostMAC.Store(packMAC(hm))
+	i.hostMAC.store(hm)
 	i.mode.Store(int32(cfg.Mode))
 	i.mtu.Store(int64(i.modeMTU(cfg.Mode)))
 
@@ -203,6 +201,19 @@ func New(cfg Config) (_ *Interface, err error) {
 	}
 	i.hw = frame.NewHWAddr(flags, i.ud.qp.QPN(), i.port.GID)
 	i.active.init(i)
+	i.passive.init(passiveEnv{
+		mu: &i.mu, neigh: &i.neigh, rng: i.rng, dev: i.dev, cq: i.rxCQ, srq: i.srq, poller: i.rxNAPI, post: i.ctl.post,
+		running: func() bool { return ifState(i.state.Load()) == ifRunning }, hostLink: &i.hostLink,
+		portMTU: i.port.ActiveMTU, udQPN: i.ud.qp.QPN(), obs: i.obs, mut: i.mut, log: i.log,
+	}, &i.cfg)
+	i.shut = shutdown{drainTimeout: cfg.DrainTimeout, rx: &i.passive, tx: &i.active, log: i.log}
+	if err := i.rx.init(rxEnv{
+		poller: i.rxNAPI, mu: &i.neigh.mu, neigh: &i.neigh, passive: &i.passive, post: i.ctl.post,
+		out: &i.hostOut, off: &i.off, ctr: &i.ctr, ud: i.ud, srq: i.srq,
+		hostMAC: &i.hostMAC, hostLink: &i.hostLink, self: i.hw, staleUpdate: cfg.StaleUpdate, log: i.log,
+	}, cfg.RXBudget); err != nil {
+		return nil, fmt.Errorf("%s: %w", cfg.Name, err)
+	}
 	return i, nil
 }
 
@@ -250,13 +261,9 @@ func (i *Interface) createQueues() error {
 	if err != nil {
 		return fmt.Errorf("rx napi: %w", err)
 	}
-	i.passive.rxNAPI = i.rxNAPI
 	i.tx.napi, err = napi.New(napi.Config{Name: cfg.Name + "-tx", CQ: i.txCQ, Budget: cfg.TXBudget, Handle: i.tx.handleTX})
 	if err != nil {
 		return fmt.Errorf("tx napi: %w", err)
-	}
-	if err := i.rx.init(cfg.RXBudget); err != nil {
-		return err
 	}
 	if i.ud, err = newUDPath(i); err != nil {
 		return err
@@ -300,8 +307,12 @@ func (i *Interface) Start() error {
 	}
 	i.rxNAPI.Start()
 	i.tx.napi.Start()
-	i.ctlWG.Add(1)
-	go i.controlLoop()
+	i.ctl.start(controlTasks{
+		staleScan: periodic{i.cfg.StaleScan, i.passive.staleScan},
+		age:       periodic{max(min(i.cfg.NeighbourTimeout, i.cfg.McastSendOnlyTimeout)/2, time.Millisecond), i.ageNeighbours},
+		shutdown:  &i.shut,
+		after:     []func(){i.shut.check, i.checkHostDownQuiet},
+	})
 	if err := i.listen(); err != nil {
 		i.Close()
 		return fmt.Errorf("%s: %w", i.cfg.Name, err)
@@ -409,9 +420,7 @@ func (i *Interface) pkeyLinkDown() {
 	if err := i.host.SetLinkUp(false); err != nil {
 		i.log.Warn("host SetLinkUp", "err", err)
 	}
-	for _, tc := range i.active.snapshot() {
-		tc.teardown()
-	}
+	i.active.teardownAll()
 }
 
 // Mode is the current mode.

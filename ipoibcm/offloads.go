@@ -193,8 +193,7 @@ func (o *offloadPath) csumOffload(f []byte, t *txMeta) sendOffload {
 // WCCsumPartial → NeedsCsum at the TCP/UDP checksum (offsets count the
 // Ethernet header), passed on only when the host takes partial checksums
 // and completed here otherwise.
-func (i *Interface) rxMeta(f []byte, flags hca.WCFlags) offload.Meta {
-	o := &i.off
+func (o *offloadPath) rxMeta(f []byte, flags hca.WCFlags) offload.Meta {
 	switch {
 	case flags&hca.WCCsumPartial != 0:
 		hd, err := offload.Parse(f, frame.EthHdrLen)
@@ -241,12 +240,13 @@ type OffloadStats struct {
 	RxGROBadCsum  uint64 `json:"rx_gro_bad_csum"`   // segments GRO verified in software and found bad: passed on unmerged, for the host to drop
 }
 
-func (i *Interface) offloadStats() OffloadStats {
-	o := &i.off
+// stats is the offloads' part of Stats; coalescer is the RX path's GRO
+// (nil when the host takes no super frames).
+func (o *offloadPath) stats(coalescer *gro.Coalescer) OffloadStats {
 	c := &o.ctr
 	var g gro.Stats
-	if i.rx.gro != nil {
-		g = i.rx.gro.Stats()
+	if coalescer != nil {
+		g = coalescer.Stats()
 	}
 	return OffloadStats{
 		HostPort: o.port != nil, Advertised: unpackCaps(o.advertised.Load()),

@@ -61,14 +61,29 @@ func (rc *rxConn) recvWR(idx int) hca.RecvWR {
 	return hca.RecvWR{ID: wrID(wrKindConnRecv, idx), Buf: rc.ring[idx][headroom:]}
 }
 
+// info is the connection as 'ipoib show' lists it (Interface.mu held:
+// state).
+func (rc *rxConn) info(now time.Time) ConnInfo {
+	ci := ConnInfo{
+		Peer: rc.peer.ColonString(), PeerGID: rc.peer.GID().String(), LocalQPN: rc.qp.QPN(), State: rc.state.String(),
+		MTU: frame.CMBufSize, AgeMS: millisSince(now, rc.created), IdleMS: rc.active.idleMS(now, rc.created),
+		LRUMS:   millisSince(now, time.Unix(0, rc.stamp.Load())),
+		Packets: rc.packets.Load(), Bytes: rc.byts.Load(),
+	}
+	if rc.cmConn != nil {
+		ci.RemoteQPN = rc.cmConn.RemoteQPN()
+	}
+	return ci
+}
+
 // decideREQ is acceptREQ, with the outcome told to the EventObserver.
-func (i *Interface) decideREQ(req *cm.Request) cm.Decision {
-	d := i.acceptREQ(req)
-	if i.cfg.Events != nil {
+func (p *passiveSet) decideREQ(req *cm.Request) cm.Decision {
+	d := p.acceptREQ(req)
+	if p.obs.on() {
 		if d.Reject != 0 {
-			i.emit(EventRXRejected, 0, 0, req.RemoteGID, 0, "REJ "+d.Reject.String())
+			p.obs.emit(EventRXRejected, 0, 0, req.RemoteGID, 0, "REJ "+d.Reject.String())
 		} else {
-			i.emit(EventRXAccepted, d.QP.QPN(), 0, req.RemoteGID, 0, "")
+			p.obs.emit(EventRXAccepted, d.QP.QPN(), 0, req.RemoteGID, 0, "")
 		}
 	}
 	return d
@@ -78,14 +93,14 @@ func (i *Interface) decideREQ(req *cm.Request) cm.Decision {
 // create an RC QP whose send and receive CQ are both the RX CQ (the drain
 // WR's completion must land behind the receives), receiving from the SRQ
 // or its own ring, and answer with {UD QPN, 65524} and a random PSN.
-func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
-	i.log.Debug("CM REQ", "from", req.RemoteGID, "qpn", req.RemoteQPN, "path_mtu", req.PathMTU)
-	if ifState(i.state.Load()) != ifRunning || i.hostDown() {
-		i.passive.limits.ctr.rejectedDown.Add(1)
+func (p *passiveSet) acceptREQ(req *cm.Request) cm.Decision {
+	p.log.Debug("CM REQ", "from", req.RemoteGID, "qpn", req.RemoteQPN, "path_mtu", req.PathMTU)
+	if !p.running() || p.hostLink.down() {
+		p.limits.ctr.rejectedDown.Add(1)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
-	if req.PathMTU > i.port.ActiveMTU {
-		return i.rejectPathMTU(req)
+	if req.PathMTU > p.portMTU {
+		return p.rejectPathMTU(req)
 	}
 	peerQPN, _, err := parseCMPrivateData(req.PrivateData)
 	if err != nil {
@@ -94,60 +109,60 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 		peerQPN = 0
 	}
 	now := time.Now()
-	rc := &rxConn{events: &i.passive, lastWQE: &i.passive.reaper.ctr.lastWQESeen, log: i.log,
+	rc := &rxConn{events: p, lastWQE: &p.reaper.ctr.lastWQESeen, log: p.log,
 		peer: frame.NewHWAddr(frame.FlagRC, peerQPN, req.RemoteGID), created: now, cmConn: req.Conn}
 	rc.stamp.Store(now.UnixNano())
 
-	i.mu.Lock()
+	p.mu.Lock()
 	// Limits before anything is learnt or created from the REQ.
-	old, ok := i.passive.limits.admitLocked(rc)
+	old, ok := p.limits.admitLocked(rc)
 	if !ok {
-		i.mu.Unlock()
+		p.mu.Unlock()
 		return cm.Decision{Reject: cm.RejectNoQP}
 	}
 	var n *neighbour
-	i.neigh.mu.Lock()
+	p.neigh.mu.Lock()
 	if peerQPN != 0 {
-		n = i.neigh.learn(rc.peer, netip.Addr{}, now)
-	} else if n = i.neigh.lookupGID(req.RemoteGID); n == nil {
-		n = i.neigh.learn(rc.peer, netip.Addr{}, now)
+		n = p.neigh.learn(rc.peer, netip.Addr{}, now)
+	} else if n = p.neigh.lookupGID(req.RemoteGID); n == nil {
+		n = p.neigh.learn(rc.peer, netip.Addr{}, now)
 	}
-	i.neigh.mu.Unlock()
-	psn := i.rng.Uint32() & 0xffffff
-	i.mu.Unlock()
+	p.neigh.mu.Unlock()
+	psn := p.rng.Uint32() & 0xffffff
+	p.mu.Unlock()
 	if old != nil {
-		i.passive.postRX(old, rxEvReplaced)
+		p.postRX(old, rxEvReplaced)
 	}
 	if n == nil {
-		i.passive.release(rc, &i.passive.limits.ctr.rejectedError)
+		p.release(rc, &p.limits.ctr.rejectedError)
 		return cm.Decision{Reject: cm.RejectConsumerDefined}
 	}
 	rc.mac = n.mac
 
 	cfg := hca.QPConfig{
 		Type:      hca.QPTypeRC,
-		SendCQ:    i.rxCQ, // "For drain WR"
-		RecvCQ:    i.rxCQ,
+		SendCQ:    p.cq, // "For drain WR"
+		RecvCQ:    p.cq,
 		MaxSendWR: 2,
 		Context:   rc,
 		OnEvent:   rc.onQPEvent,
 	}
-	if i.srq != nil {
-		cfg.SRQ = i.srq.srq
+	if p.srq != nil {
+		cfg.SRQ = p.srq.srq
 	} else {
-		cfg.MaxRecvWR = i.cfg.RecvQueueSize
+		cfg.MaxRecvWR = p.recvq
 	}
-	qp, err := i.dev.CreateQP(cfg)
+	qp, err := p.dev.CreateQP(cfg)
 	if err != nil {
-		i.log.Warn("create RX QP", "peer", rc.peer, "err", err)
-		i.passive.release(rc, &i.passive.limits.ctr.rejectedError)
+		p.log.Warn("create RX QP", "peer", rc.peer, "err", err)
+		p.release(rc, &p.limits.ctr.rejectedError)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	rc.qp = qp
-	if err := i.initRXQP(rc, req.PKeyIndex); err != nil {
-		i.log.Warn("init RX QP", "peer", rc.peer, "err", err)
+	if err := p.initRXQP(rc, req.PKeyIndex); err != nil {
+		p.log.Warn("init RX QP", "peer", rc.peer, "err", err)
 		qp.Destroy()
-		i.passive.release(rc, &i.passive.limits.ctr.rejectedError)
+		p.release(rc, &p.limits.ctr.rejectedError)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
 	// On the live list before the REP leaves: a LAST_WQE that arrives
@@ -155,31 +170,31 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 	// the REQ handler for the same race). One that arrived earlier may
 	// already have taken the connection through drain and destroy: it
 	// must not join the set then, where nothing would ever remove it.
-	i.mu.Lock()
+	p.mu.Lock()
 	if rc.state == rxDestroyed {
-		i.mu.Unlock()
-		i.passive.limits.ctr.rejectedError.Add(1)
+		p.mu.Unlock()
+		p.limits.ctr.rejectedError.Add(1)
 		return cm.Decision{Reject: cm.RejectNoQP}
 	}
-	if i.hostDown() {
+	if p.hostLink.down() {
 		// The host set ib0 down after the check above, and stopForHost's
 		// snapshot of rxConns (taken after it set the state under mu)
 		// cannot have seen this one: refuse it here.
-		i.mu.Unlock()
+		p.mu.Unlock()
 		if err := qp.Destroy(); err != nil {
-			i.log.Warn("destroy RX QP", "peer", rc.peer, "err", err)
+			p.log.Warn("destroy RX QP", "peer", rc.peer, "err", err)
 		}
-		i.passive.release(rc, &i.passive.limits.ctr.rejectedDown)
+		p.release(rc, &p.limits.ctr.rejectedDown)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
-	i.passive.set[rc] = struct{}{}
-	i.mu.Unlock()
-	i.passive.limits.ctr.accepted.Add(1)
+	p.set[rc] = struct{}{}
+	p.mu.Unlock()
+	p.limits.ctr.accepted.Add(1)
 	return cm.Decision{
 		QP:          qp,
 		StartingPSN: psn,
-		PrivateData: cmPrivateData(i.ud.qp.QPN()),
-		SRQ:         i.srq != nil,
+		PrivateData: cmPrivateData(p.udQPN),
+		SRQ:         p.srq != nil,
 		Handler:     rc.onCMEvent,
 	}
 }
@@ -187,17 +202,17 @@ func (i *Interface) acceptREQ(req *cm.Request) cm.Decision {
 // initRXQP moves the QP to Init on the P_Key index the REQ's partition
 // has here (the CM checked it is the interface's) and, without SRQ, posts
 // its own ring.
-func (i *Interface) initRXQP(rc *rxConn, pkeyIndex int) error {
+func (p *passiveSet) initRXQP(rc *rxConn, pkeyIndex int) error {
 	if err := rc.qp.Modify(hca.QPAttr{State: hca.QPStateInit, PKeyIndex: pkeyIndex}); err != nil {
 		return fmt.Errorf("RX QP to Init: %w", err)
 	}
-	if i.srq != nil {
+	if p.srq != nil {
 		return nil
 	}
-	rc.ring = make([][]byte, i.cfg.RecvQueueSize)
+	rc.ring = make([][]byte, p.recvq)
 	wrs := make([]hca.RecvWR, len(rc.ring))
 	for k := range rc.ring {
-		b, err := i.dev.Alloc(headroom + frame.CMBufSize)
+		b, err := p.dev.Alloc(headroom + frame.CMBufSize)
 		if err != nil {
 			return fmt.Errorf("RX ring buffer %d: %w", k, err)
 		}

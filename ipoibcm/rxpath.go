@@ -2,24 +2,75 @@ package ipoibcm
 
 import (
 	"fmt"
+	"log/slog"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
+	"github.com/ipoibcm/ipoib/napi"
 	"github.com/ipoibcm/ipoib/offload"
 	"github.com/ipoibcm/ipoib/offload/gro"
 )
 
-// rxPath is the flow HCA → host: the RX poller's Handle takes receive
-// completions of the UD QP, of passive connections (SRQ or their own
-// rings) and the drain WR, turns IPoIB messages into Ethernet frames in
-// place (or translated, for ARP and ND) and writes them to the host in one
-// batch per Handle call. It hands connection events to the control loop
-// and never calls back into the TX side. Its fields are the poller's
-// reusable state.
+// This file is the flow HCA → host. Its functions occur in the order in
+// which a receive completion is processed:
+//
+//  1. poll: the RX poller (napi) hands handleRX up to a budget of
+//     completions, under its poll lock;
+//  2. sort by work request: the UD ring (rxUD), the SRQ (rxSRQ), a
+//     non-SRQ connection's own ring (rxConnRing), or the drain WR, whose
+//     completion goes to the passive set's reaper on the control loop;
+//  3. dead check: a completion of a passive connection marked dead
+//     (rxteardown.go, markDead) is recycled and counted rx_dead_dropped,
+//     never delivered (deadCompletion);
+//  4. deliver: the IPoIB message becomes an Ethernet frame for the host
+//     in its receive buffer (deliverIP), or translated into a scratch
+//     buffer for ARP (rxARPLocked) and neighbour discovery (deliverND),
+//     learning neighbours under the neighbour table's lock, taken once
+//     per batch on first need (lock);
+//  5. GRO: the batch's in-order TCP segments of a flow are coalesced for
+//     a host that takes super frames (writeHost);
+//  6. host write: the batch goes to the host in one write through the
+//     hostWriter, with the neighbour table's lock already released;
+//  7. repost: every buffer goes back to its ring (repost).
+//
+// The path never calls back into the TX side and never posts a send: ICMP
+// answers are built by the TX side. Connection events go to the passive
+// set's state machine on the control loop; nothing here waits.
+
+// rxEnv is what the RX path works with, fixed at New: narrow pieces of
+// the interface, never the Interface itself.
+type rxEnv struct {
+	poller  *napi.Context // the RX poller that calls handleRX
+	mu      *sync.Mutex   // guards neigh (neighbourTable.mu)
+	neigh   *neighbourTable
+	passive *passiveSet  // connection events, the drain completion
+	post    func(func()) // onto the control loop
+	out     *hostWriter
+	off     *offloadPath
+	ctr     *counters
+	ud      *udPath
+	srq     *srqRing // nil without SRQ
+	// hostMAC is the destination of frames to the host; hostLink says
+	// whether the host has ib0 down.
+	hostMAC  *macCell
+	hostLink *hostLinkCell
+	// self is our hardware address: own echoes, ARP and ND targets.
+	self frame.HWAddr
+	// staleUpdate is Config.StaleUpdate: how often a connection's LRU
+	// stamp is refreshed at most.
+	staleUpdate time.Duration
+	log         *slog.Logger
+}
+
+// rxPath is the RX poller's state: its environment and the reusable
+// buffers of one handleRX call.
 type rxPath struct {
-	i *Interface
+	rxEnv
+	selfGID hca.GID
+	selfQPN hca.QPN
 
 	frames [][]byte
 	meta   []offload.Meta // frames' offload metadata, for an OffloadPort
@@ -44,7 +95,7 @@ type rxPath struct {
 	trans  [][]byte
 	nTrans int
 
-	locked  bool // neighbourTable.mu held for neighbour lookups
+	locked  bool // the neighbour table's lock held for lookups
 	now     time.Time
 	haveNow bool
 	macOf   func(frame.HWAddr) (frame.MAC, bool)
@@ -57,10 +108,12 @@ type connRepost struct {
 
 const transBufSize = 2048
 
-func (r *rxPath) init(batch int) error {
+func (r *rxPath) init(env rxEnv, batch int) error {
+	r.rxEnv = env
+	r.selfGID, r.selfQPN = env.self.GID(), env.self.QPN()
 	r.frames = make([][]byte, 0, batch)
 	r.meta = make([]offload.Meta, 0, batch)
-	if o := &r.i.off; o.port != nil && o.host.Csum && o.host.TSO4 && o.host.TSO6 {
+	if o := env.off; o.port != nil && o.host.Csum && o.host.TSO4 && o.host.TSO6 {
 		r.gather, _ = o.port.(GatherPort)
 		c, err := gro.New(gro.Config{L3Off: frame.EthHdrLen, Batch: batch, Gather: r.gather != nil})
 		if err != nil {
@@ -86,54 +139,40 @@ func (r *rxPath) init(batch int) error {
 	for k := range r.trans {
 		r.trans[k] = make([]byte, transBufSize)
 	}
+	r.macOf = func(hw frame.HWAddr) (frame.MAC, bool) {
+		if hw.GID() == r.selfGID {
+			return r.hostMAC.load(), true
+		}
+		n := r.neigh.learn(hw, netip.Addr{}, r.clock())
+		if n == nil {
+			return frame.MAC{}, false
+		}
+		return n.mac, true
+	}
 	return nil
 }
 
-func (r *rxPath) clock() time.Time {
-	if !r.haveNow {
-		r.now, r.haveNow = time.Now(), true
-	}
-	return r.now
-}
-
-func (r *rxPath) transBuf() []byte {
-	if r.nTrans == len(r.trans) {
-		return nil
-	}
-	r.nTrans++
-	return r.trans[r.nTrans-1]
-}
-
-// lock takes the neighbour table's lock once per Handle call, on first
-// need.
-func (r *rxPath) lock() {
-	i := r.i
-	if !r.locked {
-		i.neigh.mu.Lock()
-		r.locked = true
-	}
-}
+// 1. Poll.
 
 // handleRX is the RX poller's Handle: UD receives, passive-connection
 // receives (SRQ or own ring) and the drain completion.
 func (r *rxPath) handleRX(wcs []hca.WC) {
-	i := r.i
-	if i.rxNAPI.Inline() {
+	if r.poller.Inline() {
 		// On the poster's goroutine (Config.InlineRX), which may hold
 		// a neighbour table's lock (ours, or a peer's that posts to us
 		// while we post to it): take ours now or leave the batch to the
 		// RX poller.
-		if !i.neigh.mu.TryLock() {
-			i.rxNAPI.Defer(wcs)
+		if !r.mu.TryLock() {
+			r.poller.Defer(wcs)
 			return
 		}
 		r.locked = true
 	}
+	// 2. Sort by work request.
 	for k := range wcs {
 		wc := &wcs[k]
 		if wc.ID == wrDrain {
-			i.passive.reaper.ctr.drainsCompleted.Add(1)
-			i.ctl.post(i.passive.onDrainDone)
+			r.passive.drainPolled()
 			continue
 		}
 		switch wrKind(wc.ID) {
@@ -148,52 +187,351 @@ func (r *rxPath) handleRX(wcs []hca.WC) {
 	r.flushRX()
 }
 
-// flushRX hands the batch to the host, then gives the buffers back.
+func (r *rxPath) rxUD(wc *hca.WC) {
+	idx := wrIndex(wc.ID)
+	if idx >= len(r.ud.bufs) {
+		return
+	}
+	b := r.ud.bufs[idx]
+	r.udRepost = append(r.udRepost, hca.RecvWR{ID: wc.ID, Buf: b[headroom:]})
+	if wc.Status != hca.StatusSuccess {
+		if wc.Status != hca.StatusWRFlushErr {
+			r.ctr.drop(dropRxError)
+		}
+		return
+	}
+	if wc.SrcQPN == r.selfQPN && wc.SrcGID == r.selfGID {
+		r.ctr.drop(dropRxOwnEcho)
+		return
+	}
+	if r.hostLink.down() {
+		// ipoib_stop leaves the UD QP without receives; here the ring
+		// stays posted and what arrives is counted, never learnt from.
+		r.ctr.drop(dropRxLinkDown)
+		return
+	}
+	if wc.ByteLen > len(b)-headroom {
+		r.ctr.drop(dropRxTruncatedHeader)
+		return
+	}
+	msg := b[headroom : headroom+wc.ByteLen]
+	et, err := frame.ParseEncap(msg)
+	if err != nil {
+		r.ctr.drop(dropRxTruncatedHeader)
+		return
+	}
+	r.lock()
+	if et == frame.EtherTypeARP {
+		r.rxARPLocked(msg[frame.EncapLen:])
+		return
+	}
+	if et != frame.EtherTypeIPv4 && et != frame.EtherTypeIPv6 {
+		r.ctr.drop(dropRxUnknownEthertype)
+		return
+	}
+	// The UD source names the peer's port; its flags are whatever ARP/ND
+	// taught us.
+	var flags byte
+	if n := r.neigh.lookupGID(wc.SrcGID); n != nil {
+		flags = n.hw.Flags()
+	}
+	src := frame.NewHWAddr(flags, wc.SrcQPN, wc.SrcGID)
+	n := r.neigh.learn(src, ipSrc(et, msg[frame.EncapLen:]), r.clock())
+	if n == nil {
+		r.ctr.drop(dropRxBadIP)
+		return
+	}
+	r.deliverIP(b, wc.ByteLen, et, n.mac, true, wc.Flags)
+}
+
+func (r *rxPath) rxSRQ(wc *hca.WC) {
+	idx := wrIndex(wc.ID)
+	if r.srq == nil || idx >= len(r.srq.bufs) {
+		return
+	}
+	r.srqRepost = append(r.srqRepost, r.srq.recvWR(idx))
+	rc, _ := wc.Context.(*rxConn)
+	if rc == nil {
+		r.ctr.drop(dropRxFromUnknownConn)
+		return
+	}
+	// 3. Dead check.
+	if rc.dead.Load() {
+		r.deadCompletion()
+		return
+	}
+	if wc.Status != hca.StatusSuccess {
+		if wc.Status != hca.StatusWRFlushErr {
+			r.ctr.drop(dropRxError)
+		}
+		return
+	}
+	r.rxConnPacket(rc, r.srq.bufs[idx], idx, wc.ByteLen, wc.Flags)
+}
+
+func (r *rxPath) rxConnRing(wc *hca.WC) {
+	rc, _ := wc.Context.(*rxConn)
+	idx := wrIndex(wc.ID)
+	if rc == nil || idx >= len(rc.ring) {
+		r.ctr.drop(dropRxFromUnknownConn)
+		return
+	}
+	// 3. Dead check (or a ring the QP flushed by itself).
+	if rc.dead.Load() || wc.Status == hca.StatusWRFlushErr {
+		if rc.dead.Load() {
+			r.deadCompletion()
+		}
+		if !rc.dead.Load() {
+			// Flushed while live: the QP errored under us; tear down.
+			r.passive.postRX(rc, rxEvFlushedLive)
+		}
+		r.ringReceiveGone(rc)
+		return
+	}
+	r.connRepost = append(r.connRepost, connRepost{rc: rc, idx: idx})
+	if wc.Status != hca.StatusSuccess {
+		r.ctr.drop(dropRxError)
+		return
+	}
+	r.rxConnPacket(rc, rc.ring[idx], idx, wc.ByteLen, wc.Flags)
+}
+
+// deadCompletion recycles a completion of a connection marked dead: its
+// buffer goes back (reposted by the caller), its packet never reaches the
+// host.
+func (r *rxPath) deadCompletion() { r.ctr.rxDeadDropped.Add(1) }
+
+// ringReceiveGone counts down a non-SRQ connection's posted receives; at
+// zero nothing of it can be in the CQ any more and it is reaped.
+func (r *rxPath) ringReceiveGone(rc *rxConn) {
+	if rc.recvCount.Add(-1) == 0 && rc.reapPosted.CompareAndSwap(false, true) {
+		r.passive.postRX(rc, rxEvRingFlushed)
+	}
+}
+
+// 4. Deliver.
+
+// rxConnPacket delivers one message received on a passive connection.
+func (r *rxPath) rxConnPacket(rc *rxConn, b []byte, idx, byteLen int, flags hca.WCFlags) {
+	if !rc.established.Load() && rc.established.CompareAndSwap(false, true) {
+		// First receive before the RTU: tell the CM (IBTA COMM_EST), from
+		// the control loop, never holding the poll lock into the CM.
+		if c := rc.cmConn; c != nil {
+			r.post(c.NotifyEstablished)
+		}
+	}
+	rc.active.touch(r.clock().UnixNano())
+	if lruCheck(idx) {
+		now := r.clock().UnixNano()
+		if now-rc.stamp.Load() >= int64(r.staleUpdate) {
+			rc.stamp.Store(now)
+		}
+	}
+	if byteLen > len(b)-headroom {
+		r.ctr.drop(dropRxTruncatedHeader)
+		return
+	}
+	msg := b[headroom : headroom+byteLen]
+	et, err := frame.ParseEncap(msg)
+	if err != nil {
+		r.ctr.drop(dropRxTruncatedHeader)
+		return
+	}
+	if et != frame.EtherTypeIPv4 && et != frame.EtherTypeIPv6 {
+		r.ctr.drop(dropRxUnknownEthertype)
+		return
+	}
+	rc.packets.Add(1)
+	rc.byts.Add(uint64(byteLen))
+	r.deliverIP(b, byteLen, et, rc.mac, false, flags)
+}
+
+// rxARPLocked answers nothing itself: it learns the sender and hands the
+// host an Ethernet ARP with the sender's MAC (and the host's own MAC when
+// the target is us).
+func (r *rxPath) rxARPLocked(body []byte) {
+	a, err := frame.ParseIPoIBARP(body)
+	if err != nil {
+		r.ctr.drop(dropRxBadARP)
+		return
+	}
+	n := r.neigh.learn(a.SenderHW, a.SenderIP, r.clock())
+	if n == nil {
+		r.ctr.drop(dropRxBadARP)
+		return
+	}
+	var target frame.MAC
+	switch {
+	case a.TargetHW.GID() == r.selfGID && a.TargetHW.QPN() == r.selfQPN:
+		target = r.hostMAC.load()
+	case !a.TargetHW.IsZero():
+		if t := r.neigh.lookupGID(a.TargetHW.GID()); t != nil {
+			target = t.mac
+		}
+	}
+	out := r.transBuf()
+	if out == nil {
+		r.ctr.drop(dropRxBadARP)
+		return
+	}
+	eth := a.ToEthernet(n.mac, target)
+	m := eth.Marshal(out[frame.EthHdrLen:])
+	dst := frame.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	if a.Op == arpOpReply {
+		dst = r.hostMAC.load()
+	}
+	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: n.mac, EtherType: frame.EtherTypeARP})
+	r.frames = append(r.frames, out[:frame.EthHdrLen+m])
+	r.meta = append(r.meta, offload.Meta{})
+	r.ctr.rxPackets.Add(1)
+	r.ctr.rxBytes.Add(uint64(frame.EncapLen + len(body)))
+}
+
+// deliverIP turns the IPoIB message at b[headroom:headroom+byteLen] into
+// an Ethernet frame for the host: in place (the Ethernet header is written
+// over the headroom and the IPoIB header), or, for neighbour discovery,
+// translated into a scratch buffer. flags is the HCA's checksum verdict
+// (offloadPath.rxMeta).
+func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, ud bool, flags hca.WCFlags) {
+	pkt := b[frame.EthHdrLen : headroom+byteLen]
+	dst := r.hostMAC.load()
+	switch et {
+	case frame.EtherTypeIPv4:
+		if !validIPv4(pkt) {
+			r.ctr.drop(dropRxBadIP)
+			return
+		}
+		if isIPv4Broadcast(pkt) {
+			dst = frame.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+			r.ctr.multicast.Add(1)
+		}
+	case frame.EtherTypeIPv6:
+		if !validIPv6(pkt) {
+			r.ctr.drop(dropRxBadIP)
+			return
+		}
+		if frame.IsND(pkt) {
+			r.deliverND(pkt, byteLen, srcMAC)
+			return
+		}
+	}
+	if mac, ok := hostMulticastMAC(et, pkt); ok {
+		dst = mac
+		if ud {
+			r.ctr.multicast.Add(1)
+		}
+	}
+	frame.PutEthernet(b, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: et})
+	f := b[:headroom+byteLen]
+	var m offload.Meta
+	if flags != 0 {
+		m = r.off.rxMeta(f, flags)
+	}
+	r.frames = append(r.frames, f)
+	r.meta = append(r.meta, m)
+	r.ctr.rxPackets.Add(1)
+	r.ctr.rxBytes.Add(uint64(byteLen))
+}
+
+// deliverND rewrites IPoIB link-layer options to the neighbours' MACs,
+// learning the hardware addresses they carry.
+func (r *rxPath) deliverND(pkt []byte, byteLen int, srcMAC frame.MAC) {
+	out := r.transBuf()
+	if out == nil {
+		r.ctr.drop(dropRxBadND)
+		return
+	}
+	r.lock()
+	n, info, err := frame.NDToEthernet(out[frame.EthHdrLen:], pkt, r.macOf)
+	if err != nil {
+		r.ctr.drop(dropRxBadND)
+		return
+	}
+	if info.HasSourceLL {
+		if nb := r.neigh.lookupGID(info.SourceHW.GID()); nb != nil {
+			nb.addIP(ipv6Src(pkt))
+		}
+	}
+	if info.HasTargetLL && info.Target.IsValid() {
+		if nb := r.neigh.lookupGID(info.TargetHW.GID()); nb != nil {
+			nb.addIP(info.Target)
+		}
+	}
+	dst := r.hostMAC.load()
+	if mac, ok := hostMulticastMAC(frame.EtherTypeIPv6, pkt); ok {
+		dst = mac
+	}
+	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: frame.EtherTypeIPv6})
+	r.frames = append(r.frames, out[:frame.EthHdrLen+n])
+	r.meta = append(r.meta, offload.Meta{})
+	r.ctr.rxPackets.Add(1)
+	r.ctr.rxBytes.Add(uint64(byteLen))
+}
+
+// flushRX ends a handleRX call: the neighbour table's lock goes first, then the batch
+// goes to the host (GRO, one write) and the buffers back to their rings.
 func (r *rxPath) flushRX() {
-	i := r.i
 	if r.locked {
-		i.neigh.mu.Unlock()
+		r.mu.Unlock()
 		r.locked = false
 	}
 	if len(r.frames) > 0 {
-		frames, meta := r.frames, r.meta
-		switch {
-		case r.gro != nil && len(frames) > 1:
-			// GRO (Linux's napi_gro_receive after ipoib_ib_handle_rx_wc):
-			// rx_packets counted the packets already; the host gets the
-			// batch's TCP flows coalesced, in one write, gathered from the
-			// receive buffers where the port can.
-			for k := range frames {
-				r.gro.Add(frames[k], meta[k])
-			}
-			if r.gather != nil {
-				r.gro.FlushVec(r.groEmitVec)
-				i.hostOut.writeGather(r.gather, r.groVec, r.groMeta)
-				break
-			}
-			r.gro.Flush(r.groEmit)
-			i.hostOut.writeMeta(r.groOut, r.groMeta)
-		default:
-			i.hostOut.writeMeta(frames, meta)
-		}
-		clear(r.frames)
-		r.frames = r.frames[:0]
-		r.meta = r.meta[:0]
-		clear(r.groOut)
-		r.groOut = r.groOut[:0]
-		clear(r.groVec)
-		r.groVec = r.groVec[:0]
-		r.groMeta = r.groMeta[:0]
+		r.writeHost()
 	}
+	r.repost()
+	r.nTrans = 0
+	r.haveNow = false
+}
+
+// 5. GRO and 6. host write.
+
+// writeHost hands the batch to the host in one write, its TCP flows
+// coalesced (Linux's napi_gro_receive after ipoib_ib_handle_rx_wc) when
+// the host takes super frames: rx_packets counted the packets already,
+// and the super frames are gathered from the receive buffers where the
+// port can. No engine lock is held: the only lock across the write is the
+// hostWriter's, which serialises the host port's writers.
+func (r *rxPath) writeHost() {
+	frames, meta := r.frames, r.meta
+	switch {
+	case r.gro != nil && len(frames) > 1:
+		for k := range frames {
+			r.gro.Add(frames[k], meta[k])
+		}
+		if r.gather != nil {
+			r.gro.FlushVec(r.groEmitVec)
+			r.out.writeGather(r.gather, r.groVec, r.groMeta)
+			break
+		}
+		r.gro.Flush(r.groEmit)
+		r.out.writeMeta(r.groOut, r.groMeta)
+	default:
+		r.out.writeMeta(frames, meta)
+	}
+	clear(r.frames)
+	r.frames = r.frames[:0]
+	r.meta = r.meta[:0]
+	clear(r.groOut)
+	r.groOut = r.groOut[:0]
+	clear(r.groVec)
+	r.groVec = r.groVec[:0]
+	r.groMeta = r.groMeta[:0]
+}
+
+// 7. Repost.
+
+// repost gives the batch's buffers back to the UD ring, the SRQ and the
+// connections' own rings, once the host is done with them.
+func (r *rxPath) repost() {
 	if len(r.udRepost) > 0 {
-		if _, err := i.ud.qp.PostRecv(r.udRepost); err != nil {
-			i.log.Warn("repost UD receives", "err", err)
+		if _, err := r.ud.qp.PostRecv(r.udRepost); err != nil {
+			r.log.Warn("repost UD receives", "err", err)
 		}
 		r.udRepost = r.udRepost[:0]
 	}
 	if len(r.srqRepost) > 0 {
-		if _, err := i.srq.srq.PostRecv(r.srqRepost); err != nil {
-			i.log.Warn("repost SRQ receives", "err", err)
+		if _, err := r.srq.srq.PostRecv(r.srqRepost); err != nil {
+			r.log.Warn("repost SRQ receives", "err", err)
 		}
 		r.srqRepost = r.srqRepost[:0]
 	}
@@ -206,302 +544,33 @@ func (r *rxPath) flushRX() {
 	}
 	clear(r.connRepost)
 	r.connRepost = r.connRepost[:0]
-	r.nTrans = 0
-	r.haveNow = false
 }
 
-func (r *rxPath) rxUD(wc *hca.WC) {
-	i := r.i
-	idx := wrIndex(wc.ID)
-	if idx >= len(i.ud.bufs) {
-		return
-	}
-	b := i.ud.bufs[idx]
-	r.udRepost = append(r.udRepost, hca.RecvWR{ID: wc.ID, Buf: b[headroom:]})
-	if wc.Status != hca.StatusSuccess {
-		if wc.Status != hca.StatusWRFlushErr {
-			i.ctr.drop(dropRxError)
-		}
-		return
-	}
-	if wc.SrcQPN == i.ud.qp.QPN() && wc.SrcGID == i.port.GID {
-		i.ctr.drop(dropRxOwnEcho)
-		return
-	}
-	if i.hostDown() {
-		// ipoib_stop leaves the UD QP without receives; here the ring
-		// stays posted and what arrives is counted, never learnt from.
-		i.ctr.drop(dropRxLinkDown)
-		return
-	}
-	if wc.ByteLen > len(b)-headroom {
-		i.ctr.drop(dropRxTruncatedHeader)
-		return
-	}
-	msg := b[headroom : headroom+wc.ByteLen]
-	et, err := frame.ParseEncap(msg)
-	if err != nil {
-		i.ctr.drop(dropRxTruncatedHeader)
-		return
-	}
-	r.lock()
-	if et == frame.EtherTypeARP {
-		r.rxARPLocked(msg[frame.EncapLen:])
-		return
-	}
-	if et != frame.EtherTypeIPv4 && et != frame.EtherTypeIPv6 {
-		i.ctr.drop(dropRxUnknownEthertype)
-		return
-	}
-	// The UD source names the peer's port; its flags are whatever ARP/ND
-	// taught us.
-	var flags byte
-	if n := i.neigh.lookupGID(wc.SrcGID); n != nil {
-		flags = n.hw.Flags()
-	}
-	src := frame.NewHWAddr(flags, wc.SrcQPN, wc.SrcGID)
-	n := i.neigh.learn(src, ipSrc(et, msg[frame.EncapLen:]), r.clock())
-	if n == nil {
-		i.ctr.drop(dropRxBadIP)
-		return
-	}
-	r.deliverIP(b, wc.ByteLen, et, n.mac, true, wc.Flags)
-}
+// The poller's helpers.
 
-func (r *rxPath) rxSRQ(wc *hca.WC) {
-	i := r.i
-	idx := wrIndex(wc.ID)
-	if i.srq == nil || idx >= len(i.srq.bufs) {
-		return
-	}
-	r.srqRepost = append(r.srqRepost, i.srq.recvWR(idx))
-	rc, _ := wc.Context.(*rxConn)
-	if rc == nil {
-		i.ctr.drop(dropRxFromUnknownConn)
-		return
-	}
-	if rc.dead.Load() {
-		r.deadCompletion()
-		return
-	}
-	if wc.Status != hca.StatusSuccess {
-		if wc.Status != hca.StatusWRFlushErr {
-			i.ctr.drop(dropRxError)
-		}
-		return
-	}
-	r.rxConnPacket(rc, i.srq.bufs[idx], idx, wc.ByteLen, wc.Flags)
-}
-
-func (r *rxPath) rxConnRing(wc *hca.WC) {
-	i := r.i
-	rc, _ := wc.Context.(*rxConn)
-	idx := wrIndex(wc.ID)
-	if rc == nil || idx >= len(rc.ring) {
-		i.ctr.drop(dropRxFromUnknownConn)
-		return
-	}
-	if rc.dead.Load() || wc.Status == hca.StatusWRFlushErr {
-		if rc.dead.Load() {
-			r.deadCompletion()
-		}
-		if !rc.dead.Load() {
-			// Flushed while live: the QP errored under us; tear down.
-			i.passive.postRX(rc, rxEvFlushedLive)
-		}
-		r.ringReceiveGone(rc)
-		return
-	}
-	r.connRepost = append(r.connRepost, connRepost{rc: rc, idx: idx})
-	if wc.Status != hca.StatusSuccess {
-		i.ctr.drop(dropRxError)
-		return
-	}
-	r.rxConnPacket(rc, rc.ring[idx], idx, wc.ByteLen, wc.Flags)
-}
-
-// ringReceiveGone counts down a non-SRQ connection's posted receives; at
-// zero nothing of it can be in the CQ any more and it is reaped.
-func (r *rxPath) ringReceiveGone(rc *rxConn) {
-	if rc.recvCount.Add(-1) == 0 && rc.reapPosted.CompareAndSwap(false, true) {
-		r.i.passive.postRX(rc, rxEvRingFlushed)
+// lock takes the neighbour table's lock once per handleRX call, on first need; flushRX
+// releases it before the host write.
+func (r *rxPath) lock() {
+	if !r.locked {
+		r.mu.Lock()
+		r.locked = true
 	}
 }
 
-// deadCompletion recycles a completion of a connection marked dead: its
-// buffer goes back (reposted by the caller), its packet never reaches the
-// host.
-func (r *rxPath) deadCompletion() { r.i.ctr.rxDeadDropped.Add(1) }
-
-// rxConnPacket delivers one message received on a passive connection.
-func (r *rxPath) rxConnPacket(rc *rxConn, b []byte, idx, byteLen int, flags hca.WCFlags) {
-	i := r.i
-	if !rc.established.Load() && rc.established.CompareAndSwap(false, true) {
-		// First receive before the RTU: tell the CM (IBTA COMM_EST), from
-		// the control loop, never holding the poll lock into the CM.
-		if c := rc.cmConn; c != nil {
-			i.ctl.post(c.NotifyEstablished)
-		}
+// clock is the batch's time, read once per handleRX call on first need.
+func (r *rxPath) clock() time.Time {
+	if !r.haveNow {
+		r.now, r.haveNow = time.Now(), true
 	}
-	rc.active.touch(r.clock().UnixNano())
-	if lruCheck(idx) {
-		now := r.clock().UnixNano()
-		if now-rc.stamp.Load() >= int64(i.cfg.StaleUpdate) {
-			rc.stamp.Store(now)
-		}
-	}
-	if byteLen > len(b)-headroom {
-		i.ctr.drop(dropRxTruncatedHeader)
-		return
-	}
-	msg := b[headroom : headroom+byteLen]
-	et, err := frame.ParseEncap(msg)
-	if err != nil {
-		i.ctr.drop(dropRxTruncatedHeader)
-		return
-	}
-	if et != frame.EtherTypeIPv4 && et != frame.EtherTypeIPv6 {
-		i.ctr.drop(dropRxUnknownEthertype)
-		return
-	}
-	rc.packets.Add(1)
-	rc.byts.Add(uint64(byteLen))
-	r.deliverIP(b, byteLen, et, rc.mac, false, flags)
+	return r.now
 }
 
-// deliverIP turns the IPoIB message at b[headroom:headroom+byteLen] into
-// an Ethernet frame for the host: in place (the Ethernet header is written
-// over the headroom and the IPoIB header), or, for neighbour discovery,
-// translated into a scratch buffer. flags is the HCA's checksum verdict
-// (rxMeta).
-func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, ud bool, flags hca.WCFlags) {
-	i := r.i
-	pkt := b[frame.EthHdrLen : headroom+byteLen]
-	dst := i.hostMACNow()
-	switch et {
-	case frame.EtherTypeIPv4:
-		if !validIPv4(pkt) {
-			i.ctr.drop(dropRxBadIP)
-			return
-		}
-		if isIPv4Broadcast(pkt) {
-			dst = frame.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
-			i.ctr.multicast.Add(1)
-		}
-	case frame.EtherTypeIPv6:
-		if !validIPv6(pkt) {
-			i.ctr.drop(dropRxBadIP)
-			return
-		}
-		if frame.IsND(pkt) {
-			r.deliverND(pkt, byteLen, srcMAC)
-			return
-		}
+// transBuf is a scratch buffer for a translated frame, nil when the
+// batch has used them all.
+func (r *rxPath) transBuf() []byte {
+	if r.nTrans == len(r.trans) {
+		return nil
 	}
-	if mac, ok := hostMulticastMAC(et, pkt); ok {
-		dst = mac
-		if ud {
-			i.ctr.multicast.Add(1)
-		}
-	}
-	frame.PutEthernet(b, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: et})
-	f := b[:headroom+byteLen]
-	var m offload.Meta
-	if flags != 0 {
-		m = i.rxMeta(f, flags)
-	}
-	r.frames = append(r.frames, f)
-	r.meta = append(r.meta, m)
-	i.ctr.rxPackets.Add(1)
-	i.ctr.rxBytes.Add(uint64(byteLen))
-}
-
-// deliverND rewrites IPoIB link-layer options to the neighbours' MACs,
-// learning the hardware addresses they carry.
-func (r *rxPath) deliverND(pkt []byte, byteLen int, srcMAC frame.MAC) {
-	i := r.i
-	out := r.transBuf()
-	if out == nil {
-		i.ctr.drop(dropRxBadND)
-		return
-	}
-	r.lock()
-	if r.macOf == nil {
-		r.macOf = func(hw frame.HWAddr) (frame.MAC, bool) {
-			if hw.GID() == i.hw.GID() {
-				return i.hostMACNow(), true
-			}
-			n := i.neigh.learn(hw, netip.Addr{}, r.clock())
-			if n == nil {
-				return frame.MAC{}, false
-			}
-			return n.mac, true
-		}
-	}
-	n, info, err := frame.NDToEthernet(out[frame.EthHdrLen:], pkt, r.macOf)
-	if err != nil {
-		i.ctr.drop(dropRxBadND)
-		return
-	}
-	if info.HasSourceLL {
-		if nb := i.neigh.lookupGID(info.SourceHW.GID()); nb != nil {
-			nb.addIP(ipv6Src(pkt))
-		}
-	}
-	if info.HasTargetLL && info.Target.IsValid() {
-		if nb := i.neigh.lookupGID(info.TargetHW.GID()); nb != nil {
-			nb.addIP(info.Target)
-		}
-	}
-	dst := i.hostMACNow()
-	if mac, ok := hostMulticastMAC(frame.EtherTypeIPv6, pkt); ok {
-		dst = mac
-	}
-	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: frame.EtherTypeIPv6})
-	r.frames = append(r.frames, out[:frame.EthHdrLen+n])
-	r.meta = append(r.meta, offload.Meta{})
-	i.ctr.rxPackets.Add(1)
-	i.ctr.rxBytes.Add(uint64(byteLen))
-}
-
-// rxARPLocked answers nothing itself: it learns the sender and hands the
-// host an Ethernet ARP with the sender's MAC (and the host's own MAC when
-// the target is us).
-func (r *rxPath) rxARPLocked(body []byte) {
-	i := r.i
-	a, err := frame.ParseIPoIBARP(body)
-	if err != nil {
-		i.ctr.drop(dropRxBadARP)
-		return
-	}
-	n := i.neigh.learn(a.SenderHW, a.SenderIP, r.clock())
-	if n == nil {
-		i.ctr.drop(dropRxBadARP)
-		return
-	}
-	var target frame.MAC
-	switch {
-	case a.TargetHW.GID() == i.hw.GID() && a.TargetHW.QPN() == i.hw.QPN():
-		target = i.hostMACNow()
-	case !a.TargetHW.IsZero():
-		if t := i.neigh.lookupGID(a.TargetHW.GID()); t != nil {
-			target = t.mac
-		}
-	}
-	out := r.transBuf()
-	if out == nil {
-		i.ctr.drop(dropRxBadARP)
-		return
-	}
-	eth := a.ToEthernet(n.mac, target)
-	m := eth.Marshal(out[frame.EthHdrLen:])
-	dst := frame.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
-	if a.Op == arpOpReply {
-		dst = i.hostMACNow()
-	}
-	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: n.mac, EtherType: frame.EtherTypeARP})
-	r.frames = append(r.frames, out[:frame.EthHdrLen+m])
-	r.meta = append(r.meta, offload.Meta{})
-	i.ctr.rxPackets.Add(1)
-	i.ctr.rxBytes.Add(uint64(frame.EncapLen + len(body)))
+	r.nTrans++
+	return r.trans[r.nTrans-1]
 }

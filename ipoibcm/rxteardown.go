@@ -3,6 +3,7 @@ package ipoibcm
 import (
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -92,32 +93,52 @@ const (
 // teardown reports whether ev asks for a live connection to go.
 func (ev rxEvent) teardown() bool { return ev <= rxEvShutdown }
 
-// passiveSet is the owner of the passive connections: the set, their
-// admission (rxLimits), their state machine and its reaper, the stale
-// scan, and the events they emit. The set and the states are guarded by
-// mu, the Interface's lock (the host reader and the RX poller look the
-// connections up under it with the neighbours); the reaper's lists are
-// the control loop's.
+// passiveSet is the owner of the passive connections: their admission
+// (acceptREQ, on the CM goroutine, bounded by rxLimits), the set, their
+// state machine and its reaper, the stale scan, and the events they emit.
+// The set and the states are guarded by mu, the Interface's lock (the host
+// reader and the RX poller look the connections up under it with the
+// neighbours); the reaper's lists are the control loop's.
 type passiveSet struct {
-	mu     *sync.Mutex
+	passiveEnv
 	set    map[*rxConn]struct{}
 	limits rxLimits
 	reaper reaper
 
-	// What the owner works with, fixed at New.
-	rxNAPI     *napi.Context // the RX poller: its poll lock orders the dead flag
-	post       func(func())  // onto the control loop
-	obs        EventObserver // Config.Events, or nil
-	mut        mutation.Soak
 	drainBuf   []byte // the drain WR's (empty) buffer
 	staleAfter time.Duration
-	log        *slog.Logger
+	recvq      int // a non-SRQ connection's ring size
 }
 
-func (p *passiveSet) init(mu *sync.Mutex, cfg *Config, ownRings bool, post func(func()), mut mutation.Soak, log *slog.Logger) {
-	p.mu, p.set, p.post, p.obs, p.mut, p.log = mu, make(map[*rxConn]struct{}), post, cfg.Events, mut, log
-	p.staleAfter = cfg.StaleAfter
-	p.limits.init(cfg, ownRings)
+// passiveEnv is what the passive set works with, fixed at New: narrow
+// pieces of the interface, never the Interface itself.
+type passiveEnv struct {
+	mu    *sync.Mutex     // Interface.mu: guards the set, the states and rng
+	neigh *neighbourTable // its own lock (neigh.mu), taken inside mu
+	rng   *rand.Rand      // the starting PSNs of our REPs
+	dev   hca.Device
+	cq    hca.CQ   // the RX CQ: send and receive CQ of every passive QP
+	srq   *srqRing // nil: every connection has its own ring
+	// poller is the RX poller: its poll lock orders the dead flag.
+	poller *napi.Context
+	post   func(func()) // onto the control loop
+	// running reports whether the interface is running (REQs are refused
+	// before Start and from Close on); hostLink whether the host has ib0
+	// down (refused too).
+	running  func() bool
+	hostLink *hostLinkCell
+	portMTU  hca.MTU // the largest path MTU a REQ may ask for
+	udQPN    hca.QPN // our UD QPN, in the REP's private data
+	obs      observer
+	mut      mutation.Soak
+	log      *slog.Logger
+}
+
+func (p *passiveSet) init(env passiveEnv, cfg *Config) {
+	p.passiveEnv = env
+	p.set = make(map[*rxConn]struct{})
+	p.staleAfter, p.recvq = cfg.StaleAfter, cfg.RecvQueueSize
+	p.limits.init(cfg, env.srq == nil)
 }
 
 // reaper is the control loop's state of the passive teardown.
@@ -210,7 +231,7 @@ func (p *passiveSet) rxTransition(rc *rxConn, ev rxEvent) {
 		p.reapRX(rc)
 
 	case ev == rxEvForce:
-		p.rxNAPI.Sync(func() { rc.dead.Store(true) })
+		p.poller.Sync(func() { rc.dead.Store(true) })
 		p.reaper.ctr.forced.Add(1)
 		p.reapRX(rc)
 	}
@@ -225,14 +246,14 @@ func (p *passiveSet) setRXState(rc *rxConn, s rxState) {
 // emitRX tells the observer of a passive connection's step (control
 // loop).
 func (p *passiveSet) emitRX(kind EventKind, rc *rxConn, elapsed time.Duration, detail string) {
-	if p.obs == nil {
+	if !p.obs.on() {
 		return
 	}
 	var remote hca.QPN
 	if rc.cmConn != nil {
 		remote = rc.cmConn.RemoteQPN()
 	}
-	p.obs.ObserveEvent(Event{Kind: kind, At: time.Now(), QPN: rc.qp.QPN(), RemoteQPN: remote, Peer: rc.peer.GID(), Elapsed: elapsed, Detail: detail})
+	p.obs.emit(kind, rc.qp.QPN(), remote, rc.peer.GID(), elapsed, detail)
 }
 
 // release gives back what acceptREQ reserved for a REQ it then rejected,
@@ -252,7 +273,7 @@ func (p *passiveSet) markDead(rc *rxConn) {
 	if p.mut.SkipDeadFlag {
 		return
 	}
-	p.rxNAPI.Sync(func() { rc.dead.Store(true) })
+	p.poller.Sync(func() { rc.dead.Store(true) })
 }
 
 // startDrain posts the drain WR for every connection on the flush list,
@@ -280,6 +301,13 @@ func (p *passiveSet) startDrain() {
 	}
 	// No QP of the batch took the drain WR; Close's deadline forces them.
 	p.log.Warn("drain WR refused by every flushed QP", "count", len(r.flush))
+}
+
+// drainPolled: the RX poller polled the drain WR's completion (it never
+// waits); the reaper finishes on the control loop.
+func (p *passiveSet) drainPolled() {
+	p.reaper.ctr.drainsCompleted.Add(1)
+	p.post(p.onDrainDone)
 }
 
 // onDrainDone runs when the RX poller polled the drain completion: every
@@ -312,13 +340,50 @@ func (p *passiveSet) reapRX(rc *rxConn) {
 		p.log.Warn("destroy RX QP", "peer", rc.peer, "err", err)
 	}
 	p.reaper.ctr.reaped.Add(1)
-	if p.obs != nil {
+	if p.obs.on() {
 		var elapsed time.Duration
 		if !rc.deadAt.IsZero() {
 			elapsed = time.Since(rc.deadAt)
 		}
 		p.emitRX(EventReaped, rc, elapsed, "")
 	}
+}
+
+// infoLocked appends every passive connection's ConnInfo to out (mu
+// held): what 'ipoib show' lists.
+func (p *passiveSet) infoLocked(now time.Time, out []ConnInfo) []ConnInfo {
+	for rc := range p.set {
+		out = append(out, rc.info(now))
+	}
+	return out
+}
+
+// count is how many passive connections are left, teardown included.
+func (p *passiveSet) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.set)
+}
+
+// teardownAll sends every connection ev, a teardown event (control
+// loop: Close, the host's link down), and says how many there were.
+func (p *passiveSet) teardownAll(ev rxEvent) int {
+	rx := snapshotSet(p.mu, p.set)
+	for _, rc := range rx {
+		p.rxTransition(rc, ev)
+	}
+	return len(rx)
+}
+
+// forceAll destroys every connection left (Close's DrainTimeout ran out):
+// a drain that never completes covers nothing any more.
+func (p *passiveSet) forceAll() int {
+	rx := snapshotSet(p.mu, p.set)
+	for _, rc := range rx {
+		p.rxTransition(rc, rxEvForce)
+	}
+	p.reaper.flush, p.reaper.drain = nil, nil
+	return len(rx)
 }
 
 // staleScan moves passive connections idle longer than StaleAfter to

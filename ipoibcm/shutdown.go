@@ -3,12 +3,14 @@ package ipoibcm
 import (
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
 	"time"
 )
 
 // Shutdown: Close stops the host reader, then takes every connection
-// through its normal teardown on the control loop (beginShutdown), bounded
-// by DrainTimeout (forceShutdown), then stops the pollers and the control
+// through its normal teardown on the control loop (shutdown.begin), bounded
+// by DrainTimeout (shutdown.force), then stops the pollers and the control
 // loop and destroys every queue.
 
 // Close stops the interface: its children first (child.go), then the
@@ -53,13 +55,12 @@ func (i *Interface) closeSelf() error {
 	i.readerWG.Wait()
 
 	done := make(chan struct{})
-	i.ctl.post(func() { i.beginShutdown(done) })
+	i.ctl.post(func() { i.shut.begin(done) })
 	<-done
 
 	i.rxNAPI.Stop()
 	i.tx.napi.Stop()
-	i.ctl.stopLoop()
-	i.ctlWG.Wait()
+	i.ctl.stop()
 	i.destroyResources()
 	i.state.Store(int32(ifClosed))
 	if hostErr != nil && !errors.Is(hostErr, errAlreadyClosed) {
@@ -71,12 +72,32 @@ func (i *Interface) closeSelf() error {
 
 var errAlreadyClosed = errors.New("already closed")
 
-// shutdownState is the control loop's part of Close: whether it began,
-// whom to tell when it is done, and the DrainTimeout that forces it.
-type shutdownState struct {
+// shutdown is Close's part on the control loop: whether it began, whom
+// to tell when it is done, and the DrainTimeout that forces it. It owns no
+// connection: it asks the passive set and the active connections to take
+// theirs down, and waits until both are empty.
+type shutdown struct {
 	active bool
 	done   chan struct{}
 	timer  *time.Timer
+
+	drainTimeout time.Duration
+	rx           *passiveSet
+	tx           activeConns
+	log          *slog.Logger
+}
+
+// activeConns is what shutdown (and the host's link down) needs of the
+// active connections' owner (activeSet, txconn.go).
+type activeConns interface {
+	// teardownAll starts every active connection's teardown (control
+	// loop) and says how many there were.
+	teardownAll() int
+	// forceAll destroys every active connection left, handing back the
+	// credits their unflushed sends hold, and says how many.
+	forceAll() int
+	// count is how many active connections are left, closing included.
+	count() int
 }
 
 // destroyResources releases whatever New created, in dependency order.
@@ -111,79 +132,65 @@ func (i *Interface) destroyResources() {
 	}
 }
 
-// beginShutdown tears everything down through the normal protocol
-// (control loop); done closes when all is reaped or DrainTimeout forced.
-func (i *Interface) beginShutdown(done chan struct{}) {
-	r := &i.shut
-	r.active = true
-	r.done = done
-	r.timer = time.NewTimer(i.cfg.DrainTimeout)
-	rx, tx := i.snapshotConns()
-	for _, rc := range rx {
-		i.passive.rxTransition(rc, rxEvShutdown)
-	}
-	for _, tc := range tx {
-		tc.teardown()
-	}
+// begin tears everything down through the normal protocol (control
+// loop); done closes when all is reaped or DrainTimeout forced the rest.
+func (sd *shutdown) begin(done chan struct{}) {
+	sd.active = true
+	sd.done = done
+	sd.timer = time.NewTimer(sd.drainTimeout)
+	sd.rx.teardownAll(rxEvShutdown)
+	sd.tx.teardownAll()
 }
 
-// snapshotConns copies the RX and TX connection sets under mu, so the
-// shutdown paths can tear connections down (which takes mu itself and
-// removes them from the sets) while walking the copies.
-func (i *Interface) snapshotConns() ([]*rxConn, []*txConn) {
-	i.mu.Lock()
-	defer i.mu.Unlock()
-	rx := make([]*rxConn, 0, len(i.passive.set))
-	for rc := range i.passive.set {
-		rx = append(rx, rc)
+// deadline is the DrainTimeout's channel once Close began, nil before
+// (the control loop's select then never picks it).
+func (sd *shutdown) deadline() <-chan time.Time {
+	if sd.timer == nil {
+		return nil
 	}
-	return rx, i.active.snapshot()
+	return sd.timer.C
 }
 
-// checkShutdown finishes Close once nothing is left.
-func (i *Interface) checkShutdown() {
-	r := &i.shut
-	if !r.active || r.done == nil {
+// check finishes Close once no connection is left (control loop, after
+// every work item).
+func (sd *shutdown) check() {
+	if !sd.active || sd.done == nil {
 		return
 	}
-	i.mu.Lock()
-	left := len(i.passive.set)
-	i.mu.Unlock()
-	left += i.active.count()
-	if left == 0 {
-		i.finishShutdown()
+	if sd.rx.count()+sd.tx.count() == 0 {
+		sd.finish()
 	}
 }
 
-// forceShutdown: the drain did not finish within DrainTimeout (a wedged
-// backend, Linux's "RX drain timing out"): destroy what is left.
-func (i *Interface) forceShutdown() {
-	rx, tx := i.snapshotConns()
-	i.log.Warn("drain timed out; forcing", "rx", len(rx), "tx", len(tx))
-	for _, rc := range rx {
-		i.passive.rxTransition(rc, rxEvForce)
-	}
-	for _, tc := range tx {
-		// Return the credits its unflushed sends hold; late completions
-		// then find outstanding at zero and return none.
-		if v := tc.outstanding.Swap(0); v > 0 {
-			i.tx.returnCredits(int(v))
-		}
-		i.active.ctr.forced.Add(1)
-		tc.destroy()
-	}
-	i.passive.reaper.flush, i.passive.reaper.drain = nil, nil
-	i.finishShutdown()
+// force: the drain did not finish within DrainTimeout (a wedged backend,
+// Linux's "RX drain timing out"): destroy what is left.
+func (sd *shutdown) force() {
+	sd.log.Warn("drain timed out; forcing", "rx", sd.rx.count(), "tx", sd.tx.count())
+	sd.rx.forceAll()
+	sd.tx.forceAll()
+	sd.finish()
 }
 
-func (i *Interface) finishShutdown() {
-	r := &i.shut
-	if r.timer != nil {
-		r.timer.Stop()
-		r.timer = nil
+func (sd *shutdown) finish() {
+	if sd.timer != nil {
+		sd.timer.Stop()
+		sd.timer = nil
 	}
-	if r.done != nil {
-		close(r.done)
-		r.done = nil
+	if sd.done != nil {
+		close(sd.done)
+		sd.done = nil
 	}
+}
+
+// snapshotSet copies a connection set under the lock that guards it, so
+// a teardown (which takes the lock itself and removes the connection from
+// the set) can walk the copy.
+func snapshotSet[C comparable](mu *sync.Mutex, set map[C]struct{}) []C {
+	mu.Lock()
+	defer mu.Unlock()
+	out := make([]C, 0, len(set))
+	for c := range set {
+		out = append(out, c)
+	}
+	return out
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/cm"
-	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 	"github.com/ipoibcm/ipoib/napi"
 )
 
@@ -166,7 +165,7 @@ func (i *Interface) Stats() Stats {
 		MTU:      i.MTU(),
 		HWAddr:   i.hw.String(),
 		LinkUp:   i.LinkUp(),
-		HostLink: hostLink(i.hostLink.Load()).String(),
+		HostLink: i.hostLink.load().String(),
 		Counters: Counters{
 			RxPackets: c.rxPackets.Load(), TxPackets: c.txPackets.Load(),
 			RxBytes: c.rxBytes.Load(), TxBytes: c.txBytes.Load(),
@@ -176,9 +175,13 @@ func (i *Interface) Stats() Stats {
 		},
 		Drops:       make(map[string]uint64),
 		NAPI:        NAPIStats{RX: i.rxNAPI.Stats(), TX: i.tx.napi.Stats()},
-		Reaper:      i.reaperStats(),
 		Outstanding: i.tx.outstanding.Load(),
-		Offloads:    i.offloadStats(),
+		Offloads:    i.off.stats(i.rx.gro),
+	}
+	for _, c := range []interface{ report(*ReaperStats) }{
+		&i.passive.reaper.ctr, &i.passive.limits.ctr, &i.active.ctr, &i.tx.ctr, &i.neigh.ctr, &i.mcast.ctr, &i.hostLinkCtr, &i.ifCtr,
+	} {
+		c.report(&s.Reaper)
 	}
 	// Every reason, zero included: scripts find each key from the start.
 	for r := range numDropReasons {
@@ -212,18 +215,7 @@ func (i *Interface) Stats() Stats {
 	}
 	i.neigh.mu.Unlock()
 	s.TXConns = i.active.info(now)
-	for rc := range i.passive.set {
-		ci := ConnInfo{
-			Peer: rc.peer.ColonString(), PeerGID: rc.peer.GID().String(), LocalQPN: rc.qp.QPN(), State: rc.state.String(),
-			MTU: frame.CMBufSize, AgeMS: millisSince(now, rc.created), IdleMS: rc.active.idleMS(now, rc.created),
-			LRUMS:   millisSince(now, time.Unix(0, rc.stamp.Load())),
-			Packets: rc.packets.Load(), Bytes: rc.byts.Load(),
-		}
-		if rc.cmConn != nil {
-			ci.RemoteQPN = rc.cmConn.RemoteQPN()
-		}
-		s.RXConns = append(s.RXConns, ci)
-	}
+	s.RXConns = i.passive.infoLocked(now, s.RXConns)
 	i.mu.Unlock()
 	sort.Slice(s.Neighbours, func(a, b int) bool { return s.Neighbours[a].MAC < s.Neighbours[b].MAC })
 	sort.Slice(s.TXConns, func(a, b int) bool { return s.TXConns[a].Peer < s.TXConns[b].Peer })
@@ -239,28 +231,47 @@ func millisSince(now, t time.Time) int64 {
 	return now.Sub(t).Milliseconds()
 }
 
-// reaperStats gathers the owners' counters into the one ReaperStats
+// The owners' counters fill their own fields of the one ReaperStats
 // section 'ipoib show' and the metrics have always read.
-func (i *Interface) reaperStats() ReaperStats {
-	r, a, t, p, n, g, h := &i.passive.reaper.ctr, &i.passive.limits.ctr, &i.active.ctr, &i.tx.ctr, &i.neigh.ctr, &i.mcast.ctr, &i.hostLinkCtr
-	return ReaperStats{
-		StaleScans: r.staleScans.Load(), StaleReaped: r.staleReaped.Load(), MovedToError: r.movedToError.Load(),
-		LastWQESeen: r.lastWQESeen.Load(), LateLastWQE: r.lateLastWQE.Load(),
-		DrainsPosted: r.drainsPosted.Load(), DrainsCompleted: r.drainsCompleted.Load(),
-		DrainPostFailures: r.drainPostFailures.Load(), Reaped: r.reaped.Load(), ForcedAtStop: r.forced.Load() + t.forced.Load(),
-		CQErrors: i.ifCtr.cqErrors.Load(), RXAccepted: a.accepted.Load(), RXRejectedNoQP: a.rejectedNoQP.Load(),
-		RXRejectedMTU: a.rejectedMTU.Load(), TXMTUDowngrades: t.mtuDowngrades.Load(),
-		TXConnects: t.connects.Load(), TXEstablished: t.established.Load(),
-		TXConnectFailures: t.connectFailures.Load(), TXTeardowns: t.teardowns.Load(), TXDestroyed: t.destroyed.Load(),
-		TXQueueStops: p.stops.Load(), TXQueueWakes: p.wakes.Load(),
-		NeighRestarts: n.restarts.Load(), NeighAged: n.aged.Load(), NeighEvicted: n.evicted.Load(), Reresolves: n.reresolves.Load(),
-		ModeSwitches: i.ifCtr.modeSwitches.Load(),
-		McastJoins:   g.joins.Load(), McastLeaves: g.leaves.Load(), McastSendOnly: g.sendOnly.Load(),
-		McastSendOnlyExpired: g.sendOnlyExpired.Load(), McastTableFull: g.tableFull.Load(), McastJoinErrors: g.joinErrors.Load(),
-		TooBigSent: p.tooBigSent.Load(),
-		HostDowns:  h.downs.Load(), HostUps: h.ups.Load(), HostDownRXTeardowns: h.downRXTeardowns.Load(),
-		HostDownTXTeardowns: h.downTXTeardowns.Load(), HostDownPathsFlushed: h.downPathsFlushed.Load(),
-	}
+
+func (c *reaperCounters) report(s *ReaperStats) {
+	s.StaleScans, s.StaleReaped, s.MovedToError = c.staleScans.Load(), c.staleReaped.Load(), c.movedToError.Load()
+	s.LastWQESeen, s.LateLastWQE = c.lastWQESeen.Load(), c.lateLastWQE.Load()
+	s.DrainsPosted, s.DrainsCompleted, s.DrainPostFailures = c.drainsPosted.Load(), c.drainsCompleted.Load(), c.drainPostFailures.Load()
+	s.Reaped = c.reaped.Load()
+	s.ForcedAtStop += c.forced.Load()
+}
+
+func (c *rxAdmitCounters) report(s *ReaperStats) {
+	s.RXAccepted, s.RXRejectedNoQP, s.RXRejectedMTU = c.accepted.Load(), c.rejectedNoQP.Load(), c.rejectedMTU.Load()
+}
+
+func (c *txConnCounters) report(s *ReaperStats) {
+	s.ForcedAtStop += c.forced.Load()
+	s.TXMTUDowngrades, s.TXConnects, s.TXEstablished = c.mtuDowngrades.Load(), c.connects.Load(), c.established.Load()
+	s.TXConnectFailures, s.TXTeardowns, s.TXDestroyed = c.connectFailures.Load(), c.teardowns.Load(), c.destroyed.Load()
+}
+
+func (c *txPathCounters) report(s *ReaperStats) {
+	s.TXQueueStops, s.TXQueueWakes, s.TooBigSent = c.stops.Load(), c.wakes.Load(), c.tooBigSent.Load()
+}
+
+func (c *neighCounters) report(s *ReaperStats) {
+	s.NeighRestarts, s.NeighAged, s.NeighEvicted, s.Reresolves = c.restarts.Load(), c.aged.Load(), c.evicted.Load(), c.reresolves.Load()
+}
+
+func (c *mcastCounters) report(s *ReaperStats) {
+	s.McastJoins, s.McastLeaves, s.McastSendOnly = c.joins.Load(), c.leaves.Load(), c.sendOnly.Load()
+	s.McastSendOnlyExpired, s.McastTableFull, s.McastJoinErrors = c.sendOnlyExpired.Load(), c.tableFull.Load(), c.joinErrors.Load()
+}
+
+func (c *hostLinkCounters) report(s *ReaperStats) {
+	s.HostDowns, s.HostUps = c.downs.Load(), c.ups.Load()
+	s.HostDownRXTeardowns, s.HostDownTXTeardowns, s.HostDownPathsFlushed = c.downRXTeardowns.Load(), c.downTXTeardowns.Load(), c.downPathsFlushed.Load()
+}
+
+func (c *interfaceCounters) report(s *ReaperStats) {
+	s.CQErrors, s.ModeSwitches = c.cqErrors.Load(), c.modeSwitches.Load()
 }
 
 // Drop returns the count of one named drop reason (0 if unknown).

@@ -218,3 +218,218 @@ func parseSources(t *testing.T) (*token.FileSet, map[string]*ast.File) {
 	}
 	return fset, files
 }
+
+// The method ceilings: Interface is the assembly (construction,
+// configuration, the mode switch, the public API) and the behaviour lives
+// on the owners of the state, so no type grows into the one object every
+// feature lands on. maxInterfaceMethods is what Interface has come down
+// to; lower it as behaviour moves to its owners, never raise it.
+const (
+	maxMethods          = 40
+	maxInterfaceMethods = 43
+)
+
+// TestMethodCeilings counts the methods declared on each type of the
+// package (test files aside).
+func TestMethodCeilings(t *testing.T) {
+	_, files := parseSources(t)
+	count := map[string]int{}
+	for _, af := range files {
+		for _, d := range af.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || fd.Recv == nil || len(fd.Recv.List) != 1 {
+				continue
+			}
+			count[recvTypeName(fd.Recv.List[0].Type)]++
+		}
+	}
+	if count["Interface"] == 0 || count["passiveSet"] == 0 || count["rxPath"] == 0 {
+		t.Fatalf("methods of Interface, passiveSet and rxPath not found (%v): the check has gone blind", count)
+	}
+	for typ, n := range count {
+		limit := maxMethods
+		if typ == "Interface" {
+			limit = maxInterfaceMethods
+		}
+		if n > limit {
+			t.Errorf("%s has %d methods, more than %d: give the behaviour to the type that owns its state", typ, n, limit)
+		}
+	}
+}
+
+// recvTypeName is the type name of a method receiver: T, *T, T[P] or *T[P].
+func recvTypeName(e ast.Expr) string {
+	for {
+		switch x := e.(type) {
+		case *ast.StarExpr:
+			e = x.X
+		case *ast.IndexExpr:
+			e = x.X
+		case *ast.IndexListExpr:
+			e = x.X
+		case *ast.Ident:
+			return x.Name
+		default:
+			return ""
+		}
+	}
+}
+
+// backPointersLeft are the owners that still reach the whole Interface
+// (type.field), by a field of type *Interface or by being handed the
+// Interface itself as one of their narrow interfaces. The list may only
+// shrink: an entry that no longer holds fails the test too.
+var backPointersLeft = map[string]bool{}
+
+// TestNoInterfaceBackPointers: no type but Interface holds a *Interface
+// (a parent's children are owned, not pointed back to: childSet's map and
+// Interface.parent are the assembly's), and no method of Interface hands
+// the Interface itself (its receiver) to a field of another type, which
+// is the same back-pointer behind a narrow interface.
+func TestNoInterfaceBackPointers(t *testing.T) {
+	fset, files := parseSources(t)
+	found := map[string]bool{}
+	own := map[string]bool{} // Interface's own *Interface fields (parent)
+	structs := 0
+	for _, af := range files {
+		ast.Inspect(af, func(n ast.Node) bool {
+			ts, ok := n.(*ast.TypeSpec)
+			if !ok {
+				return true
+			}
+			st, ok := ts.Type.(*ast.StructType)
+			if !ok {
+				return true
+			}
+			if ts.Name.Name == "Interface" {
+				for _, f := range st.Fields.List {
+					for _, id := range f.Names {
+						if isInterfacePointer(f.Type) {
+							own[id.Name] = true
+						}
+					}
+				}
+				return true
+			}
+			structs++
+			for _, f := range st.Fields.List {
+				if !isInterfacePointer(f.Type) {
+					continue
+				}
+				names := []string{"(embedded)"}
+				if len(f.Names) > 0 {
+					names = names[:0]
+					for _, id := range f.Names {
+						names = append(names, id.Name)
+					}
+				}
+				for _, name := range names {
+					key := ts.Name.Name + "." + name
+					found[key] = true
+					if !backPointersLeft[key] {
+						t.Errorf("%s: %s holds a *Interface: hand it the narrow pieces it needs", fset.Position(f.Pos()), key)
+					}
+				}
+			}
+			return true
+		})
+	}
+	// Then the functions, once Interface's own fields are known.
+	for _, af := range files {
+		for _, d := range af.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || fd.Body == nil {
+				continue
+			}
+			self := interfaceNames(fd)
+			reached := func(pos token.Pos, key string) {
+				found[key] = true
+				if !backPointersLeft[key] {
+					t.Errorf("%s: %s gets the Interface itself: hand it the narrow pieces it needs", fset.Position(pos), key)
+				}
+			}
+			ast.Inspect(fd.Body, func(n ast.Node) bool {
+				switch n := n.(type) {
+				case *ast.CompositeLit:
+					for _, el := range n.Elts {
+						if kv, ok := el.(*ast.KeyValueExpr); ok && isSelf(kv.Value, self) {
+							if k, ok := kv.Key.(*ast.Ident); ok {
+								reached(kv.Pos(), typeName(n.Type)+"."+k.Name)
+							}
+						}
+					}
+				case *ast.AssignStmt:
+					for k, lhs := range n.Lhs {
+						if sel, ok := lhs.(*ast.SelectorExpr); ok && k < len(n.Rhs) && isSelf(n.Rhs[k], self) && !own[sel.Sel.Name] {
+							reached(n.Pos(), "?."+sel.Sel.Name)
+						}
+					}
+				}
+				return true
+			})
+		}
+	}
+	if structs < 10 {
+		t.Fatalf("only %d struct types found: the check has gone blind", structs)
+	}
+	for key := range backPointersLeft {
+		if !found[key] {
+			t.Errorf("%s no longer reaches the Interface: take it off backPointersLeft", key)
+		}
+	}
+}
+
+// interfaceNames are the names fd binds to an *Interface: a method's
+// receiver, and variables it makes with &Interface{...} (New).
+func interfaceNames(fd *ast.FuncDecl) map[string]bool {
+	names := map[string]bool{}
+	if fd.Recv != nil && len(fd.Recv.List) == 1 && len(fd.Recv.List[0].Names) == 1 && recvTypeName(fd.Recv.List[0].Type) == "Interface" {
+		names[fd.Recv.List[0].Names[0].Name] = true
+	}
+	ast.Inspect(fd.Body, func(n ast.Node) bool {
+		as, ok := n.(*ast.AssignStmt)
+		if !ok {
+			return true
+		}
+		for k, rhs := range as.Rhs {
+			u, ok := rhs.(*ast.UnaryExpr)
+			if !ok || k >= len(as.Lhs) {
+				continue
+			}
+			if cl, ok := u.X.(*ast.CompositeLit); ok && typeName(cl.Type) == "Interface" {
+				if id, ok := as.Lhs[k].(*ast.Ident); ok {
+					names[id.Name] = true
+				}
+			}
+		}
+		return true
+	})
+	return names
+}
+
+func isSelf(e ast.Expr, self map[string]bool) bool {
+	id, ok := e.(*ast.Ident)
+	return ok && self[id.Name]
+}
+
+func isInterfacePointer(e ast.Expr) bool {
+	s, ok := e.(*ast.StarExpr)
+	if !ok {
+		return false
+	}
+	id, ok := s.X.(*ast.Ident)
+	return ok && id.Name == "Interface"
+}
+
+// typeName is a composite literal's type as written (T, *T, pkg.T).
+func typeName(e ast.Expr) string {
+	switch x := e.(type) {
+	case *ast.Ident:
+		return x.Name
+	case *ast.SelectorExpr:
+		return x.Sel.Name
+	case *ast.StarExpr:
+		return typeName(x.X)
+	}
+	return "?"
+}

@@ -30,7 +30,7 @@ import (
 //	             out of the activeSet, QP destroyed
 //	txDestroyed
 //
-// txEvDestroy also comes from Close's DrainTimeout (forceShutdown), in
+// txEvDestroy also comes from Close's DrainTimeout (activeSet.forceAll), in
 // any state. Events that do not fit the state are refused: a duplicate
 // teardown, a REP for a connection already closing.
 
@@ -137,7 +137,7 @@ func (a *activeSet) init(i *Interface) {
 	a.running = func() bool { return ifState(i.state.Load()) == ifRunning }
 	a.mtu = i.MTU
 	a.post = i.ctl.post
-	a.emitEv = i.emit
+	a.emitEv = i.obs.emit
 	a.log = i.log
 }
 
@@ -617,4 +617,30 @@ func (s *activeSet) reresolve(n *neighbour) {
 		}
 		s.neigh.ctr.reresolves.Add(1)
 	}
+}
+
+// teardownAll starts every connection's teardown (control loop: Close,
+// the host's link down, a departed P_Key) and says how many there were.
+func (s *activeSet) teardownAll() int {
+	conns := s.snapshot()
+	for _, tc := range conns {
+		tc.teardown()
+	}
+	return len(conns)
+}
+
+// forceAll destroys every connection left (Close's DrainTimeout ran out)
+// and says how many there were.
+func (s *activeSet) forceAll() int {
+	conns := s.snapshot()
+	for _, tc := range conns {
+		// Return the credits its unflushed sends hold; late completions
+		// then find outstanding at zero and return none.
+		if v := tc.outstanding.Swap(0); v > 0 {
+			s.tx.returnCredits(int(v))
+		}
+		s.ctr.forced.Add(1)
+		tc.destroy()
+	}
+	return len(conns)
 }
