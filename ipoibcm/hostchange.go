@@ -63,7 +63,7 @@ func (i *Interface) FollowHostLink(up bool) error {
 
 // HostUp reports whether the engine has the host's ib0 up, that is not
 // stopped by FollowHostLink(false).
-func (i *Interface) HostUp() bool { return !i.hostDown() }
+func (i *Interface) HostUp() bool { return !i.hostLink.down() }
 
 // FollowHostMAC makes mac the destination of every frame written to the
 // host. A host that changes ib0's MAC and is not followed drops every
@@ -82,11 +82,9 @@ func (i *Interface) FollowHostMAC(mac net.HardwareAddr) error {
 
 // HostMAC is the MAC frames to the host are addressed to now.
 func (i *Interface) HostMAC() net.HardwareAddr {
-	m := i.hostMACNow()
+	m := i.hostMAC.load()
 	return net.HardwareAddr(m[:])
 }
-
-func (i *Interface) hostMACNow() frame.MAC { return i.hostMAC.load() }
 
 // macCell holds a MAC the host may change at run time (FollowHostMAC)
 // while the data paths read it per frame: packed into one atomic word.

@@ -131,9 +131,6 @@ func (i *Interface) openForHost() error {
 	return nil
 }
 
-// hostDown reports whether the host has ib0 down (any goroutine).
-func (i *Interface) hostDown() bool { return i.hostLink.down() }
-
 // listen opens the CM listener on the IPoIB service IDs of our UD QPN,
 // in the interface's partition.
 func (i *Interface) listen() error {

@@ -148,7 +148,7 @@ func New(cfg Config) (_ *Interface, err error) {
 		stop: make(chan struct{}),
 		obs:  observer{cfg.Events},
 	}
-	i.tx = txPath{sendq: cfg.SendQueueSize, stop: i.stop, data: &i.ctr, offCtr: &i.off.ctr, wake: make(chan struct{}, 1), hostMAC: i.hostMACNow}
+	i.tx = txPath{sendq: cfg.SendQueueSize, stop: i.stop, data: &i.ctr, offCtr: &i.off.ctr, wake: make(chan struct{}, 1), hostMAC: i.hostMAC.load}
 	i.tx.window.init(i.log)
 	i.off.init(cfg.Host, cfg.Device, cfg.SendQueueSize)
 	i.hostOut.init(cfg.Host, i.off.port, &i.ctr, func() bool { return ifState(i.state.Load()) != ifRunning }, i.log)
@@ -351,7 +351,7 @@ func (i *Interface) linkUp() error {
 	if err := i.host.SetMTU(i.MTU()); err != nil {
 		i.log.Warn("host SetMTU", "err", err)
 	}
-	i.advertiseOffloads(i.Mode())
+	i.off.advertise(i.Mode(), i.log)
 	if h, ok := i.host.(linkLocalSetter); ok {
 		if err := h.SetLinkLocal(LinkLocal(i.port.GID)); err != nil {
 			i.log.Warn("host SetLinkLocal", "err", err)
@@ -398,7 +398,7 @@ func (i *Interface) onPKeyChange() {
 	switch {
 	case here:
 		i.log.Info("P_Key in the port's table", "pkey", pkey, "index", i.pkeyIndex)
-		if !i.hostDown() {
+		if !i.hostLink.down() {
 			if err := i.linkUp(); err != nil {
 				i.log.Error("link up", "err", err)
 			}
@@ -416,7 +416,7 @@ func (i *Interface) onPKeyChange() {
 // carrier off, so the host stops sending, and the TX connections torn
 // down; passive ones end with their peers' retries.
 func (i *Interface) pkeyLinkDown() {
-	if i.hostDown() {
+	if i.hostLink.down() {
 		return
 	}
 	i.link.Store(false)

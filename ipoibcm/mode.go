@@ -58,7 +58,7 @@ func (i *Interface) switchMode(m Mode) error {
 	}
 	// What the host may hand us follows the mode (offloads.go, modeCaps);
 	// super frames it built before it heard are cut in software.
-	i.advertiseOffloads(m)
+	i.off.advertise(m, i.log)
 	if !lowerFirst {
 		hostErr = i.tellHostMTU(m, newMTU)
 	}

@@ -1,6 +1,7 @@
 package ipoibcm
 
 import (
+	"log/slog"
 	"sync/atomic"
 
 	"github.com/ipoibcm/ipoib/hca"
@@ -71,15 +72,14 @@ func (o *offloadPath) modeCaps(m Mode) offload.Caps {
 	return c
 }
 
-// advertiseOffloads tells the host port what it may hand us in mode m.
-func (i *Interface) advertiseOffloads(m Mode) {
-	o := &i.off
+// advertise tells the host port what it may hand us in mode m.
+func (o *offloadPath) advertise(m Mode, log *slog.Logger) {
 	if o.port == nil {
 		return
 	}
 	got, err := o.port.SetOffloads(o.modeCaps(m))
 	if err != nil {
-		i.log.Warn("host SetOffloads", "mode", m, "err", err)
+		log.Warn("host SetOffloads", "mode", m, "err", err)
 	}
 	o.advertised.Store(packCaps(got))
 }

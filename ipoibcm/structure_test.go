@@ -226,7 +226,7 @@ func parseSources(t *testing.T) (*token.FileSet, map[string]*ast.File) {
 // to; lower it as behaviour moves to its owners, never raise it.
 const (
 	maxMethods          = 40
-	maxInterfaceMethods = 42
+	maxInterfaceMethods = 39
 )
 
 // TestMethodCeilings counts the methods declared on each type of the

@@ -135,7 +135,7 @@ func newHostReader(i *Interface) *hostReader {
 		host: i.host, off: &i.off, tx: &i.tx, neigh: &i.neigh, conns: &i.active, mcast: &i.mcast,
 		hostOut: &i.hostOut, ctr: &i.ctr, stop: i.stop, log: i.log,
 		hw: i.hw, bcast: i.bcast, pkey: i.cfg.PKey, udMTU: i.udMTU, cm: i.cmm != nil,
-		mode: &i.mode, mtu: &i.mtu, hostDown: i.hostDown,
+		mode: &i.mode, mtu: &i.mtu, hostDown: i.hostLink.down,
 	}
 	r.t.init(&i.tx, max(1, i.host.BatchSize()))
 	return r
