@@ -272,8 +272,9 @@ func (r *hostReader) frame(bufIdx, size int, m offload.Meta, now time.Time) bool
 	switch h.EtherType {
 	case frame.EtherTypeARP:
 		return r.arp(bufIdx, h, payload, now)
-	case frame.EtherTypeIPv4:
-		if !validIPv4(payload) {
+	case frame.EtherTypeIPv4, frame.EtherTypeIPv6:
+		v6 := h.EtherType == frame.EtherTypeIPv6
+		if v6 && !validIPv6(payload) || !v6 && !validIPv4(payload) {
 			r.ctr.drop(dropTxNotIP)
 			return false
 		}
@@ -284,19 +285,7 @@ func (r *hostReader) frame(bufIdx, size int, m offload.Meta, now time.Time) bool
 			r.ctr.drop(dropTxBadMcastReport)
 			return false
 		}
-	case frame.EtherTypeIPv6:
-		if !validIPv6(payload) {
-			r.ctr.drop(dropTxNotIP)
-			return false
-		}
-		if !checkMeta() {
-			return false
-		}
-		if mayBeMcastReport(h.EtherType, payload) && r.mcast.hostReport(h.EtherType, payload, now) == mcastBadReport {
-			r.ctr.drop(dropTxBadMcastReport)
-			return false
-		}
-		if frame.IsND(payload) {
+		if v6 && frame.IsND(payload) {
 			// The rewrite computes the ICMPv6 checksum itself.
 			tm = txMeta{}
 			n, ok := r.nd(payload, now)
