@@ -301,14 +301,9 @@ func (r *packetReceiver) recvmmsg(fd uintptr) bool {
 		r.hdrs[i].Len = 0
 	}
 	n, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])), uintptr(len(r.hdrs)), unix.MSG_DONTWAIT, 0, 0)
-	if errno == unix.EAGAIN || errno == unix.EINTR {
-		return false
-	}
-	r.n, r.err = int(n), nil
-	if errno != 0 {
-		r.n, r.err = 0, errno
-	}
-	return true
+	var done bool
+	r.n, done, r.err = mmsgResult(n, errno)
+	return done
 }
 
 // read blocks until at least one packet arrived and returns how many.

@@ -85,14 +85,9 @@ func (r *receiver) recvmmsg(fd uintptr) bool {
 		}
 	}
 	n, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.hdrs[0])), uintptr(r.want), unix.MSG_DONTWAIT, 0, 0)
-	if errno == unix.EAGAIN || errno == unix.EINTR {
-		return false
-	}
-	b.n, b.err = int(n), nil
-	if errno != 0 {
-		b.n, b.err = 0, errno
-	}
-	return true
+	var done bool
+	b.n, done, b.err = mmsgResult(n, errno)
+	return done
 }
 
 // read blocks until at least one message arrived and returns how many.

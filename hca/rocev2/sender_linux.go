@@ -180,14 +180,9 @@ func (w *sender) build() {
 func (w *sender) sendmmsg(fd uintptr) bool {
 	b := w.batch
 	n, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&b.hdrs[w.off])), uintptr(w.end-w.off), unix.MSG_DONTWAIT, 0, 0)
-	if errno == unix.EAGAIN || errno == unix.EINTR {
-		return false
-	}
-	b.n, b.err = int(n), nil
-	if errno != 0 {
-		b.n, b.err = 0, errno
-	}
-	return true
+	var done bool
+	b.n, done, b.err = mmsgResult(n, errno)
+	return done
 }
 
 // txFailures are the datagrams one flush could not send: refused as

@@ -14,6 +14,19 @@ import (
 // from several QPs arrives in one burst.
 const socketBufferBytes = 8 << 20
 
+// mmsgResult is a RawConn callback's reading of a non-blocking
+// recvmmsg/sendmmsg: not done on EAGAIN or EINTR (the runtime waits for
+// the descriptor and calls again), else the message count or the error.
+func mmsgResult(n uintptr, errno unix.Errno) (count int, done bool, err error) {
+	if errno == unix.EAGAIN || errno == unix.EINTR {
+		return 0, false, nil
+	}
+	if errno != 0 {
+		return 0, true, errno
+	}
+	return int(n), true, nil
+}
+
 // udpSocket is the device's UDP socket with batched I/O done directly
 // through recvmmsg/sendmmsg on the runtime's non-blocking descriptor:
 // x/net's ReadBatch builds a *net.UDPAddr per datagram, which was most of
