@@ -51,7 +51,20 @@ func (r *Queue[T]) Pop() (T, bool) {
 		r.head = 0
 	}
 	r.n--
+	r.emptied()
 	return v, true
+}
+
+// emptied starts an empty queue over at slot 0. The order is the same
+// either way; what changes is the memory: a queue that is usually empty
+// between bursts, as a CQ is, keeps reusing its first slots, which stay in
+// the cache, instead of walking through every slot of its capacity (a
+// receive CQ sized for 4096 UD receives is over half a megabyte of
+// entries, touched one cold line per completion).
+func (r *Queue[T]) emptied() {
+	if r.n == 0 {
+		r.head = 0
+	}
 }
 
 // Clear empties the queue and drops its references.
@@ -73,5 +86,6 @@ func (r *Queue[T]) PopNewest() (T, bool) {
 	v := r.buf[i]
 	r.buf[i] = zero
 	r.n--
+	r.emptied()
 	return v, true
 }
