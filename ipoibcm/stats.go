@@ -193,8 +193,7 @@ func (i *Interface) Stats() Stats {
 	now := time.Now()
 	s.Neighbours, s.TXConns, s.RXConns = []NeighbourInfo{}, []ConnInfo{}, []ConnInfo{}
 	s.McastGroups = i.mcast.info(now)
-	i.mu.Lock()
-	s.RXLimits = i.passive.limits.statsLocked()
+	s.RXLimits, s.RXConns = i.passive.stats(now, s.RXConns)
 	if i.srq != nil && i.srq.srq != nil {
 		s.SRQPosted = i.srq.srq.Posted()
 	}
@@ -215,8 +214,6 @@ func (i *Interface) Stats() Stats {
 	}
 	i.neigh.mu.Unlock()
 	s.TXConns = i.active.info(now)
-	s.RXConns = i.passive.infoLocked(now, s.RXConns)
-	i.mu.Unlock()
 	sort.Slice(s.Neighbours, func(a, b int) bool { return s.Neighbours[a].MAC < s.Neighbours[b].MAC })
 	sort.Slice(s.TXConns, func(a, b int) bool { return s.TXConns[a].Peer < s.TXConns[b].Peer })
 	sort.Slice(s.RXConns, func(a, b int) bool { return s.RXConns[a].LocalQPN < s.RXConns[b].LocalQPN })
