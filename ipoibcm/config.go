@@ -44,6 +44,11 @@ func ParseMode(s string) (Mode, error) {
 const (
 	DefaultSendQueueSize = 128
 	DefaultRecvQueueSize = 256
+	// DefaultMaxRecvQueueSize bounds the SRQ's growth under load (srq.go
+	// says why it grows): 2048 buffers of 64 KiB, 128 MiB, hold what
+	// sixteen TCP streams keep in flight with Linux's default tcp_rmem.
+	// Linux's recv_queue_size goes up to 8192 (IPOIB_MAX_QUEUE_SIZE).
+	DefaultMaxRecvQueueSize = 2048
 	// DefaultUDRecvQueueSize is the UD receive ring, 16x Linux's 256: UD
 	// has no flow control, and a userspace receiver that hands every
 	// packet to the host with a write(2) (the host's TCP receive runs in
@@ -131,6 +136,10 @@ type Config struct {
 
 	SendQueueSize int // send credits and per-QP send queue depth (128)
 	RecvQueueSize int // SRQ and per-connection ring depth (256)
+	// MaxRecvQueueSize is how far the SRQ may grow under load
+	// (DefaultMaxRecvQueueSize, or RecvQueueSize if that is larger);
+	// RecvQueueSize keeps it at Linux's fixed size.
+	MaxRecvQueueSize int
 	// UDRecvQueueSize is the UD ring depth; 0 means RecvQueueSize if that
 	// was set, else DefaultUDRecvQueueSize.
 	UDRecvQueueSize int
@@ -238,6 +247,11 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	}
 	setDefault(&c.RecvQueueSize, DefaultRecvQueueSize)
+	setDefault(&c.MaxRecvQueueSize, max(DefaultMaxRecvQueueSize, c.RecvQueueSize))
+	if c.MaxRecvQueueSize < c.RecvQueueSize {
+		return c, fmt.Errorf("ipoibcm config: largest SRQ %d below its first size %d: %w",
+			c.MaxRecvQueueSize, c.RecvQueueSize, hca.ErrInvalidArgument)
+	}
 	setDefault(&c.MaxNonSRQConns, DefaultMaxNonSRQConns)
 	setDefault(&c.MaxRXConns, DefaultMaxRXConns)
 	setDefault(&c.MaxRXConnsPerGID, DefaultMaxRXConnsPerGID)

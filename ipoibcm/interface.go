@@ -219,12 +219,12 @@ func New(cfg Config) (_ *Interface, err error) {
 
 // rxCQSize is Linux's recv_cq size (docs/linux.md §4.3): the UD ring
 // plus one, the sends of passive QPs (the drain WR) bounded by the send
-// queue, and the SRQ plus one spare for the drain completion, or every
+// queue, and the SRQ at its largest plus one spare for the drain completion, or every
 // non-SRQ ring.
-func rxCQSize(udRecvq, recvq, sendq int, srq bool, maxConn int) int {
+func rxCQSize(udRecvq, recvq, maxSRQ, sendq int, srq bool, maxConn int) int {
 	n := udRecvq + 1 + sendq
 	if srq {
-		return n + recvq + 1
+		return n + maxSRQ + 1
 	}
 	return n + recvq*maxConn
 }
@@ -234,7 +234,7 @@ func (i *Interface) createQueues() error {
 	useSRQ := !cfg.DisableSRQ && !cfg.DisableCM
 	var err error
 	i.rxCQ, err = i.dev.CreateCQ(hca.CQConfig{
-		Size:         rxCQSize(cfg.UDRecvQueueSize, cfg.RecvQueueSize, cfg.SendQueueSize, useSRQ, cfg.MaxNonSRQConns),
+		Size:         rxCQSize(cfg.UDRecvQueueSize, cfg.RecvQueueSize, cfg.MaxRecvQueueSize, cfg.SendQueueSize, useSRQ, cfg.MaxNonSRQConns),
 		OnCompletion: func() { i.rxNAPI.Schedule() },
 		// Schedule never blocks and takes no lock: safe to run inside
 		// a poster's verb call, which saves a goroutine hand-off per

@@ -151,7 +151,12 @@ type Stats struct {
 	RXLimits    RXLimits          `json:"rx_limits"`
 	Outstanding int64             `json:"tx_outstanding"`
 	SRQPosted   int               `json:"srq_posted"`
-	Offloads    OffloadStats      `json:"offloads"`
+	// SRQSize is how many buffers the SRQ owns (posted or in use): it
+	// starts at RecvQueueSize and grows under load (srq.go); SRQGrown
+	// counts the growths.
+	SRQSize  int          `json:"srq_size"`
+	SRQGrown uint64       `json:"srq_grown"`
+	Offloads OffloadStats `json:"offloads"`
 }
 
 // Stats returns a snapshot. Counters are read atomically one by one (not
@@ -196,6 +201,7 @@ func (i *Interface) Stats() Stats {
 	s.RXLimits, s.RXConns = i.passive.stats(now, s.RXConns)
 	if i.srq != nil && i.srq.srq != nil {
 		s.SRQPosted = i.srq.srq.Posted()
+		s.SRQSize, s.SRQGrown = int(i.srq.size.Load()), i.srq.grown.Load()
 	}
 	i.neigh.mu.Lock()
 	for _, n := range i.neigh.byGID {

@@ -187,6 +187,8 @@ func (e *emitter) host(host string, s ipoibcm.Stats) {
 	e.emit("info", "Mode of the interface (value 1).", prometheus.GaugeValue, 1, []string{"host", "mode", "hwaddr"}, host, s.Mode, s.HWAddr)
 	e.emit("tx_outstanding", "Sends posted and not yet completed (TX credits in use).", prometheus.GaugeValue, float64(s.Outstanding), h, host)
 	e.emit("srq_posted", "Receive buffers posted on the SRQ.", prometheus.GaugeValue, float64(s.SRQPosted), h, host)
+	e.emit("srq_size", "Receive buffers the SRQ owns, posted or in use; it grows under load.", prometheus.GaugeValue, float64(s.SRQSize), h, host)
+	e.emit("srq_grown_total", "Times the SRQ limit event doubled the SRQ.", prometheus.CounterValue, float64(s.SRQGrown), h, host)
 	e.emit("neighbours", "Entries in the neighbour table.", prometheus.GaugeValue, float64(len(s.Neighbours)), h, host)
 
 	for _, r := range sortedKeys(s.Drops) {

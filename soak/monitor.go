@@ -52,15 +52,15 @@ func (s *soakRun) totals() soakTotals {
 			t.DropTotal += v
 		}
 		switch {
-		case st.SRQPosted > s.cfg.RecvQueueSize:
+		case st.SRQPosted > st.SRQSize:
 			t.SRQOver++
 			if t.firstSRQDetail == "" {
-				t.firstSRQDetail = fmt.Sprintf("host %d: %d SRQ buffers posted of %d", k, st.SRQPosted, s.cfg.RecvQueueSize)
+				t.firstSRQDetail = fmt.Sprintf("host %d: %d SRQ buffers posted of %d", k, st.SRQPosted, st.SRQSize)
 			}
-		case st.SRQPosted < s.cfg.RecvQueueSize:
+		case st.SRQPosted < st.SRQSize:
 			t.SRQShort++
 			if t.firstSRQDetail == "" {
-				t.firstSRQDetail = fmt.Sprintf("host %d: %d SRQ buffers posted of %d", k, st.SRQPosted, s.cfg.RecvQueueSize)
+				t.firstSRQDetail = fmt.Sprintf("host %d: %d SRQ buffers posted of %d", k, st.SRQPosted, st.SRQSize)
 			}
 		}
 	}

@@ -163,6 +163,9 @@ func (s *soakRun) setUp() error {
 		ifc, err := ipoibcm.New(ipoibcm.Config{
 			Device: watch.wrap(dev), Host: h, Name: fmt.Sprintf("ib%d", k), Mode: ipoibcm.ModeConnected,
 			SendQueueSize: cfg.SendQueueSize, RecvQueueSize: cfg.RecvQueueSize,
+			// A fixed SRQ, as Linux's: the soak's small one keeps receives
+			// short of buffers (RNR) while connections are reaped.
+			MaxRecvQueueSize: cfg.RecvQueueSize,
 			CM: cm.Options{
 				// Packet life time 1 (1 ms) keeps the resend interval near
 				// the response timeout, as before the CM derived it.
