@@ -199,7 +199,7 @@ func (i *Interface) Stats() Stats {
 	s.Neighbours, s.TXConns, s.RXConns = []NeighbourInfo{}, []ConnInfo{}, []ConnInfo{}
 	s.McastGroups = i.mcast.info(now)
 	s.RXLimits, s.RXConns = i.passive.stats(now, s.RXConns)
-	if i.srq != nil && i.srq.srq != nil {
+	if i.srq != nil {
 		s.SRQPosted = i.srq.srq.Posted()
 		s.SRQSize, s.SRQGrown = int(i.srq.size.Load()), i.srq.grown.Load()
 	}
