@@ -68,8 +68,13 @@ func (i *Interface) hostLinkTransition(want hostLink) error {
 // normal teardown (DREQ where established, the passive drain), and the
 // neighbours' paths and the multicast groups are flushed.
 func (i *Interface) stopForHost() {
+	// Under the passive set's lock too, which acceptREQ checks the host
+	// link under before a connection joins the set: a REQ admitted before
+	// is in teardownAll's snapshot below, a later one is refused.
 	i.mu.Lock()
+	i.passive.mu.Lock()
 	i.hostLink.store(hostLinkDown)
+	i.passive.mu.Unlock()
 	i.mu.Unlock()
 	// A frame of the reader's batch may have seen the host up: once the
 	// batch is over every frame after it sees the host down, and the

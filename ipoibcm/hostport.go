@@ -85,14 +85,15 @@ type hostWriter struct {
 	host HostPort
 	off  OffloadPort // host, when it takes offload metadata; nil otherwise
 	// drops counts the frames the host did not take (rx_host_write);
-	// quiet says a write error is expected (the interface is closing).
+	// a write error is expected unless the interface runs (life): it
+	// is closing.
 	drops *counters
-	quiet func() bool
+	life  *ifStateCell
 	log   *slog.Logger
 }
 
-func (w *hostWriter) init(host HostPort, off OffloadPort, drops *counters, quiet func() bool, log *slog.Logger) {
-	w.host, w.off, w.drops, w.quiet, w.log = host, off, drops, quiet, log
+func (w *hostWriter) init(host HostPort, off OffloadPort, drops *counters, life *ifStateCell, log *slog.Logger) {
+	w.host, w.off, w.drops, w.life, w.log = host, off, drops, life, log
 }
 
 // writeMeta hands frames with their offload metadata to an OffloadPort
@@ -131,7 +132,7 @@ func (w *hostWriter) account(total, n int, err error) {
 	for range total - n {
 		w.drops.drop(dropRxHostWrite)
 	}
-	if err != nil && !w.quiet() {
+	if err != nil && w.life.running() {
 		w.log.Debug("host write", "err", err)
 	}
 }

@@ -55,10 +55,10 @@ type Interface struct {
 	hostMAC macCell
 	bcast   hca.GID
 
-	mode  atomic.Int32 // Mode
-	mtu   atomic.Int64
-	link  atomic.Bool
-	state atomic.Int32 // ifState
+	mode atomic.Int32 // Mode
+	mtu  atomic.Int64
+	link atomic.Bool
+	life ifStateCell // created, running, closing, closed
 
 	rxCQ, txCQ hca.CQ
 	rxNAPI     *napi.Context // the RX poller; its poll lock orders the dead flag
@@ -82,15 +82,18 @@ type Interface struct {
 	hostOut hostWriter
 	off     offloadPath // offloads.go
 
-	// mu guards the passive connections and their states. Never held
-	// across napi Sync or CM calls that may wait for the CM goroutine.
-	// The other owners have their own locks, taken inside it.
+	// mu orders the host's link changes with the multicast joins and
+	// leaves and the path flush that follow them (linkUp, hostlink.go):
+	// Start's linkUp runs on its caller's goroutine, the rest on the
+	// control loop. Every owner has its own lock, taken inside it; never
+	// held across napi Sync or CM calls that may wait for the CM
+	// goroutine.
 	mu      sync.Mutex
 	neigh   neighbourTable // neighbour.go
 	mcast   mcastTable
 	active  activeSet  // the active connections (txconn.go)
 	passive passiveSet // the passive connections (rxteardown.go)
-	rng     *rand.Rand
+	psn     *psnSource // the UD QP's and the REPs' starting PSNs
 
 	ctl  control
 	obs  observer // Config.Events
@@ -144,14 +147,14 @@ func New(cfg Config) (_ *Interface, err error) {
 		host: cfg.Host,
 		log:  cfg.Logger.With("if", cfg.Name),
 		port: cfg.Device.Port(),
-		rng:  newPSNSource(cfg.CM.Seed),
+		psn:  newPSNSource(cfg.CM.Seed),
 		stop: make(chan struct{}),
 		obs:  observer{cfg.Events},
 	}
 	i.tx = txPath{sendq: cfg.SendQueueSize, stop: i.stop, data: &i.ctr, offCtr: &i.off.ctr, wake: make(chan struct{}, 1), hostMAC: i.hostMAC.load}
 	i.tx.window.init(i.log)
 	i.off.init(cfg.Host, cfg.Device, cfg.SendQueueSize)
-	i.hostOut.init(cfg.Host, i.off.port, &i.ctr, func() bool { return ifState(i.state.Load()) != ifRunning }, i.log)
+	i.hostOut.init(cfg.Host, i.off.port, &i.ctr, &i.life, i.log)
 	i.ctl.init()
 	if c, ok := cfg.Device.(mutation.Carrier); ok {
 		i.mut = c.SoakMutations()
@@ -170,10 +173,7 @@ func New(cfg Config) (_ *Interface, err error) {
 	i.bcast = frame.BroadcastMGID(cfg.PKey)
 	i.mcast.init(&i.cfg, i.dev, i.bcast, i.hostLink.down, i.log)
 	i.mcast.retire = i.tx.window.retire
-	i.neigh.init(&i.cfg, i.port.GID, i.port.ActiveMTU, i.dev, i.tx.window.retire, i.log, func(tc *txConn) {
-		tc.detachLocked(dropTxNeighFlushed)
-		i.ctl.post(tc.teardown)
-	})
+	i.neigh.init(&i.cfg, i.port.GID, i.port.ActiveMTU, i.dev, i.tx.window.retire, i.log, i.ctl.post)
 	var hm frame.MAC
 	copy(hm[:], cfg.Host.HostMAC())
 	i.hostMAC.store(hm)
@@ -202,8 +202,8 @@ func New(cfg Config) (_ *Interface, err error) {
 	i.hw = frame.NewHWAddr(flags, i.ud.qp.QPN(), i.port.GID)
 	i.active.init(i)
 	i.passive.init(passiveEnv{
-		mu: &i.mu, neigh: &i.neigh, rng: i.rng, dev: i.dev, cq: i.rxCQ, srq: i.srq, poller: i.rxNAPI, post: i.ctl.post,
-		running: func() bool { return ifState(i.state.Load()) == ifRunning }, hostLink: &i.hostLink,
+		neigh: &i.neigh, psn: i.psn, dev: i.dev, cq: i.rxCQ, srq: i.srq, poller: i.rxNAPI, post: i.ctl.post,
+		life: &i.life, hostLink: &i.hostLink,
 		portMTU: i.port.ActiveMTU, udQPN: i.ud.qp.QPN(), obs: i.obs, mut: i.mut, log: i.log,
 	}, &i.cfg)
 	i.shut = shutdown{drainTimeout: cfg.DrainTimeout, rx: &i.passive, tx: &i.active, log: i.log}
@@ -299,19 +299,21 @@ type interfaceCounters struct {
 // CM listener, and the broadcast group; the link goes up once the UD QP is
 // attached to the broadcast MGID.
 func (i *Interface) Start() error {
-	if !i.state.CompareAndSwap(int32(ifCreated), int32(ifRunning)) {
-		if ifState(i.state.Load()) == ifRunning {
+	if !i.life.cas(ifCreated, ifRunning) {
+		if i.life.running() {
 			return ErrAlreadyStarted
 		}
 		return ErrClosed
 	}
 	i.rxNAPI.Start()
 	i.tx.napi.Start()
+	// The aging task gets the owners it ages, not the Interface.
+	neigh, active, passive, mcast := &i.neigh, &i.active, &i.passive, &i.mcast
 	i.ctl.start(controlTasks{
 		staleScan: periodic{i.cfg.StaleScan, i.passive.staleScan},
 		age: periodic{max(min(i.cfg.NeighbourTimeout, i.cfg.McastSendOnlyTimeout)/2, time.Millisecond), func(now time.Time) {
-			i.neigh.age(now, &i.active, &i.passive)
-			i.mcast.age(now)
+			neigh.age(now, active, passive)
+			mcast.age(now)
 		}},
 		shutdown: &i.shut,
 		after:    []func(){i.shut.check, i.checkHostDownQuiet},
@@ -374,7 +376,7 @@ func (i *Interface) linkUp() error {
 // While the host has ib0 down the link stays down whatever the table
 // says; openForHost raises it only with the P_Key here.
 func (i *Interface) onPKeyChange() {
-	if ifState(i.state.Load()) != ifRunning || i.shut.active {
+	if !i.life.running() || i.shut.active {
 		return
 	}
 	port := i.dev.Port()
@@ -464,7 +466,7 @@ func (i *Interface) SetMode(m Mode) error {
 // host's changes are ordered with each other, and returns its error once
 // it has run.
 func (i *Interface) onControlLoop(what string, fn func() error) error {
-	if ifState(i.state.Load()) != ifRunning {
+	if !i.life.running() {
 		return fmt.Errorf("%s: %s: %w", i.cfg.Name, what, ErrNotStarted)
 	}
 	errc := make(chan error, 1)
@@ -477,13 +479,47 @@ func (i *Interface) onControlLoop(what string, fn func() error) error {
 	}
 }
 
-// newPSNSource draws the passive side's starting PSNs. Seed 0 means random,
-// as the CM takes it: Linux uses get_random_u32, and two processes that
-// restart with the same PSNs would let a stale packet from a previous
-// incarnation land in sequence. A non-zero seed makes tests reproducible.
-func newPSNSource(seed int64) *rand.Rand {
-	if seed == 0 {
-		return rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
-	}
-	return rand.New(rand.NewPCG(uint64(seed), 0x1b1b))
+// psnSource draws the starting PSNs of the UD QP's send queue (New, and
+// again when a P_Key appears, on the control loop) and of our REPs (the
+// CM goroutine), so it has its own lock, a leaf: nothing is called while
+// it is held.
+type psnSource struct {
+	mu  sync.Mutex
+	rng *rand.Rand
 }
+
+// newPSNSource draws the starting PSNs. Seed 0 means random, as the CM
+// takes it: Linux uses get_random_u32, and two processes that restart
+// with the same PSNs would let a stale packet from a previous
+// incarnation land in sequence. A non-zero seed makes tests
+// reproducible.
+func newPSNSource(seed int64) *psnSource {
+	if seed == 0 {
+		return &psnSource{rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}
+	}
+	return &psnSource{rng: rand.New(rand.NewPCG(uint64(seed), 0x1b1b))}
+}
+
+// next is a 24-bit starting PSN.
+func (s *psnSource) next() uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rng.Uint32() & 0xffffff
+}
+
+// ifStateCell holds the Interface's ifState: stored by Start and Close,
+// loaded by every goroutine. The owners that must know whether the
+// interface runs (the passive set refusing REQs, the active set, the
+// host writer) get the cell, not the Interface.
+type ifStateCell struct{ v atomic.Int32 }
+
+func (c *ifStateCell) load() ifState   { return ifState(c.v.Load()) }
+func (c *ifStateCell) store(s ifState) { c.v.Store(int32(s)) }
+
+// cas moves the state from from to to, if it is from.
+func (c *ifStateCell) cas(from, to ifState) bool {
+	return c.v.CompareAndSwap(int32(from), int32(to))
+}
+
+// running reports whether the interface is running: started, not closing.
+func (c *ifStateCell) running() bool { return c.load() == ifRunning }

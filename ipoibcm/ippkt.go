@@ -153,24 +153,17 @@ func parseIGMP(p []byte, into []mcastChange) ([]mcastChange, mcastVerdict) {
 }
 
 // parseMLD reads MLD behind at most one hop-by-hop header (MLD carries
-// the Router Alert option there).
+// the Router Alert option there), within the packet's IP length.
 func parseMLD(p []byte, into []mcastChange) ([]mcastChange, mcastVerdict) {
 	h, err := packet.ParseIP(p)
 	if err != nil || !h.IPv6 {
 		return into, mcastNotReport
 	}
-	next, off, end := h.Protocol, h.HeaderLen, h.Len
-	if next == ipv6HopByHop {
-		if off+8 > end {
-			return into, mcastNotReport
-		}
-		next = p[off]
-		off += (int(p[off+1]) + 1) * 8
-	}
-	if next != ipProtoICMPv6 || off+1 > end {
+	next, off, ok := packet.IPv6PastHopByHop(p[:h.Len])
+	if !ok || next != ipProtoICMPv6 || off >= h.Len {
 		return into, mcastNotReport
 	}
-	m := p[off:end]
+	m := p[off:h.Len]
 	switch m[0] {
 	case mldV1Report, mldV1Done:
 		if len(m) < 24 {

@@ -78,8 +78,8 @@ type mcastGroup struct {
 // host reader posts to the handles mcastTable.ah returns after releasing
 // mu, so a removed group's handle is retired (sendWindow, txpath.go) and
 // destroyed once the reader's batch is over. Lock order: Interface.mu,
-// the neighbour table's, then mu; nothing of the table calls out to the
-// Interface.
+// the passive set's, the neighbour table's, then mu; nothing of the
+// table calls out to the Interface.
 type mcastTable struct {
 	mu     sync.Mutex
 	groups map[hca.GID]*mcastGroup
@@ -428,7 +428,7 @@ func (m *mcastTable) destroy() {
 // was read: a join the engine learnt from a report after that is newer
 // than the list and stays. Entries that are not multicast are ignored.
 func (i *Interface) SyncHostGroups(groups []netip.Addr, readAt time.Time) error {
-	if ifState(i.state.Load()) != ifRunning {
+	if !i.life.running() {
 		return fmt.Errorf("%s: sync host multicast groups: %w", i.cfg.Name, ErrNotStarted)
 	}
 	want := make(map[netip.Addr]bool, len(groups))

@@ -65,8 +65,9 @@ type parkedFrame struct {
 // one-to-one invariant checked), with the host addresses seen. Its lock
 // guards the maps, every neighbour's mutable fields (the connection and
 // the parked frames with them) and the credits the parked frames hold
-// (txPath.parkedCredits). Lock order: Interface.mu, then this one, then
-// the multicast table's.
+// (txPath.parkedCredits). Lock order: Interface.mu, the passive set's
+// (passiveSet.mu), then this one, then the active set's and the
+// multicast table's.
 type neighbourTable struct {
 	mu sync.Mutex
 
@@ -85,9 +86,9 @@ type neighbourTable struct {
 	timeout    time.Duration // Config.NeighbourTimeout
 	evictAfter time.Duration // Config.NeighbourEvictAfter
 	log        *slog.Logger
-	// restarted flushes the connection of a neighbour that came back
-	// with a new QPN (mu held): it went to a QP that is gone.
-	restarted func(tc *txConn)
+	// post hands work to the control loop: the teardown of the
+	// connection of a neighbour that came back with a new QPN.
+	post func(func())
 }
 
 // neighCounters count the table's changes: peers that restarted (new
@@ -97,10 +98,10 @@ type neighCounters struct {
 	restarts, aged, evicted, reresolves atomic.Uint64
 }
 
-func (t *neighbourTable) init(cfg *Config, self hca.GID, portMTU hca.MTU, ahs ahMaker, retire func(hca.AH), log *slog.Logger, restarted func(*txConn)) {
+func (t *neighbourTable) init(cfg *Config, self hca.GID, portMTU hca.MTU, ahs ahMaker, retire func(hca.AH), log *slog.Logger, post func(func())) {
 	t.byGID = make(map[hca.GID]*neighbour)
 	t.byMAC = make(map[frame.MAC]*neighbour)
-	t.self, t.portMTU, t.ahs, t.retire, t.log, t.restarted = self, portMTU, ahs, retire, log, restarted
+	t.self, t.portMTU, t.ahs, t.retire, t.log, t.post = self, portMTU, ahs, retire, log, post
 	t.timeout, t.evictAfter = cfg.NeighbourTimeout, cfg.NeighbourEvictAfter
 }
 
@@ -240,7 +241,9 @@ func (t *neighbourTable) learn(hw frame.HWAddr, ip netip.Addr, now time.Time) *n
 			t.ctr.restarts.Add(1)
 			n.cmBackoffUntil = time.Time{}
 			if tc := n.tx; tc != nil {
-				t.restarted(tc)
+				// Its connection went to a QP that is gone.
+				tc.detachLocked(dropTxNeighFlushed)
+				t.post(tc.teardown)
 			}
 		}
 	}

@@ -263,22 +263,18 @@ func onlyTXConn(t *testing.T, ifc *Interface) *txConn {
 	return conns[0]
 }
 
-// onlyRXConn is ifc's single passive connection.
+// onlyRXConn is ifc's single passive connection, read under the passive
+// set's lock.
 func onlyRXConn(t *testing.T, ifc *Interface) *rxConn {
-	return onlyConn(t, ifc, ifc.passive.set, "passive")
-}
-
-// onlyConn is the one member of ifc's connection set conns, read under
-// Interface.mu.
-func onlyConn[C comparable](t *testing.T, ifc *Interface, conns map[C]struct{}, kind string) C {
 	t.Helper()
-	ifc.mu.Lock()
-	defer ifc.mu.Unlock()
-	if len(conns) != 1 {
-		t.Fatalf("%s has %d %s connections, want 1", ifc.Name(), len(conns), kind)
+	p := &ifc.passive
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.set) != 1 {
+		t.Fatalf("%s has %d passive connections, want 1", ifc.Name(), len(p.set))
 	}
-	for c := range conns {
-		return c
+	for rc := range p.set {
+		return rc
 	}
 	panic("unreachable")
 }
@@ -545,10 +541,10 @@ func testLastWQEBeforeLive(t *testing.T, reapFirst bool) {
 			i := b
 			res := hookResult{rc: rc}
 			defer func() {
-				i.mu.Lock()
+				i.passive.mu.Lock()
 				res.state = rc.state
 				_, res.inSet = i.passive.set[rc]
-				i.mu.Unlock()
+				i.passive.mu.Unlock()
 				res.accepted = i.passive.limits.ctr.accepted.Load()
 				hooked <- res
 			}()

@@ -16,7 +16,7 @@ import (
 // CM goroutine, received on by the RX poller, and taken through its state
 // machine (rxteardown.go) on the control loop. The RX poller reads dead,
 // stamp and the counters without a lock; state is changed only by
-// rxTransition (readable under Interface.mu).
+// rxTransition (readable under passiveSet.mu).
 type rxConn struct {
 	// events takes the connection's CM and QP events to its state
 	// machine; lastWQE counts the LAST_WQE_REACHED events it saw.
@@ -61,7 +61,7 @@ func (rc *rxConn) recvWR(idx int) hca.RecvWR {
 	return hca.RecvWR{ID: wrID(wrKindConnRecv, idx), Buf: rc.ring[idx][headroom:]}
 }
 
-// info is the connection as 'ipoib show' lists it (Interface.mu held:
+// info is the connection as 'ipoib show' lists it (passiveSet.mu held:
 // state).
 func (rc *rxConn) info(now time.Time) ConnInfo {
 	ci := ConnInfo{
@@ -95,7 +95,7 @@ func (p *passiveSet) decideREQ(req *cm.Request) cm.Decision {
 // or its own ring, and answer with {UD QPN, 65524} and a random PSN.
 func (p *passiveSet) acceptREQ(req *cm.Request) cm.Decision {
 	p.log.Debug("CM REQ", "from", req.RemoteGID, "qpn", req.RemoteQPN, "path_mtu", req.PathMTU)
-	if !p.running() || p.hostLink.down() {
+	if !p.life.running() || p.hostLink.down() {
 		p.limits.ctr.rejectedDown.Add(1)
 		return cm.Decision{Reject: cm.RejectNoResources}
 	}
@@ -128,7 +128,7 @@ func (p *passiveSet) acceptREQ(req *cm.Request) cm.Decision {
 		n = p.neigh.learn(rc.peer, netip.Addr{}, now)
 	}
 	p.neigh.mu.Unlock()
-	psn := p.rng.Uint32() & 0xffffff
+	psn := p.psn.next()
 	p.mu.Unlock()
 	if old != nil {
 		p.postRX(old, rxEvReplaced)
@@ -178,8 +178,8 @@ func (p *passiveSet) acceptREQ(req *cm.Request) cm.Decision {
 	}
 	if p.hostLink.down() {
 		// The host set ib0 down after the check above, and stopForHost's
-		// snapshot of rxConns (taken after it set the state under mu)
-		// cannot have seen this one: refuse it here.
+		// snapshot of the set (taken after it set the host link down
+		// under mu) cannot have seen this one: refuse it here.
 		p.mu.Unlock()
 		if err := qp.Destroy(); err != nil {
 			p.log.Warn("destroy RX QP", "peer", rc.peer, "err", err)

@@ -11,7 +11,7 @@ import (
 // carried a packet or not, so an unbounded set is memory a REQ flood can
 // take. Connections count from admission (before the QP exists) to
 // reapRX, teardown included, so a flood of handshakes that the CM
-// abandons cannot outrun the reaper either. Guarded by Interface.mu,
+// abandons cannot outrun the reaper either. Guarded by passiveSet.mu,
 // with the connection set; its counters are atomics.
 type rxLimits struct {
 	count  int
@@ -119,7 +119,7 @@ func (l *rxLimits) releaseLocked(rc *rxConn) {
 }
 
 // lruEstablished is the live, established connection of set used least
-// recently, or nil. i.mu held.
+// recently, or nil. passiveSet.mu held.
 func lruEstablished(set map[*rxConn]struct{}) *rxConn {
 	var old *rxConn
 	for rc := range set {

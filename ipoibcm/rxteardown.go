@@ -3,7 +3,6 @@ package ipoibcm
 import (
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,7 +49,7 @@ const (
 	rxFlush // flush
 	// rxDrain: covered by the outstanding drain WR
 	rxDrain // drain
-	// rxDestroyed: QP and CM id gone, out of Interface.rxConns
+	// rxDestroyed: QP and CM id gone, out of the passive set
 	rxDestroyed // destroyed
 )
 
@@ -96,11 +95,18 @@ func (ev rxEvent) teardown() bool { return ev <= rxEvShutdown }
 // passiveSet is the owner of the passive connections: their admission
 // (acceptREQ, on the CM goroutine, bounded by rxLimits), the set, their
 // state machine and its reaper, the stale scan, and the events they emit.
-// The set and the states are guarded by mu, the Interface's lock (the host
-// reader and the RX poller look the connections up under it with the
-// neighbours); the reaper's lists are the control loop's.
+// The reaper's lists are the control loop's.
+//
+// mu guards the set, the admission's bookkeeping and every connection's
+// state: the CM goroutine admits under it, the control loop changes
+// states under it, Stats and the neighbour aging read under it. Lock
+// order: Interface.mu, then mu, then the neighbour table's (acceptREQ
+// learns the peer inside it; the aging evicts only neighbours no passive
+// connection names, with both held). It is never held across napi Sync,
+// PostSend, a host write, a QP or CM id destroy, or a CM call.
 type passiveSet struct {
 	passiveEnv
+	mu     sync.Mutex
 	set    map[*rxConn]struct{}
 	limits rxLimits
 	reaper reaper
@@ -113,19 +119,18 @@ type passiveSet struct {
 // passiveEnv is what the passive set works with, fixed at New: narrow
 // pieces of the interface, never the Interface itself.
 type passiveEnv struct {
-	mu    *sync.Mutex     // Interface.mu: guards the set, the states and rng
-	neigh *neighbourTable // its own lock (neigh.mu), taken inside mu
-	rng   *rand.Rand      // the starting PSNs of our REPs
+	neigh *neighbourTable // its own lock (neigh.mu), taken inside passiveSet.mu
+	psn   *psnSource      // the starting PSNs of our REPs
 	dev   hca.Device
 	cq    hca.CQ   // the RX CQ: send and receive CQ of every passive QP
 	srq   *srqRing // nil: every connection has its own ring
 	// poller is the RX poller: its poll lock orders the dead flag.
 	poller *napi.Context
 	post   func(func()) // onto the control loop
-	// running reports whether the interface is running (REQs are refused
+	// life says whether the interface is running (REQs are refused
 	// before Start and from Close on); hostLink whether the host has ib0
 	// down (refused too).
-	running  func() bool
+	life     *ifStateCell
 	hostLink *hostLinkCell
 	portMTU  hca.MTU // the largest path MTU a REQ may ask for
 	udQPN    hca.QPN // our UD QPN, in the REP's private data
@@ -349,13 +354,16 @@ func (p *passiveSet) reapRX(rc *rxConn) {
 	}
 }
 
-// infoLocked appends every passive connection's ConnInfo to out (mu
-// held): what 'ipoib show' lists.
-func (p *passiveSet) infoLocked(now time.Time, out []ConnInfo) []ConnInfo {
+// stats is the passive set's part of Stats: the admission's bookkeeping,
+// and every connection's ConnInfo appended to out (what 'ipoib show'
+// lists), read together under mu.
+func (p *passiveSet) stats(now time.Time, out []ConnInfo) (RXLimits, []ConnInfo) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	for rc := range p.set {
 		out = append(out, rc.info(now))
 	}
-	return out
+	return p.limits.statsLocked(), out
 }
 
 // count is how many passive connections are left, teardown included.
@@ -368,7 +376,7 @@ func (p *passiveSet) count() int {
 // teardownAll sends every connection ev, a teardown event (control
 // loop: Close, the host's link down), and says how many there were.
 func (p *passiveSet) teardownAll(ev rxEvent) int {
-	rx := snapshotSet(p.mu, p.set)
+	rx := snapshotSet(&p.mu, p.set)
 	for _, rc := range rx {
 		p.rxTransition(rc, ev)
 	}
@@ -378,7 +386,7 @@ func (p *passiveSet) teardownAll(ev rxEvent) int {
 // forceAll destroys every connection left (Close's DrainTimeout ran out):
 // a drain that never completes covers nothing any more.
 func (p *passiveSet) forceAll() int {
-	rx := snapshotSet(p.mu, p.set)
+	rx := snapshotSet(&p.mu, p.set)
 	for _, rc := range rx {
 		p.rxTransition(rc, rxEvForce)
 	}

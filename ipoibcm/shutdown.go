@@ -31,17 +31,17 @@ func (i *Interface) Close() error {
 func (i *Interface) closeSelf() error {
 	i.closeMu.Lock()
 	defer i.closeMu.Unlock()
-	st := ifState(i.state.Load())
+	st := i.life.load()
 	switch st {
 	case ifClosed:
 		return i.closeErr
 	case ifCreated:
-		i.state.Store(int32(ifClosed))
+		i.life.store(ifClosed)
 		i.destroyResources()
 		i.closeErr = i.host.Close()
 		return i.closeErr
 	}
-	i.state.Store(int32(ifClosing))
+	i.life.store(ifClosing)
 	i.link.Store(false)
 	_ = i.host.SetLinkUp(false)
 	i.closeListener()
@@ -62,7 +62,7 @@ func (i *Interface) closeSelf() error {
 	i.tx.napi.Stop()
 	i.ctl.stop()
 	i.destroyResources()
-	i.state.Store(int32(ifClosed))
+	i.life.store(ifClosed)
 	if hostErr != nil && !errors.Is(hostErr, errAlreadyClosed) {
 		i.closeErr = fmt.Errorf("%s: close host port: %w", i.cfg.Name, hostErr)
 	}

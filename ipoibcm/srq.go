@@ -37,6 +37,9 @@ type srqRing struct {
 	bufs  [][]byte
 	size  atomic.Int32  // buffers allocated and given to the SRQ
 	grown atomic.Uint64 // limit events that added buffers
+	// destroyed is Close's: srq stays set, so Stats may still read a
+	// destroyed SRQ's count (0) while Close runs.
+	destroyed bool
 }
 
 // newSRQRing creates the SRQ and posts its first buffers; on error it
@@ -98,9 +101,6 @@ func (s *srqRing) onEvent(ev hca.AsyncEvent) {
 
 // grow doubles the buffers, up to the largest size; on the control loop.
 func (s *srqRing) grow() {
-	if s.srq == nil {
-		return
-	}
 	size := int(s.size.Load())
 	n := min(size, len(s.bufs)-size)
 	if n == 0 {
@@ -120,12 +120,14 @@ func (s *srqRing) recvWR(idx int) hca.RecvWR {
 	return hca.RecvWR{ID: wrID(wrKindSRQRecv, idx), Buf: s.bufs[idx][headroom:]}
 }
 
+// destroy runs once, from Close, after the control loop (and so grow)
+// has stopped.
 func (s *srqRing) destroy() {
-	if s.srq == nil {
+	if s.destroyed {
 		return
 	}
+	s.destroyed = true
 	if err := s.srq.Destroy(); err != nil {
 		s.log.Warn("destroy SRQ", "err", err)
 	}
-	s.srq = nil
 }

@@ -198,9 +198,8 @@ func (i *Interface) Stats() Stats {
 	now := time.Now()
 	s.Neighbours, s.TXConns, s.RXConns = []NeighbourInfo{}, []ConnInfo{}, []ConnInfo{}
 	s.McastGroups = i.mcast.info(now)
-	i.mu.Lock()
-	s.RXLimits = i.passive.limits.statsLocked()
-	if i.srq != nil && i.srq.srq != nil {
+	s.RXLimits, s.RXConns = i.passive.stats(now, s.RXConns)
+	if i.srq != nil {
 		s.SRQPosted = i.srq.srq.Posted()
 		s.SRQSize, s.SRQGrown = int(i.srq.size.Load()), i.srq.grown.Load()
 	}
@@ -221,8 +220,6 @@ func (i *Interface) Stats() Stats {
 	}
 	i.neigh.mu.Unlock()
 	s.TXConns = i.active.info(now)
-	s.RXConns = i.passive.infoLocked(now, s.RXConns)
-	i.mu.Unlock()
 	sort.Slice(s.Neighbours, func(a, b int) bool { return s.Neighbours[a].MAC < s.Neighbours[b].MAC })
 	sort.Slice(s.TXConns, func(a, b int) bool { return s.TXConns[a].Peer < s.TXConns[b].Peer })
 	sort.Slice(s.RXConns, func(a, b int) bool { return s.RXConns[a].LocalQPN < s.RXConns[b].LocalQPN })

@@ -433,3 +433,212 @@ func typeName(e ast.Expr) string {
 	}
 	return "?"
 }
+
+// closuresLeft are the owners' fields that are still handed a function
+// bound to the whole Interface (type.field, or field.init for an
+// argument of an owner's init). The list may only shrink: an entry that
+// no longer holds fails the test too.
+var closuresLeft = map[string]bool{
+	// checkHostDownQuiet reads the Interface's downQuiet beside the
+	// host link and both connection sets.
+	"controlTasks.after": true,
+}
+
+// TestNoClosureCapturesInterface: a closure that names the Interface, or
+// a method value of it, is the back-pointer TestNoInterfaceBackPointers
+// forbids in another form, so none may be stored in an owner: as a field
+// of a composite literal of one of the package's types, assigned to a
+// field (outside the Interface's own), or handed to an owner's init.
+// Closures posted to the control loop run once and keep nothing; the
+// verbs' callbacks are the device's.
+func TestNoClosureCapturesInterface(t *testing.T) {
+	// The check first proves it still sees each form.
+	const canary = `package p
+type Interface struct{ x int; w writer; o owner }
+type writer struct{ quiet func() bool }
+type owner struct{ f func() int; g func() }
+func (o *owner) init(f func() int) { o.f = f }
+func (i *Interface) get() int { return i.x }
+func New() *Interface {
+	i := &Interface{}
+	i.w = writer{quiet: func() bool { return i.x == 0 }}
+	i.o.init(func() int { return i.x })
+	return i
+}
+func (o *owner) set(i *Interface) { o.g = i.start }
+func (i *Interface) start() { i.o.f = i.get; i.o.g = func() {} }
+`
+	fset := token.NewFileSet()
+	af, err := parser.ParseFile(fset, "canary.go", canary, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := interfaceClosures(map[string]*ast.File{"canary.go": af})
+	want := []string{"o.f", "owner.g", "o.init", "writer.quiet"}
+	if len(got) != len(want) {
+		t.Fatalf("the check finds %v in its canary, want %v: it has gone blind", got, want)
+	}
+	for _, k := range want {
+		if _, ok := got[k]; !ok {
+			t.Fatalf("the check misses %s in its canary (finds %v): it has gone blind", k, got)
+		}
+	}
+
+	fset, files := parseSources(t)
+	found := interfaceClosures(files)
+	for key, pos := range found {
+		if !closuresLeft[key] {
+			t.Errorf("%s: %s is handed a function bound to the Interface: hand it the narrow pieces it needs", fset.Position(pos), key)
+		}
+	}
+	for key := range closuresLeft {
+		if _, ok := found[key]; !ok {
+			t.Errorf("%s no longer gets a function bound to the Interface: take it off closuresLeft", key)
+		}
+	}
+}
+
+// interfaceClosures finds the functions bound to the Interface that are
+// stored in owners (see TestNoClosureCapturesInterface), by the owner's
+// field.
+func interfaceClosures(files map[string]*ast.File) map[string]token.Pos {
+	fields := map[string][]string{} // the package's struct types and their fields, in order
+	methods := map[string]bool{}    // Interface's methods
+	for _, af := range files {
+		for _, d := range af.Decls {
+			switch d := d.(type) {
+			case *ast.GenDecl:
+				for _, s := range d.Specs {
+					ts, ok := s.(*ast.TypeSpec)
+					if !ok {
+						continue
+					}
+					st, ok := ts.Type.(*ast.StructType)
+					if !ok {
+						continue
+					}
+					var names []string
+					for _, f := range st.Fields.List {
+						if len(f.Names) == 0 {
+							names = append(names, typeName(f.Type)) // embedded
+						}
+						for _, id := range f.Names {
+							names = append(names, id.Name)
+						}
+					}
+					fields[ts.Name.Name] = names
+				}
+			case *ast.FuncDecl:
+				if d.Recv != nil && len(d.Recv.List) == 1 && recvTypeName(d.Recv.List[0].Type) == "Interface" {
+					methods[d.Name.Name] = true
+				}
+			}
+		}
+	}
+	found := map[string]token.Pos{}
+	for _, af := range files {
+		for _, d := range af.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || fd.Body == nil {
+				continue
+			}
+			self := interfaceNames(fd)
+			recv := ""
+			if fd.Recv != nil && len(fd.Recv.List) == 1 && len(fd.Recv.List[0].Names) == 1 {
+				recv = fd.Recv.List[0].Names[0].Name
+			}
+			for _, p := range fd.Type.Params.List {
+				if isInterfacePointer(p.Type) {
+					for _, id := range p.Names {
+						self[id.Name] = true
+					}
+				}
+			}
+			if len(self) == 0 {
+				continue
+			}
+			bound := func(e ast.Expr) bool {
+				switch e := e.(type) {
+				case *ast.FuncLit:
+					names := false
+					ast.Inspect(e.Body, func(n ast.Node) bool {
+						if id, ok := n.(*ast.Ident); ok && self[id.Name] {
+							names = true
+						}
+						return !names
+					})
+					return names
+				case *ast.SelectorExpr:
+					return isSelf(e.X, self) && methods[e.Sel.Name]
+				}
+				return false
+			}
+			// stored records v, stored in owner.field, if it is bound;
+			// a slice or array literal stored there is looked into.
+			var stored func(key string, v ast.Expr)
+			stored = func(key string, v ast.Expr) {
+				if cl, ok := v.(*ast.CompositeLit); ok {
+					if _, ok := cl.Type.(*ast.ArrayType); ok {
+						for _, el := range cl.Elts {
+							stored(key, el)
+						}
+					}
+					return
+				}
+				if bound(v) {
+					found[key] = v.Pos()
+				}
+			}
+			ast.Inspect(fd.Body, func(n ast.Node) bool {
+				switch n := n.(type) {
+				case *ast.CompositeLit:
+					typ := typeName(n.Type)
+					names, ok := fields[typ]
+					if !ok || typ == "Interface" {
+						return true
+					}
+					for k, el := range n.Elts {
+						if kv, ok := el.(*ast.KeyValueExpr); ok {
+							if id, ok := kv.Key.(*ast.Ident); ok {
+								stored(typ+"."+id.Name, kv.Value)
+							}
+						} else if k < len(names) {
+							stored(typ+"."+names[k], el)
+						}
+					}
+				case *ast.AssignStmt:
+					for k, lhs := range n.Lhs {
+						sel, ok := lhs.(*ast.SelectorExpr)
+						if !ok || k >= len(n.Rhs) || isSelf(sel.X, self) {
+							continue // the Interface's own fields are the assembly's
+						}
+						owner := "?"
+						if id, ok := sel.X.(*ast.Ident); ok && id.Name == recv {
+							owner = recvTypeName(fd.Recv.List[0].Type)
+						} else if inner, ok := sel.X.(*ast.SelectorExpr); ok {
+							owner = inner.Sel.Name
+						}
+						stored(owner+"."+sel.Sel.Name, n.Rhs[k])
+					}
+				case *ast.CallExpr:
+					sel, ok := n.Fun.(*ast.SelectorExpr)
+					if !ok || sel.Sel.Name != "init" {
+						return true
+					}
+					owner := "?"
+					switch x := sel.X.(type) {
+					case *ast.SelectorExpr:
+						owner = x.Sel.Name
+					case *ast.Ident:
+						owner = x.Name
+					}
+					for _, a := range n.Args {
+						stored(owner+".init", a)
+					}
+				}
+				return true
+			})
+		}
+	}
+	return found
+}

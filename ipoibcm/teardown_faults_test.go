@@ -15,7 +15,7 @@ import (
 func killPassive(nd *testNode) <-chan int {
 	moved := make(chan int, 1)
 	nd.ifc.ctl.post(func() {
-		nd.ifc.mu.Lock()
+		nd.ifc.passive.mu.Lock()
 		var rcs []*rxConn
 		for rc := range nd.ifc.passive.set {
 			// Only the control loop moves a connection out of rxLive, and
@@ -24,7 +24,7 @@ func killPassive(nd *testNode) <-chan int {
 				rcs = append(rcs, rc)
 			}
 		}
-		nd.ifc.mu.Unlock()
+		nd.ifc.passive.mu.Unlock()
 		for _, rc := range rcs {
 			nd.ifc.passive.rxTransition(rc, rxEvShutdown)
 		}
@@ -124,12 +124,12 @@ func TestLastWQEWhileLive(t *testing.T) {
 	a, b := tn.nodes[0], tn.nodes[1]
 	reaped := reapSignal(b)
 	ping(t, a, b.v4, 64)
-	b.ifc.mu.Lock()
+	b.ifc.passive.mu.Lock()
 	var rc *rxConn
 	for c := range b.ifc.passive.set {
 		rc = c
 	}
-	b.ifc.mu.Unlock()
+	b.ifc.passive.mu.Unlock()
 	if err := rc.qp.Modify(hcaErrorAttr()); err != nil {
 		t.Fatal(err)
 	}

@@ -115,11 +115,12 @@ type activeSet struct {
 	retry          uint8 // Config.RCRetry
 	pkey           hca.PKey
 	backoff        time.Duration // Config.CMBackoff
-	// pkeyIndex is the interface's P_Key index (control loop's); running
-	// reports the interface running; mtu is its IP MTU now.
-	pkeyIndex func() int
-	running   func() bool
-	mtu       func() int
+	// pkeyIndex is the interface's P_Key index (the control loop's, which
+	// is where connect reads it); life says whether the interface runs;
+	// mtu is its IP MTU now.
+	pkeyIndex *int
+	life      *ifStateCell
+	mtu       *atomic.Int64
 	post      func(func()) // onto the control loop
 	emitEv    func(kind EventKind, qpn, remote hca.QPN, peer hca.GID, elapsed time.Duration, detail string)
 	log       *slog.Logger
@@ -133,9 +134,7 @@ func (a *activeSet) init(i *Interface) {
 	a.dev, a.cmm, a.sendCQ, a.recvCQ = i.dev, i.cmm, i.txCQ, i.rxCQ
 	a.hw, a.bcast, a.srq = i.hw, i.bcast, i.srq != nil
 	a.sendq, a.retry, a.pkey, a.backoff = i.cfg.SendQueueSize, i.cfg.RCRetry, i.cfg.PKey, i.cfg.CMBackoff
-	a.pkeyIndex = func() int { return i.pkeyIndex }
-	a.running = func() bool { return ifState(i.state.Load()) == ifRunning }
-	a.mtu = i.MTU
+	a.pkeyIndex, a.life, a.mtu = &i.pkeyIndex, &i.life, &i.mtu
 	a.post = i.ctl.post
 	a.emitEv = i.obs.emit
 	a.log = i.log
@@ -270,7 +269,7 @@ func (s *activeSet) emit(kind EventKind, tc *txConn, elapsed time.Duration, deta
 // connect creates the RC QP and sends the REQ (control loop).
 func (tc *txConn) connect() {
 	s := tc.set
-	if tc.state.load() != txConnecting || !s.running() {
+	if tc.state.load() != txConnecting || !s.life.running() {
 		tc.teardown()
 		return
 	}
@@ -288,7 +287,7 @@ func (tc *txConn) connect() {
 		tc.fail(false)
 		return
 	}
-	if err := qp.Modify(hca.QPAttr{State: hca.QPStateInit, PKeyIndex: s.pkeyIndex()}); err != nil {
+	if err := qp.Modify(hca.QPAttr{State: hca.QPStateInit, PKeyIndex: *s.pkeyIndex}); err != nil {
 		qp.Destroy()
 		s.log.Warn("TX QP to Init", "peer", tc.peer, "err", err)
 		tc.fail(false)
@@ -404,7 +403,7 @@ func (tc *txConn) applyREP(pd []byte) bool {
 	if cnt > 0 {
 		tc.flushed = make(chan struct{})
 	}
-	pathMTU := min(tc.mtu-frame.EncapLen, s.mtu())
+	pathMTU := min(tc.mtu-frame.EncapLen, int(s.mtu.Load()))
 	s.neigh.mu.Unlock()
 
 	var replies [][]byte

@@ -27,11 +27,7 @@ type udPath struct {
 // both CQs busy (the backend refuses to destroy a CQ a QP still uses), so
 // New's clean-up could not release them either.
 func newUDPath(i *Interface) (_ *udPath, err error) {
-	u := &udPath{log: i.log, psn: func() uint32 {
-		i.mu.Lock()
-		defer i.mu.Unlock()
-		return i.rng.Uint32() & 0xffffff
-	}}
+	u := &udPath{log: i.log, psn: i.psn.next}
 	qp, err := i.dev.CreateQP(hca.QPConfig{
 		Type:      hca.QPTypeUD,
 		SendCQ:    i.txCQ,

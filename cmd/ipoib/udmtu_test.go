@@ -65,14 +65,15 @@ func startIperf3Server(t *testing.T, ns, addr string, args ...string) *exec.Cmd 
 	return srv
 }
 
-// iperf3Across runs one iperf3 TCP stream of seconds from namespace from
-// to addr in namespace to; the client starts once the server says it
-// listens.
-func iperf3Across(t *testing.T, from, to, addr string, seconds int) iperf3Run {
+// iperf3Across runs iperf3 TCP for seconds from namespace from to addr in
+// namespace to (one stream; clientArgs such as -P 8 go to the client);
+// the client starts once the server says it listens.
+func iperf3Across(t *testing.T, from, to, addr string, seconds int, clientArgs ...string) iperf3Run {
 	t.Helper()
 	srv := startIperf3Server(t, to, addr, "-1")
 	defer func() { srv.Process.Kill(); srv.Wait() }()
-	out, err := exec.Command("ip", "netns", "exec", from, "iperf3", "-c", addr, "-t", fmt.Sprint(seconds), "-J").Output()
+	args := append([]string{"netns", "exec", from, "iperf3", "-c", addr, "-t", fmt.Sprint(seconds), "-J"}, clientArgs...)
+	out, err := exec.Command("ip", args...).Output()
 	if err != nil {
 		t.Fatalf("iperf3 %s -> %s: %v\n%s", from, addr, err, out)
 	}

@@ -167,12 +167,42 @@ func TestIPv6UpperLayer(t *testing.T) {
 	}
 }
 
+// mldReport is an MLDv2 report to ff02::16 as hosts send it: behind a
+// hop-by-hop header of eight bytes holding the Router Alert option.
+func mldReport() []byte {
+	p := ipv6UDP(0)[:40]
+	p[6], p[7], p[24], p[25], p[39] = 0, 1, 0xff, 0x02, 0x16
+	p = append(p, ProtoICMPv6, 0, 5, 2, 0, 0, 1, 0) // hop-by-hop: Router Alert (MLD), PadN
+	p = append(p, 143, 0, 0, 0, 0, 0, 0, 0)         // MLDv2 report, no records
+	binary.BigEndian.PutUint16(p[4:], uint16(len(p)-40))
+	return p
+}
+
+func TestIPv6PastHopByHop(t *testing.T) {
+	p := mldReport()
+	if proto, off, ok := IPv6PastHopByHop(p); !ok || proto != ProtoICMPv6 || off != 48 {
+		t.Fatalf("MLD: proto %d off %d ok %v", proto, off, ok)
+	}
+	if _, _, ok := IPv6PastHopByHop(p[:47]); ok {
+		t.Fatal("a hop-by-hop header cut inside its first eight bytes is skipped")
+	}
+	// It skips one hop-by-hop header and nothing else.
+	p[40] = 60 // destination options next
+	if proto, off, ok := IPv6PastHopByHop(p); !ok || proto != 60 || off != 48 {
+		t.Fatalf("hop-by-hop then destination options: proto %d off %d ok %v", proto, off, ok)
+	}
+	if proto, off, ok := IPv6PastHopByHop(ipv6UDP(4)); !ok || proto != ProtoUDP || off != 40 {
+		t.Fatalf("no extension headers: %d %d %v", proto, off, ok)
+	}
+}
+
 // FuzzParseIP: no input panics, and what parses describes bytes that are
 // there.
 func FuzzParseIP(f *testing.F) {
 	f.Add(ipv4TCP(10))
 	f.Add(ipv6UDP(10))
 	f.Add([]byte{0x4f})
+	f.Add(mldReport())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := ParseIP(b)
 		hh, herr := ParseIPHeader(b)
@@ -207,8 +237,26 @@ func FuzzParseIP(f *testing.F) {
 		}
 		if len(b) >= 40 {
 			_ = PseudoHeaderSum(b, b[0]>>4 == 6, ProtoUDP, len(b))
-			if _, off, _, ok := IPv6UpperLayer(b); off < 40 || (!ok && len(b)-off >= 8) {
-				t.Fatalf("IPv6UpperLayer: offset %d of %d, ok %v", off, len(b), ok)
+			up, uoff, _, uok := IPv6UpperLayer(b)
+			if uoff < 40 || (!uok && len(b)-uoff >= 8) {
+				t.Fatalf("IPv6UpperLayer: offset %d of %d, ok %v", uoff, len(b), uok)
+			}
+			// IPv6PastHopByHop is IPv6UpperLayer's first step, taken
+			// only for a hop-by-hop header.
+			proto, off, ok := IPv6PastHopByHop(b)
+			switch {
+			case b[6] != 0:
+				if !ok || proto != b[6] || off != 40 {
+					t.Fatalf("IPv6PastHopByHop without hop-by-hop: %d %d %v", proto, off, ok)
+				}
+			case !ok:
+				if len(b) >= 48 || uok {
+					t.Fatalf("IPv6PastHopByHop refused %d bytes, IPv6UpperLayer %v", len(b), uok)
+				}
+			case off != 40+(int(b[41])+1)*8 || proto != b[40]:
+				t.Fatalf("IPv6PastHopByHop: %d %d over %d bytes", proto, off, len(b))
+			case uok && off == uoff && up != proto:
+				t.Fatalf("IPv6PastHopByHop %d at %d, IPv6UpperLayer %d there", proto, off, up)
 			}
 		}
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/ipoibcm/ipoib/cmd/ipoib/internal/config"
 	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/internal/flagcheck"
+	"github.com/ipoibcm/ipoib/ipoibcm"
 )
 
 // ErrSetup marks an 'ipoib up' failure before the interface ran: an
@@ -41,6 +42,10 @@ type UpOptions struct {
 	// MaxRXConns, MaxRXConnsPerPeer and MaxHalfOpen bound the passive
 	// connections (ipoibcm.Config, cm.Options).
 	MaxRXConns, MaxRXConnsPerPeer, MaxHalfOpen int
+	// RecvQueueSize is the SRQ's first size and RecvQueueMax how far its
+	// limit event may double it (ipoibcm.Config's RecvQueueSize and
+	// MaxRecvQueueSize).
+	RecvQueueSize, RecvQueueMax int
 	// PKey is the partition of the device (0: the default, 0xffff), as
 	// given: its bit 15 is the port's membership (--pkey).
 	PKey hca.PKey
@@ -97,6 +102,7 @@ type upFlagSet struct {
 	port                          *uint
 	peers, multicast, allow       *string
 	maxRX, maxRXPeer, maxHalfOpen *int
+	recvQueue, recvQueueMax       *int
 	pkey, pkeyTable               *string
 	ibMTU                         *int
 	loss, dup, reorder, delay     *float64
@@ -123,6 +129,8 @@ func declareUpFlags(fs *flag.FlagSet, env *Env) *upFlagSet {
 	u.allow = fs.String("allow", "", "comma-separated underlay source prefixes to accept, or 'any'; others are dropped before parsing (default: --peers and the subnet --bind is on)")
 	u.maxRX = fs.Int("max-rx-conns", 2048, "passive connections at most (REQs over it get REJ NO_QP); a peer holding an established one may replace it")
 	u.maxRXPeer = fs.Int("max-rx-conns-per-peer", 4, "passive connections from one peer GID at most")
+	u.recvQueue = fs.Int("recv-queue-size", ipoibcm.DefaultRecvQueueSize, "receive buffers of 64 KiB on the SRQ at start, as Linux's ib_ipoib recv_queue_size (4..8192)")
+	u.recvQueueMax = fs.Int("recv-queue-max", ipoibcm.DefaultMaxRecvQueueSize, "the SRQ doubles under load up to this many buffers (--recv-queue-size..8192; equal to it keeps the SRQ fixed, as Linux's)")
 	u.maxHalfOpen = fs.Int("max-half-open", 256, "passive handshakes awaiting the peer's RTU at most; a REQ beyond evicts one of the source holding the most")
 	u.pkey = fs.String("pkey", "0xffff", "partition of the device: its P_Key (0x8001); no subnet manager runs, so the port's P_Key table is {0xffff, this}, bit 15 clear making the port a limited member (0x0001)")
 	u.pkeyTable = fs.String("pkey-table", "", "more comma-separated P_Keys for the port's table, the partitions 'ipoib child add' may use here (bit 15 the membership, as --pkey)")
@@ -431,6 +439,8 @@ func (u *upFlagSet) options(args []string) (UpOptions, string) {
 			return ""
 		},
 		atLeastOne("max-rx-conns", *u.maxRX), atLeastOne("max-rx-conns-per-peer", *u.maxRXPeer), atLeastOne("max-half-open", *u.maxHalfOpen),
+		check(flagcheck.IntRange("recv-queue-size", *u.recvQueue, 4, maxRecvQueue)),
+		check(flagcheck.IntRange("recv-queue-max", *u.recvQueueMax, *u.recvQueue, maxRecvQueue)),
 	)
 	if msg := firstBroken(append(rules, u.prof.rules()...)...); msg != "" {
 		return o, msg
@@ -438,6 +448,7 @@ func (u *upFlagSet) options(args []string) (UpOptions, string) {
 	o.Mode, o.MTU, o.Offloads = *u.ib.mode, *u.ib.mtu, *u.ib.offloads == "on"
 	o.Multicast = *u.multicast == "on"
 	o.MaxRXConns, o.MaxRXConnsPerPeer, o.MaxHalfOpen = *u.maxRX, *u.maxRXPeer, *u.maxHalfOpen
+	o.RecvQueueSize, o.RecvQueueMax = *u.recvQueue, *u.recvQueueMax
 	o.RCRetry, o.AckTimeout, o.UDPOffload = uint8(*u.rcRetry), *u.ackTimeout, *u.udpOffload
 	o.Loss, o.Dup, o.Reorder, o.Delay, o.DelayTime, o.Seed = *u.loss, *u.dup, *u.reorder, *u.delay, *u.delayTime, *u.seed
 	o.Host, o.ControlDir, o.Metrics, o.LogLevel = *u.host, *u.dir, *u.ib.metrics, u.ib.lvl.level
@@ -446,6 +457,9 @@ func (u *upFlagSet) options(args []string) (UpOptions, string) {
 	}
 	return o, ""
 }
+
+// maxRecvQueue is Linux's largest recv_queue_size (IPOIB_MAX_QUEUE_SIZE).
+const maxRecvQueue = 8192
 
 // atLeastOne checks a limit flag.
 func atLeastOne(flagName string, v int) rule {

@@ -127,6 +127,8 @@ func upInterfaceConfig(o UpOptions, mode ipoibcm.Mode, dev hca.Device, host ipoi
 	return ipoibcm.Config{
 		Device: dev, Host: host, Name: o.Dev, Mode: mode, MTU: o.MTU, PKey: upPartition(o.PKey), RCRetry: o.RCRetry, Logger: log,
 		MaxRXConns: o.MaxRXConns, MaxRXConnsPerGID: o.MaxRXConnsPerPeer,
+		// The UD ring is set on its own: left 0 it would follow the SRQ.
+		RecvQueueSize: o.RecvQueueSize, MaxRecvQueueSize: o.RecvQueueMax, UDRecvQueueSize: ipoibcm.DefaultUDRecvQueueSize,
 		CM: cm.Options{MaxHalfOpen: o.MaxHalfOpen},
 	}
 }

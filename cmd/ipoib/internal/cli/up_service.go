@@ -367,6 +367,7 @@ func notLive(cur, next UpOptions) []string {
 		{"mtu", cur.MTU != next.MTU}, {"ib-mtu", cur.IBMTU != next.IBMTU}, {"pkey", cur.PKey != next.PKey},
 		{"max-rx-conns", cur.MaxRXConns != next.MaxRXConns}, {"max-rx-conns-per-peer", cur.MaxRXConnsPerPeer != next.MaxRXConnsPerPeer},
 		{"max-half-open", cur.MaxHalfOpen != next.MaxHalfOpen},
+		{"recv-queue-size", cur.RecvQueueSize != next.RecvQueueSize}, {"recv-queue-max", cur.RecvQueueMax != next.RecvQueueMax},
 		{"loss", cur.Loss != next.Loss}, {"dup", cur.Dup != next.Dup}, {"reorder", cur.Reorder != next.Reorder},
 		{"delay", cur.Delay != next.Delay}, {"delay-time", cur.DelayTime != next.DelayTime}, {"seed", cur.Seed != next.Seed},
 		{"rc-retry", cur.RCRetry != next.RCRetry}, {"ack-timeout", cur.AckTimeout != next.AckTimeout},
