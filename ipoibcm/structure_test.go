@@ -4,6 +4,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"iter"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,18 +24,12 @@ func TestPollHandlersNeverSyncOrStop(t *testing.T) {
 	_, files := parseSources(t)
 	calls := map[string]map[string]bool{} // function name -> names it calls
 	syncs := map[string]bool{}            // functions calling Sync/Stop on a napi context
-	for _, af := range files {
-		for _, d := range af.Decls {
-			fd, ok := d.(*ast.FuncDecl)
-			if !ok || fd.Body == nil {
-				continue
-			}
-			name := fd.Name.Name
-			if calls[name] == nil {
-				calls[name] = map[string]bool{}
-			}
-			collectCalls(fd.Body, calls[name], func() { syncs[name] = true })
+	for fd := range funcBodies(files) {
+		name := fd.Name.Name
+		if calls[name] == nil {
+			calls[name] = map[string]bool{}
 		}
+		collectCalls(fd.Body, calls[name], func() { syncs[name] = true })
 	}
 	if len(syncs) == 0 {
 		t.Fatal("no function calls Sync or Stop on a napi context: the check has gone blind")
@@ -335,39 +330,33 @@ func TestNoInterfaceBackPointers(t *testing.T) {
 		})
 	}
 	// Then the functions, once Interface's own fields are known.
-	for _, af := range files {
-		for _, d := range af.Decls {
-			fd, ok := d.(*ast.FuncDecl)
-			if !ok || fd.Body == nil {
-				continue
+	for fd := range funcBodies(files) {
+		self := interfaceNames(fd)
+		reached := func(pos token.Pos, key string) {
+			found[key] = true
+			if !backPointersLeft[key] {
+				t.Errorf("%s: %s gets the Interface itself: hand it the narrow pieces it needs", fset.Position(pos), key)
 			}
-			self := interfaceNames(fd)
-			reached := func(pos token.Pos, key string) {
-				found[key] = true
-				if !backPointersLeft[key] {
-					t.Errorf("%s: %s gets the Interface itself: hand it the narrow pieces it needs", fset.Position(pos), key)
-				}
-			}
-			ast.Inspect(fd.Body, func(n ast.Node) bool {
-				switch n := n.(type) {
-				case *ast.CompositeLit:
-					for _, el := range n.Elts {
-						if kv, ok := el.(*ast.KeyValueExpr); ok && isSelf(kv.Value, self) {
-							if k, ok := kv.Key.(*ast.Ident); ok {
-								reached(kv.Pos(), typeName(n.Type)+"."+k.Name)
-							}
-						}
-					}
-				case *ast.AssignStmt:
-					for k, lhs := range n.Lhs {
-						if sel, ok := lhs.(*ast.SelectorExpr); ok && k < len(n.Rhs) && isSelf(n.Rhs[k], self) && !own[sel.Sel.Name] {
-							reached(n.Pos(), "?."+sel.Sel.Name)
-						}
-					}
-				}
-				return true
-			})
 		}
+		ast.Inspect(fd.Body, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.CompositeLit:
+				for _, el := range n.Elts {
+					if kv, ok := el.(*ast.KeyValueExpr); ok && isSelf(kv.Value, self) {
+						if k, ok := kv.Key.(*ast.Ident); ok {
+							reached(kv.Pos(), typeName(n.Type)+"."+k.Name)
+						}
+					}
+				}
+			case *ast.AssignStmt:
+				for k, lhs := range n.Lhs {
+					if sel, ok := lhs.(*ast.SelectorExpr); ok && k < len(n.Rhs) && isSelf(n.Rhs[k], self) && !own[sel.Sel.Name] {
+						reached(n.Pos(), "?."+sel.Sel.Name)
+					}
+				}
+			}
+			return true
+		})
 	}
 	if structs < 10 {
 		t.Fatalf("only %d struct types found: the check has gone blind", structs)
@@ -536,109 +525,116 @@ func interfaceClosures(files map[string]*ast.File) map[string]token.Pos {
 		}
 	}
 	found := map[string]token.Pos{}
-	for _, af := range files {
-		for _, d := range af.Decls {
-			fd, ok := d.(*ast.FuncDecl)
-			if !ok || fd.Body == nil {
-				continue
-			}
-			self := interfaceNames(fd)
-			recv := ""
-			if fd.Recv != nil && len(fd.Recv.List) == 1 && len(fd.Recv.List[0].Names) == 1 {
-				recv = fd.Recv.List[0].Names[0].Name
-			}
-			for _, p := range fd.Type.Params.List {
-				if isInterfacePointer(p.Type) {
-					for _, id := range p.Names {
-						self[id.Name] = true
-					}
+	for fd := range funcBodies(files) {
+		self := interfaceNames(fd)
+		recv := ""
+		if fd.Recv != nil && len(fd.Recv.List) == 1 && len(fd.Recv.List[0].Names) == 1 {
+			recv = fd.Recv.List[0].Names[0].Name
+		}
+		for _, p := range fd.Type.Params.List {
+			if isInterfacePointer(p.Type) {
+				for _, id := range p.Names {
+					self[id.Name] = true
 				}
 			}
-			if len(self) == 0 {
-				continue
+		}
+		if len(self) == 0 {
+			continue
+		}
+		bound := func(e ast.Expr) bool {
+			switch e := e.(type) {
+			case *ast.FuncLit:
+				names := false
+				ast.Inspect(e.Body, func(n ast.Node) bool {
+					if id, ok := n.(*ast.Ident); ok && self[id.Name] {
+						names = true
+					}
+					return !names
+				})
+				return names
+			case *ast.SelectorExpr:
+				return isSelf(e.X, self) && methods[e.Sel.Name]
 			}
-			bound := func(e ast.Expr) bool {
-				switch e := e.(type) {
-				case *ast.FuncLit:
-					names := false
-					ast.Inspect(e.Body, func(n ast.Node) bool {
-						if id, ok := n.(*ast.Ident); ok && self[id.Name] {
-							names = true
-						}
-						return !names
-					})
-					return names
-				case *ast.SelectorExpr:
-					return isSelf(e.X, self) && methods[e.Sel.Name]
+			return false
+		}
+		// stored records v, stored in owner.field, if it is bound;
+		// a slice or array literal stored there is looked into.
+		var stored func(key string, v ast.Expr)
+		stored = func(key string, v ast.Expr) {
+			if cl, ok := v.(*ast.CompositeLit); ok {
+				if _, ok := cl.Type.(*ast.ArrayType); ok {
+					for _, el := range cl.Elts {
+						stored(key, el)
+					}
 				}
-				return false
+				return
 			}
-			// stored records v, stored in owner.field, if it is bound;
-			// a slice or array literal stored there is looked into.
-			var stored func(key string, v ast.Expr)
-			stored = func(key string, v ast.Expr) {
-				if cl, ok := v.(*ast.CompositeLit); ok {
-					if _, ok := cl.Type.(*ast.ArrayType); ok {
-						for _, el := range cl.Elts {
-							stored(key, el)
-						}
-					}
-					return
-				}
-				if bound(v) {
-					found[key] = v.Pos()
-				}
+			if bound(v) {
+				found[key] = v.Pos()
 			}
-			ast.Inspect(fd.Body, func(n ast.Node) bool {
-				switch n := n.(type) {
-				case *ast.CompositeLit:
-					typ := typeName(n.Type)
-					names, ok := fields[typ]
-					if !ok || typ == "Interface" {
-						return true
-					}
-					for k, el := range n.Elts {
-						if kv, ok := el.(*ast.KeyValueExpr); ok {
-							if id, ok := kv.Key.(*ast.Ident); ok {
-								stored(typ+"."+id.Name, kv.Value)
-							}
-						} else if k < len(names) {
-							stored(typ+"."+names[k], el)
+		}
+		ast.Inspect(fd.Body, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.CompositeLit:
+				typ := typeName(n.Type)
+				names, ok := fields[typ]
+				if !ok || typ == "Interface" {
+					return true
+				}
+				for k, el := range n.Elts {
+					if kv, ok := el.(*ast.KeyValueExpr); ok {
+						if id, ok := kv.Key.(*ast.Ident); ok {
+							stored(typ+"."+id.Name, kv.Value)
 						}
+					} else if k < len(names) {
+						stored(typ+"."+names[k], el)
 					}
-				case *ast.AssignStmt:
-					for k, lhs := range n.Lhs {
-						sel, ok := lhs.(*ast.SelectorExpr)
-						if !ok || k >= len(n.Rhs) || isSelf(sel.X, self) {
-							continue // the Interface's own fields are the assembly's
-						}
-						owner := "?"
-						if id, ok := sel.X.(*ast.Ident); ok && id.Name == recv {
-							owner = recvTypeName(fd.Recv.List[0].Type)
-						} else if inner, ok := sel.X.(*ast.SelectorExpr); ok {
-							owner = inner.Sel.Name
-						}
-						stored(owner+"."+sel.Sel.Name, n.Rhs[k])
-					}
-				case *ast.CallExpr:
-					sel, ok := n.Fun.(*ast.SelectorExpr)
-					if !ok || sel.Sel.Name != "init" {
-						return true
+				}
+			case *ast.AssignStmt:
+				for k, lhs := range n.Lhs {
+					sel, ok := lhs.(*ast.SelectorExpr)
+					if !ok || k >= len(n.Rhs) || isSelf(sel.X, self) {
+						continue // the Interface's own fields are the assembly's
 					}
 					owner := "?"
-					switch x := sel.X.(type) {
-					case *ast.SelectorExpr:
-						owner = x.Sel.Name
-					case *ast.Ident:
-						owner = x.Name
+					if id, ok := sel.X.(*ast.Ident); ok && id.Name == recv {
+						owner = recvTypeName(fd.Recv.List[0].Type)
+					} else if inner, ok := sel.X.(*ast.SelectorExpr); ok {
+						owner = inner.Sel.Name
 					}
-					for _, a := range n.Args {
-						stored(owner+".init", a)
-					}
+					stored(owner+"."+sel.Sel.Name, n.Rhs[k])
 				}
-				return true
-			})
-		}
+			case *ast.CallExpr:
+				sel, ok := n.Fun.(*ast.SelectorExpr)
+				if !ok || sel.Sel.Name != "init" {
+					return true
+				}
+				owner := "?"
+				switch x := sel.X.(type) {
+				case *ast.SelectorExpr:
+					owner = x.Sel.Name
+				case *ast.Ident:
+					owner = x.Name
+				}
+				for _, a := range n.Args {
+					stored(owner+".init", a)
+				}
+			}
+			return true
+		})
 	}
 	return found
+}
+
+// funcBodies yields every function or method with a body declared in files.
+func funcBodies(files map[string]*ast.File) iter.Seq[*ast.FuncDecl] {
+	return func(yield func(*ast.FuncDecl) bool) {
+		for _, af := range files {
+			for _, d := range af.Decls {
+				if fd, ok := d.(*ast.FuncDecl); ok && fd.Body != nil && !yield(fd) {
+					return
+				}
+			}
+		}
+	}
 }
