@@ -219,8 +219,8 @@ func New(cfg Config) (_ *Interface, err error) {
 
 // rxCQSize is Linux's recv_cq size (docs/linux.md §4.3): the UD ring
 // plus one, the sends of passive QPs (the drain WR) bounded by the send
-// queue, and the SRQ at its largest plus one spare for the drain completion, or every
-// non-SRQ ring.
+// queue, and the SRQ at its largest (srq.go) plus one spare for the
+// drain completion, or every non-SRQ ring.
 func rxCQSize(udRecvq, recvq, maxSRQ, sendq int, srq bool, maxConn int) int {
 	n := udRecvq + 1 + sendq
 	if srq {
