@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -159,26 +160,59 @@ func TestFilter(t *testing.T) {
 }
 
 // slowWriter takes every write only when told, so the stream's queue
-// fills.
-type slowWriter struct{ gate chan struct{} }
+// fills; entered closes at the first write that waits.
+type slowWriter struct {
+	gate    chan struct{}
+	entered chan struct{}
+	once    sync.Once
+}
 
-func (w *slowWriter) Write(b []byte) (int, error) { <-w.gate; return len(b), nil }
+func (w *slowWriter) Write(b []byte) (int, error) {
+	w.once.Do(func() { close(w.entered) })
+	<-w.gate
+	return len(b), nil
+}
 
+// Once the writer is stuck (its file buffer full and the file not taking
+// more), the stream queues at most its budget and drops the rest, and
+// Message never blocks.
 func TestStreamDropsWhenBehindAndSaysSo(t *testing.T) {
-	w := &slowWriter{gate: make(chan struct{})}
-	s, err := NewStream(w, StreamConfig{Budget: 64 << 10})
+	w := &slowWriter{gate: make(chan struct{}), entered: make(chan struct{})}
+	const budget = 64 << 10
+	s, err := NewStream(w, StreamConfig{Budget: budget})
 	if err != nil {
 		t.Fatal(err)
 	}
+	release := sync.OnceFunc(func() { close(w.gate) })
+	t.Cleanup(release) // a failed test must not leave the writer stuck
 	m := soft.Message{Kind: soft.MessageUD, SrcGID: gid(1), DstGID: gid(2), SrcQPN: 9, DstQPN: 10, Data: make([]byte, 4000)}
+	// Until the writer's buffer fills it keeps up, however fast this
+	// feeds it; after that only the queue holds what comes.
+	for fed := 0; ; fed++ {
+		select {
+		case <-w.entered:
+		default:
+			if fed == 100000 {
+				t.Fatal("the writer never wrote to the file")
+			}
+			s.Message(&m)
+			continue
+		}
+		break
+	}
+	rec0, drop0 := s.Counts()
 	for range 1000 {
 		s.Message(&m) // never blocks, whatever the writer does
 	}
 	rec, dropped := s.Counts()
-	if dropped == 0 || rec+dropped != 1000 || rec > 64 {
-		t.Fatalf("recorded %d dropped %d of 1000 with a 64 KiB budget", rec, dropped)
+	rec, dropped = rec-rec0, dropped-drop0
+	if rec+dropped != 1000 || rec > budget/4000 || dropped < 1000-budget/4000 {
+		t.Fatalf("with the writer stuck: recorded %d dropped %d of 1000 with a %d-byte budget", rec, dropped, budget)
 	}
-	close(w.gate)
+	if b := s.Backlog(); b > budget {
+		t.Fatalf("backlog %d over the budget %d", b, budget)
+	}
+	release()
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -401,7 +435,7 @@ func TestTapNeverDropsTraffic(t *testing.T) {
 	var mux Mux
 	fab := soft.NewFabric(soft.Config{Seed: 1, Tap: &mux})
 	defer fab.Close()
-	w := &slowWriter{gate: make(chan struct{})}
+	w := &slowWriter{gate: make(chan struct{}), entered: make(chan struct{})}
 	s, err := NewStream(w, StreamConfig{Budget: 16 << 10})
 	if err != nil {
 		t.Fatal(err)
