@@ -1,8 +1,6 @@
 package main
 
 import (
-	"fmt"
-	"os"
 	"os/exec"
 	"testing"
 
@@ -17,21 +15,8 @@ import (
 // teardown, a reconnect (seven of them in 4 s on a quiet machine, and
 // iperf3 -P 8 moved half of -P 1). The SRQ grows instead (ipoibcm/srq.go).
 func TestBinaryConnectedManyStreamsOneConnection(t *testing.T) {
-	needRoot(t)
-	if _, err := exec.LookPath("iperf3"); err != nil {
-		t.Skip("iperf3 not in PATH: apt-get install iperf3")
-	}
-	nsPrefix := fmt.Sprintf("ipoib-p%d-", os.Getpid())
-	h1, h2 := nsPrefix+"1", nsPrefix+"2"
+	h1, h2, ctl := iperf3Fabric(t, "p", "10.77.94.0/24")
 	a2 := "10.77.94.2"
-	ctl := t.TempDir()
-	checkGone(t, nsPrefix, ctl)
-	fab := startDaemon(t, "stop with Ctrl-C", "fabric", "--hosts", "2", "--netns-prefix", nsPrefix,
-		"--prefix", "10.77.94.0/24", "--control-dir", ctl)
-	t.Cleanup(func() {
-		fab.stop()
-		checkGone(t, nsPrefix, ctl)
-	})
 	if out, err := exec.Command("ip", "netns", "exec", h1, "ping", "-c", "1", "-w", "10", a2).CombinedOutput(); err != nil {
 		t.Fatalf("ping %s: %v %s", a2, err, out)
 	}

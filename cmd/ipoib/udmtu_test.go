@@ -87,6 +87,28 @@ func iperf3Across(t *testing.T, from, to, addr string, seconds int, clientArgs .
 	return r
 }
 
+// iperf3Fabric starts 'ipoib fabric --hosts 2' (and args) on prefix in
+// namespaces ipoib-<tag><pid>-1 and -2 for iperf3 between them, and
+// returns their names and the control directory; it skips without root
+// or iperf3, and leaves nothing behind at cleanup.
+func iperf3Fabric(t *testing.T, tag, prefix string, args ...string) (h1, h2, ctl string) {
+	t.Helper()
+	needRoot(t)
+	if _, err := exec.LookPath("iperf3"); err != nil {
+		t.Skip("iperf3 not in PATH: apt-get install iperf3")
+	}
+	nsPrefix := fmt.Sprintf("ipoib-%s%d-", tag, os.Getpid())
+	ctl = t.TempDir()
+	checkGone(t, nsPrefix, ctl)
+	fab := startDaemon(t, "stop with Ctrl-C", append([]string{"fabric", "--hosts", "2", "--netns-prefix", nsPrefix,
+		"--prefix", prefix, "--control-dir", ctl}, args...)...)
+	t.Cleanup(func() {
+		fab.stop()
+		checkGone(t, nsPrefix, ctl)
+	})
+	return nsPrefix + "1", nsPrefix + "2", ctl
+}
+
 // tcpCounters are namespace ns's TCP counters (/proc/net/snmp's Tcp and
 // /proc/net/netstat's TcpExt lines), by name.
 func tcpCounters(t *testing.T, ns string) map[string]int64 {
@@ -131,21 +153,8 @@ func tcpCounters(t *testing.T, ns string) map[string]int64 {
 // retransmitted segments less those DSACKed, and wants 0, rather than
 // iperf3's retransmits.
 func TestBinaryDatagramLoweredMTUNoLoss(t *testing.T) {
-	needRoot(t)
-	if _, err := exec.LookPath("iperf3"); err != nil {
-		t.Skip("iperf3 not in PATH: apt-get install iperf3")
-	}
-	nsPrefix := fmt.Sprintf("ipoib-u%d-", os.Getpid())
-	h1, h2 := nsPrefix+"1", nsPrefix+"2"
+	h1, h2, ctl := iperf3Fabric(t, "u", "10.77.93.0/24", "--mode", "datagram")
 	a1, a2 := "10.77.93.1", "10.77.93.2"
-	ctl := t.TempDir()
-	checkGone(t, nsPrefix, ctl)
-	fab := startDaemon(t, "stop with Ctrl-C", "fabric", "--hosts", "2", "--mode", "datagram", "--netns-prefix", nsPrefix,
-		"--prefix", "10.77.93.0/24", "--control-dir", ctl)
-	t.Cleanup(func() {
-		fab.stop()
-		checkGone(t, nsPrefix, ctl)
-	})
 	ipIn(t, h2, "link", "set", "ib0", "mtu", "2000")
 	waitShow(t, ctl, h2, "MTU 2000", func(i control.InterfaceInfo) bool { return i.MTU == 2000 })
 	if out, err := exec.Command("ip", "netns", "exec", h1, "ping", "-c", "1", "-w", "10", a2).CombinedOutput(); err != nil {
