@@ -90,9 +90,11 @@ func (s *srqRing) add(n int) error {
 	return nil
 }
 
-// onEvent runs on the HCA's event path, possibly inside a sender's verb
-// call: allocating there would stall the sender, so the growth is handed
-// to the control loop.
+// onEvent runs where the backend delivers async events: the soft
+// fabric's dispatcher, which LAST_WQE_REACHED waits behind, or after a
+// RoCEv2 device's lock is released, on its receive loop or in a poster's
+// verb call. Allocating a doubling there would stall them, so the growth
+// is handed to the control loop.
 func (s *srqRing) onEvent(ev hca.AsyncEvent) {
 	if ev.Type == hca.EventSRQLimitReached {
 		s.post(s.grow)
