@@ -48,7 +48,7 @@ type rxEnv struct {
 	neigh   *neighbourTable
 	passive *passiveSet  // connection events, the drain completion
 	post    func(func()) // onto the control loop
-	out     *hostWriter
+	out     *hostSplit   // the host queues' writers
 	off     *offloadPath
 	ctr     *counters
 	ud      *udPath
@@ -500,7 +500,7 @@ func (r *rxPath) writeHost() {
 		}
 		if r.gather != nil {
 			r.gro.FlushVec(r.groEmitVec)
-			r.out.writeGather(r.gather, r.groVec, r.groMeta)
+			r.out.writeGather(r.groVec, r.groMeta)
 			break
 		}
 		r.gro.Flush(r.groEmit)
