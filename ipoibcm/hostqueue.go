@@ -6,6 +6,9 @@ import (
 	"math/bits"
 	"sync/atomic"
 
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/ipoibcm/ipoib/internal/packet"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 	"github.com/ipoibcm/ipoib/offload"
 )
@@ -197,45 +200,36 @@ func piecesHead(f [][]byte) []byte {
 // every frame of a flow takes one queue, in order, and the kernel's tun
 // flow table (automq) sends the flow's frames the other way on the same
 // queue. The addresses and the ports enter by XOR, so both directions of
-// a flow hash alike. Frames that are not IP (ARP) take queue 0.
+// a flow hash alike. Frames that are not IP (ARP) take queue 0. The IP
+// header is read through internal/packet (docs/decisions.md, "One packet
+// layer"); the frame may end after its headers (a gathered frame's first
+// piece).
 func flowQueue(f []byte, n int) int {
 	if n <= 1 || len(f) < frame.EthHdrLen {
 		return 0
 	}
 	p := f[frame.EthHdrLen:]
-	var h uint64
-	var l4 []byte
-	var proto byte
-	switch binary.BigEndian.Uint16(f[12:14]) {
-	case frame.EtherTypeIPv4:
-		if len(p) < 20 {
-			return 0
-		}
-		h = uint64(binary.BigEndian.Uint32(p[12:16]) ^ binary.BigEndian.Uint32(p[16:20]))
-		proto = p[9]
-		ihl := int(p[0]&0x0f) * 4
-		// A fragment (offset or more-fragments set) has no ports in
-		// every piece: hash them all by the addresses alone.
-		if binary.BigEndian.Uint16(p[6:8])&0x3fff == 0 && ihl >= 20 && len(p) >= ihl+4 {
-			l4 = p[ihl:]
-		}
-	case frame.EtherTypeIPv6:
-		if len(p) < 40 {
-			return 0
-		}
-		h = binary.BigEndian.Uint64(p[8:16]) ^ binary.BigEndian.Uint64(p[16:24]) ^
-			binary.BigEndian.Uint64(p[24:32]) ^ binary.BigEndian.Uint64(p[32:40])
-		proto = p[6]
-		if len(p) >= 44 {
-			l4 = p[40:]
-		}
-	default:
+	ip, err := packet.ParseIPHeader(p)
+	if err != nil {
 		return 0
 	}
-	if l4 != nil && (proto == offload.ProtoTCP || proto == offload.ProtoUDP) {
+	var h uint64
+	if ip.IPv6 {
+		v6 := header.IPv6(p)
+		s, d := v6.SourceAddressSlice(), v6.DestinationAddressSlice()
+		h = binary.BigEndian.Uint64(s[:8]) ^ binary.BigEndian.Uint64(s[8:]) ^
+			binary.BigEndian.Uint64(d[:8]) ^ binary.BigEndian.Uint64(d[8:])
+	} else {
+		v4 := header.IPv4(p)
+		h = uint64(binary.BigEndian.Uint32(v4.SourceAddressSlice()) ^ binary.BigEndian.Uint32(v4.DestinationAddressSlice()))
+	}
+	// A fragment has no ports in every piece: all of a datagram's are
+	// hashed by the addresses alone. IPv6 extension headers are not
+	// walked, so such a packet is hashed by its addresses too.
+	if l4 := p[ip.HeaderLen:]; !ip.Fragment && len(l4) >= 4 && (ip.Protocol == packet.ProtoTCP || ip.Protocol == packet.ProtoUDP) {
 		h ^= uint64(binary.BigEndian.Uint16(l4[0:2])^binary.BigEndian.Uint16(l4[2:4])) << 32
 	}
-	h ^= uint64(proto)
+	h ^= uint64(ip.Protocol)
 	// Fibonacci hashing mixes every input bit into the top ones; the
 	// multiply-high maps them onto 0..n-1 without a division.
 	hi, _ := bits.Mul64(h*0x9e3779b97f4a7c15, uint64(n))
