@@ -6,11 +6,10 @@ import (
 	"math/bits"
 	"sync/atomic"
 
-	"gvisor.dev/gvisor/pkg/tcpip/header"
-
 	"github.com/ipoibcm/ipoib/internal/packet"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 	"github.com/ipoibcm/ipoib/offload"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
 // This file is the host port's queues: one for a plain HostPort,
