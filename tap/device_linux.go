@@ -32,6 +32,11 @@ type Config struct {
 	// ReadPacket hands over as they are. Off by default: one plain frame
 	// per read(2), as before.
 	VnetHdr bool
+	// Queues above 1 opens the TAP with IFF_MULTI_QUEUE and that many
+	// queues, one fd each with the same vnet header and offloads
+	// (Device.Queues); it needs VnetHdr. 0 and 1 open one queue without
+	// the flag, exactly as before.
+	Queues int
 }
 
 // Device is a kernel TAP opened through water, or with Config.VnetHdr
@@ -49,6 +54,10 @@ type Device struct {
 	mac   net.HardwareAddr
 	file  io.ReadWriteCloser
 	vnet  *vnet // nil unless Config.VnetHdr
+	// queues are the further queues of an IFF_MULTI_QUEUE TAP
+	// (Config.Queues), each a Device with its own fd and no netlink
+	// handle; Close closes them.
+	queues []*Device
 
 	nlMu sync.Mutex // a netlink.Handle is not safe for concurrent requests
 	nl   *netlink.Handle
@@ -68,6 +77,9 @@ func Open(cfg Config) (*Device, error) {
 	}
 	if cfg.VnetHdr {
 		return openVnetDevice(cfg)
+	}
+	if cfg.Queues > 1 {
+		return nil, fmt.Errorf("tap %s: open: %d queues need VnetHdr", cfg.Name, cfg.Queues)
 	}
 	var ifce *water.Interface
 	create := func() error {
@@ -107,35 +119,69 @@ func Open(cfg Config) (*Device, error) {
 }
 
 func openVnetDevice(cfg Config) (*Device, error) {
-	var (
-		f    *os.File
-		name string
-		o    Offloads
-	)
-	create := func() (err error) {
-		f, name, o, err = openVnet(cfg.Name)
-		return err
+	multi := cfg.Queues > 1
+	var d *Device
+	open := func() error {
+		q, err := openVnetQueue(cfg.Name, multi, offloadLadder, cfg.Netns)
+		if err != nil {
+			return err
+		}
+		d = q
+		// Every further queue asks for exactly what the first got: the
+		// kernel keeps one offload set per device (TUNSETOFFLOAD).
+		same := []Offloads{Offloads(d.vnet.offloads.Load())}
+		for range cfg.Queues - 1 {
+			q, err := openVnetQueue(d.name, true, same, cfg.Netns)
+			if err != nil {
+				return fmt.Errorf("queue %d: %w", len(d.queues)+1, err)
+			}
+			d.queues = append(d.queues, q)
+		}
+		return nil
 	}
 	var err error
 	if cfg.Netns != nil {
-		err = cfg.Netns.Do(create)
+		err = cfg.Netns.Do(open)
 	} else {
-		err = create()
+		err = open()
 	}
 	if err != nil {
+		if d != nil {
+			d.Close()
+		}
 		return nil, fmt.Errorf("tap %s: open: %w", cfg.Name, err)
 	}
-	v, err := newVnet(f, o)
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("tap %s: open: %w", cfg.Name, err)
-	}
-	d := &Device{name: name, ns: cfg.Netns, file: f, vnet: v}
 	if err := d.setup(cfg.Link); err != nil {
 		d.Close()
 		return nil, fmt.Errorf("tap %s: %w", cfg.Name, err)
 	}
+	for _, q := range d.queues {
+		q.index, q.mac = d.index, d.mac
+	}
 	return d, nil
+}
+
+// openVnetQueue opens one vnet fd of the TAP name as a Device without
+// netlink (setup gives the first one its handle).
+func openVnetQueue(name string, multi bool, ladder []Offloads, ns *Netns) (*Device, error) {
+	f, name, o, err := openVnet(name, multi, ladder)
+	if err != nil {
+		return nil, err
+	}
+	v, err := newVnet(f, o)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &Device{name: name, ns: ns, file: f, vnet: v}, nil
+}
+
+// Queues returns the device's queues: the Device itself first, then the
+// further queues of an IFF_MULTI_QUEUE TAP. A further queue reads and
+// writes only the flows the kernel hashed to it; its netlink methods
+// (SetMTU, SetLinkUp, ...) fail, because the link is the first queue's.
+func (d *Device) Queues() []*Device {
+	return append([]*Device{d}, d.queues...)
 }
 
 func setCloseOnExec(ifce *water.Interface) error {
@@ -240,6 +286,9 @@ func (d *Device) WriteFrames(frames [][]byte) (int, error) {
 }
 
 func (d *Device) link() (netlink.Link, error) {
+	if d.nl == nil {
+		return nil, fmt.Errorf("tap %s: link: a further queue has no netlink handle (use the first queue)", d.name)
+	}
 	l, err := d.nl.LinkByIndex(d.index)
 	if err != nil {
 		return nil, fmt.Errorf("tap %s: link: %w", d.name, err)
@@ -292,12 +341,18 @@ func (d *Device) SetLinkUp(up bool) error {
 }
 
 // Close unblocks ReadFrames and removes the device (it is not
-// persistent). It is safe to call more than once.
+// persistent), with every further queue. It is safe to call more than
+// once.
 func (d *Device) Close() error {
 	d.closeOnce.Do(func() {
 		d.closed.Store(true)
 		if err := d.file.Close(); err != nil {
 			d.closeErr = fmt.Errorf("tap %s: close: %w", d.name, err)
+		}
+		for k, q := range d.queues {
+			if err := q.Close(); err != nil && d.closeErr == nil {
+				d.closeErr = fmt.Errorf("tap %s: close queue %d: %w", d.name, k+1, err)
+			}
 		}
 		d.nlMu.Lock()
 		if d.nl != nil {

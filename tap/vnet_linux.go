@@ -90,8 +90,11 @@ type vnet struct {
 
 // openVnet opens /dev/net/tun as a TAP with IFF_VNET_HDR, as wireguard-go's
 // tun_linux.go opens its TUN (water has no way to set the flag), sets the
-// header size and offers the kernel the largest offload set it accepts.
-func openVnet(name string) (*os.File, string, Offloads, error) {
+// header size and offers the kernel the first offload set of ladder it
+// accepts. With multi the fd is one queue of an IFF_MULTI_QUEUE TAP: the
+// first such open creates the device, each later one with the same name
+// attaches another queue to it.
+func openVnet(name string, multi bool, ladder []Offloads) (*os.File, string, Offloads, error) {
 	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, "", 0, fmt.Errorf("open /dev/net/tun: %w", err)
@@ -104,7 +107,11 @@ func openVnet(name string) (*os.File, string, Offloads, error) {
 	if err != nil {
 		return fail(fmt.Errorf("ifreq %q: %w", name, err))
 	}
-	ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
+	flags := uint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
+	if multi {
+		flags |= unix.IFF_MULTI_QUEUE
+	}
+	ifr.SetUint16(flags)
 	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
 		return fail(fmt.Errorf("tunsetiff: %w", err))
 	}
@@ -112,7 +119,7 @@ func openVnet(name string) (*os.File, string, Offloads, error) {
 		return fail(fmt.Errorf("tunsetvnethdrsz %d: %w", VnetHdrLen, err))
 	}
 	var got Offloads
-	for _, o := range offloadLadder {
+	for _, o := range ladder {
 		if err = unix.IoctlSetInt(fd, unix.TUNSETOFFLOAD, int(o)); err == nil {
 			got = o
 			break

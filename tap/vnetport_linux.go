@@ -511,6 +511,10 @@ func (d *Device) SetOffloads(want offload.Caps) (offload.Caps, error) {
 		return capsOf(v.offloads.Load()), d.ioErr(fmt.Sprintf("tunsetoffload %v", o), ierr)
 	}
 	v.offloads.Store(uint32(o))
+	// The kernel keeps one set per device, so every queue has it now.
+	for _, q := range d.queues {
+		q.vnet.offloads.Store(uint32(o))
+	}
 	return capsOf(uint32(o)), nil
 }
 
