@@ -5,6 +5,7 @@ import (
 	"net/netip"
 
 	"github.com/ipoibcm/ipoib/internal/packet"
+	"github.com/ipoibcm/ipoib/offload"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
 
@@ -36,6 +37,13 @@ func validIPv4(p []byte) bool {
 func validIPv6(p []byte) bool {
 	_, ok := packet.IPv6Length(p)
 	return ok
+}
+
+// validRead is validIPv4 or validIPv6, as the EtherType et names the
+// version, from offload.ReadHeaders' reading h of the packet and its ip
+// answer: the RX path reads a packet's headers once and checks them here.
+func validRead(et uint16, h *offload.Headers, ip bool) bool {
+	return ip && h.IPv6 == (et == 0x86DD)
 }
 
 func ipv4Dst(p []byte) netip.Addr {

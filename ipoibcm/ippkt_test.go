@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+
+	"github.com/ipoibcm/ipoib/offload"
 )
 
 // buildIGMP is an IPv4 packet (with the Router Alert option) carrying the
@@ -171,9 +173,14 @@ func FuzzIPInspect(f *testing.F) {
 	f.Add(buildMLDv2(netip.MustParseAddr("ff02::1:ff00:1")))
 	f.Add(buildMLDv1(mldV1Done, netip.MustParseAddr("ff05::1")))
 	f.Add([]byte{0x45})
+	eth := make([]byte, 14, 14+65536)
 	f.Fuzz(func(t *testing.T, p []byte) {
-		validIPv4(p)
-		validIPv6(p)
+		// The RX path's one reading of a frame's headers checks as the
+		// helpers do.
+		h, ip, _ := offload.ReadHeaders(append(eth[:14], p...), 14)
+		if v4, v6 := validIPv4(p), validIPv6(p); validRead(0x0800, &h, ip) != v4 || validRead(0x86DD, &h, ip) != v6 {
+			t.Fatalf("validRead %+v %v against validIPv4 %v, validIPv6 %v", h, ip, v4, v6)
+		}
 		ipv4Dst(p)
 		ipv6Src(p)
 		ipv6Dst(p)

@@ -192,12 +192,13 @@ func (o *offloadPath) csumOffload(f []byte, t *txMeta) sendOffload {
 // frame for the host: WCIPCsumOK → DataValid (CHECKSUM_UNNECESSARY),
 // WCCsumPartial → NeedsCsum at the TCP/UDP checksum (offsets count the
 // Ethernet header), passed on only when the host takes partial checksums
-// and completed here otherwise.
-func (o *offloadPath) rxMeta(f []byte, flags hca.WCFlags) offload.Meta {
+// and completed here otherwise. hd and l4 are offload.ReadHeaders'
+// reading of f at the Ethernet header's end, which the RX path took for
+// its own checks (rxPath.deliverIP).
+func (o *offloadPath) rxMeta(f []byte, flags hca.WCFlags, hd *offload.Headers, l4 bool) offload.Meta {
 	switch {
 	case flags&hca.WCCsumPartial != 0:
-		hd, err := offload.Parse(f, frame.EthHdrLen)
-		if err != nil {
+		if !l4 {
 			return offload.Meta{}
 		}
 		if o.port != nil && o.host.Csum {

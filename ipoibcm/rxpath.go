@@ -29,7 +29,9 @@ import (
 //     in its receive buffer (deliverIP), or translated into a scratch
 //     buffer for ARP (rxARPLocked) and neighbour discovery (deliverND),
 //     learning neighbours under the neighbour table's lock, taken once
-//     per batch on first need (lock);
+//     per batch on first need (lock), once per UD source and batch
+//     (udNeighbour); the IP and transport headers are read once
+//     (deliverIP) for the checks, the checksum verdict and GRO;
 //  5. GRO: the batch's in-order TCP segments of a flow are coalesced for
 //     a host that takes super frames (writeHost);
 //  6. host write: the batch goes to the host in one write through the
@@ -74,6 +76,11 @@ type rxPath struct {
 
 	frames [][]byte
 	meta   []offload.Meta // frames' offload metadata, for an OffloadPort
+	// hdrs is each frame's reading of its headers, taken once in
+	// deliverIP for its checks and the checksum verdict and handed to
+	// GRO (gro.Coalescer.AddHeaders), which would otherwise parse the
+	// packet again.
+	hdrs []rxHeaders
 	// gro coalesces each batch's in-order TCP segments of a flow into
 	// super frames for a host that takes them (nil otherwise); what it
 	// emits collects in groOut/groMeta.
@@ -95,7 +102,10 @@ type rxPath struct {
 	trans  [][]byte
 	nTrans int
 
-	locked  bool // the neighbour table's lock held for lookups
+	locked bool // the neighbour table's lock held for lookups
+	// lastSrc is the source of the batch's previous UD packet and the
+	// neighbour learn made of it (udSource).
+	lastSrc udSource
 	now     time.Time
 	haveNow bool
 	macOf   func(frame.HWAddr) (frame.MAC, bool)
@@ -106,6 +116,29 @@ type connRepost struct {
 	idx int
 }
 
+// rxHeaders is offload.ReadHeaders' reading of a frame for the host
+// (read), or nothing for a frame translated into a scratch buffer, which
+// GRO parses itself (ARP and neighbour discovery, none of them TCP).
+type rxHeaders struct {
+	h    offload.Headers
+	l4   bool // a whole TCP or UDP packet
+	read bool
+}
+
+// udSource is a UD packet's source, its IP source address and the
+// neighbour learn returned for them. A 64 KiB UD LSO arrives as 16
+// packets from one source in one batch, and the batch holds the neighbour
+// table's lock from its first UD packet on (lock), so nothing but the
+// batch's own learning (rxPath.learn) can change what learn would find
+// for the next packet of the same source: the map work is done once per
+// source and batch, and the first packet of a batch still learns.
+type udSource struct {
+	gid hca.GID
+	qpn hca.QPN
+	ip  netip.Addr
+	n   *neighbour
+}
+
 const transBufSize = 2048
 
 func (r *rxPath) init(env rxEnv, batch int) error {
@@ -113,6 +146,7 @@ func (r *rxPath) init(env rxEnv, batch int) error {
 	r.selfGID, r.selfQPN = env.self.GID(), env.self.QPN()
 	r.frames = make([][]byte, 0, batch)
 	r.meta = make([]offload.Meta, 0, batch)
+	r.hdrs = make([]rxHeaders, 0, batch)
 	if o := env.off; o.port != nil && o.host.Csum && o.host.TSO4 && o.host.TSO6 {
 		r.gather, _ = o.port.(GatherPort)
 		c, err := gro.New(gro.Config{L3Off: frame.EthHdrLen, Batch: batch, Gather: r.gather != nil})
@@ -143,7 +177,7 @@ func (r *rxPath) init(env rxEnv, batch int) error {
 		if hw.GID() == r.selfGID {
 			return r.hostMAC.load(), true
 		}
-		n := r.neigh.learn(hw, netip.Addr{}, r.clock())
+		n := r.learn(hw, netip.Addr{})
 		if n == nil {
 			return frame.MAC{}, false
 		}
@@ -229,19 +263,38 @@ func (r *rxPath) rxUD(wc *hca.WC) {
 		r.ctr.drop(dropRxUnknownEthertype)
 		return
 	}
-	// The UD source names the peer's port; its flags are whatever ARP/ND
-	// taught us.
-	var flags byte
-	if n := r.neigh.lookupGID(wc.SrcGID); n != nil {
-		flags = n.hw.Flags()
-	}
-	src := frame.NewHWAddr(flags, wc.SrcQPN, wc.SrcGID)
-	n := r.neigh.learn(src, ipSrc(et, msg[frame.EncapLen:]), r.clock())
+	n := r.udNeighbour(wc.SrcGID, wc.SrcQPN, ipSrc(et, msg[frame.EncapLen:]))
 	if n == nil {
 		r.ctr.drop(dropRxBadIP)
 		return
 	}
 	r.deliverIP(b, wc.ByteLen, et, n.mac, true, wc.Flags)
+}
+
+// udNeighbour learns the source of a UD packet from gid and qpn whose IP
+// source address is ip, under the neighbour table's lock: the UD source
+// names the peer's port, its flags are whatever ARP/ND taught us. A packet
+// from the batch's previous source and address gets what learn returned
+// for that one (udSource).
+func (r *rxPath) udNeighbour(gid hca.GID, qpn hca.QPN, ip netip.Addr) *neighbour {
+	if c := &r.lastSrc; c.n != nil && c.gid == gid && c.qpn == qpn && c.ip == ip {
+		return c.n
+	}
+	var flags byte
+	if n := r.neigh.lookupGID(gid); n != nil {
+		flags = n.hw.Flags()
+	}
+	n := r.learn(frame.NewHWAddr(flags, qpn, gid), ip)
+	r.lastSrc = udSource{gid: gid, qpn: qpn, ip: ip, n: n}
+	return n
+}
+
+// learn is every learning of the RX path (neighbourTable.learn at the
+// batch's time): it may change the neighbour udNeighbour remembered, so
+// that is forgotten first.
+func (r *rxPath) learn(hw frame.HWAddr, ip netip.Addr) *neighbour {
+	r.lastSrc = udSource{}
+	return r.neigh.learn(hw, ip, r.clock())
 }
 
 func (r *rxPath) rxSRQ(wc *hca.WC) {
@@ -355,7 +408,7 @@ func (r *rxPath) rxARPLocked(body []byte) {
 		r.ctr.drop(dropRxBadARP)
 		return
 	}
-	n := r.neigh.learn(a.SenderHW, a.SenderIP, r.clock())
+	n := r.learn(a.SenderHW, a.SenderIP)
 	if n == nil {
 		r.ctr.drop(dropRxBadARP)
 		return
@@ -383,6 +436,7 @@ func (r *rxPath) rxARPLocked(body []byte) {
 	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: n.mac, EtherType: frame.EtherTypeARP})
 	r.frames = append(r.frames, out[:frame.EthHdrLen+m])
 	r.meta = append(r.meta, offload.Meta{})
+	r.hdrs = append(r.hdrs, rxHeaders{})
 	r.ctr.rxPackets.Add(1)
 	r.ctr.rxBytes.Add(uint64(frame.EncapLen + len(body)))
 }
@@ -391,25 +445,26 @@ func (r *rxPath) rxARPLocked(body []byte) {
 // an Ethernet frame for the host: in place (the Ethernet header is written
 // over the headroom and the IPoIB header), or, for neighbour discovery,
 // translated into a scratch buffer. flags is the HCA's checksum verdict
-// (offloadPath.rxMeta).
+// (offloadPath.rxMeta). The headers are read once, here: the validity
+// check, the verdict and GRO take that reading.
 func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, ud bool, flags hca.WCFlags) {
-	pkt := b[frame.EthHdrLen : headroom+byteLen]
+	f := b[:headroom+byteLen]
+	pkt := f[frame.EthHdrLen:]
+	hd := rxHeaders{read: true}
+	var ipOK bool
+	hd.h, ipOK, hd.l4 = offload.ReadHeaders(f, frame.EthHdrLen)
+	if !validRead(et, &hd.h, ipOK) {
+		r.ctr.drop(dropRxBadIP)
+		return
+	}
 	dst := r.hostMAC.load()
 	switch et {
 	case frame.EtherTypeIPv4:
-		if !validIPv4(pkt) {
-			r.ctr.drop(dropRxBadIP)
-			return
-		}
 		if isIPv4Broadcast(pkt) {
 			dst = frame.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 			r.ctr.multicast.Add(1)
 		}
 	case frame.EtherTypeIPv6:
-		if !validIPv6(pkt) {
-			r.ctr.drop(dropRxBadIP)
-			return
-		}
 		if frame.IsND(pkt) {
 			r.deliverND(pkt, byteLen, srcMAC)
 			return
@@ -422,13 +477,13 @@ func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, u
 		}
 	}
 	frame.PutEthernet(b, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: et})
-	f := b[:headroom+byteLen]
 	var m offload.Meta
 	if flags != 0 {
-		m = r.off.rxMeta(f, flags)
+		m = r.off.rxMeta(f, flags, &hd.h, hd.l4)
 	}
 	r.frames = append(r.frames, f)
 	r.meta = append(r.meta, m)
+	r.hdrs = append(r.hdrs, hd)
 	r.ctr.rxPackets.Add(1)
 	r.ctr.rxBytes.Add(uint64(byteLen))
 }
@@ -464,6 +519,7 @@ func (r *rxPath) deliverND(pkt []byte, byteLen int, srcMAC frame.MAC) {
 	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: frame.EtherTypeIPv6})
 	r.frames = append(r.frames, out[:frame.EthHdrLen+n])
 	r.meta = append(r.meta, offload.Meta{})
+	r.hdrs = append(r.hdrs, rxHeaders{})
 	r.ctr.rxPackets.Add(1)
 	r.ctr.rxBytes.Add(uint64(byteLen))
 }
@@ -481,6 +537,7 @@ func (r *rxPath) flushRX() {
 	r.repost()
 	r.nTrans = 0
 	r.haveNow = false
+	r.lastSrc = udSource{}
 }
 
 // 5. GRO and 6. host write.
@@ -496,7 +553,11 @@ func (r *rxPath) writeHost() {
 	switch {
 	case r.gro != nil && len(frames) > 1:
 		for k := range frames {
-			r.gro.Add(frames[k], meta[k])
+			if hd := &r.hdrs[k]; hd.read {
+				r.gro.AddHeaders(frames[k], meta[k], hd.h, hd.l4)
+			} else {
+				r.gro.Add(frames[k], meta[k])
+			}
 		}
 		if r.gather != nil {
 			r.gro.FlushVec(r.groEmitVec)
@@ -511,6 +572,7 @@ func (r *rxPath) writeHost() {
 	clear(r.frames)
 	r.frames = r.frames[:0]
 	r.meta = r.meta[:0]
+	r.hdrs = r.hdrs[:0]
 	clear(r.groOut)
 	r.groOut = r.groOut[:0]
 	clear(r.groVec)

@@ -51,3 +51,13 @@ func Parse(frame []byte, l3off int) (Headers, error) {
 	h, err := packet.ParseHeaders(frame, l3off)
 	return Headers(h), err
 }
+
+// ReadHeaders is Parse without the error value (packet.ReadHeaders): ip
+// reports a whole IP header whose lengths hold together, l4 that Parse
+// would return no error. A receive path that checks the IP header, fills
+// a checksum verdict and coalesces reads a packet once with it and hands
+// the reading on (gro.Coalescer.AddHeaders).
+func ReadHeaders(frame []byte, l3off int) (h Headers, ip, l4 bool) {
+	ph, ip, l4 := packet.ReadHeaders(frame, l3off)
+	return Headers(ph), ip, l4
+}

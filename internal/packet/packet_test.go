@@ -232,6 +232,11 @@ func FuzzParseIP(f *testing.F) {
 		} else if perr == nil {
 			t.Fatalf("ParseHeaders %+v where ParseIP %+v %v", ph, h, err)
 		}
+		// ReadHeaders is ParseHeaders' reading, its ip answer ParseIP's.
+		rh, rip, rl4 := ReadHeaders(b, 0)
+		if rh != ph || rl4 != (perr == nil) || rip != (err == nil) {
+			t.Fatalf("ReadHeaders %+v ip %v l4 %v; ParseHeaders %+v %v, ParseIP %v", rh, rip, rl4, ph, perr, err)
+		}
 		if herr == nil && hh.HeaderLen > len(b) {
 			t.Fatalf("header of %d in %d bytes", hh.HeaderLen, len(b))
 		}

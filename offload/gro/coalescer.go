@@ -119,8 +119,23 @@ func cmpOr(v, def int) int {
 // Add takes one frame and its offload state. The coalescer keeps frame
 // (and may copy it) until Flush has emitted it.
 func (c *Coalescer) Add(frame []byte, meta offload.Meta) {
+	c.seg.classify(frame, meta, c.l3off)
+	c.add()
+}
+
+// AddHeaders is Add of a frame the caller has parsed already: h and l4
+// must be what offload.ReadHeaders(frame, L3Off) returns for it (its first
+// and third results). A receive path that read the headers for its own
+// checks hands the reading over, so each packet is parsed once.
+func (c *Coalescer) AddHeaders(frame []byte, meta offload.Meta, h offload.Headers, l4 bool) {
+	c.seg.classifyRead(frame, meta, h, l4)
+	c.add()
+}
+
+// add takes the segment Add or AddHeaders classified.
+func (c *Coalescer) add() {
 	s := &c.seg
-	s.classify(frame, meta, c.l3off)
+	frame, meta := s.frame, s.meta
 	if s.class == segOther {
 		c.entries = append(c.entries, entry{frame: frame, meta: meta})
 		return

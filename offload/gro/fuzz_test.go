@@ -59,7 +59,8 @@ func encodeBatch(fs [][]byte, ms []offload.Meta) []byte {
 // input as it was, or a super frame that parses, is at most 64 KiB of IP,
 // carries valid checksums once completed and cuts back (TSO) into
 // segments that were in the input. Gathering coalescers (FlushVec and
-// Flush) emit exactly the copying one's frames.
+// Flush, and one fed through AddHeaders) emit exactly the copying one's
+// frames.
 func FuzzCoalesce(f *testing.F) {
 	for _, v6 := range []bool{false, true} {
 		for _, k := range []csumKind{csumValid, csumPartial, csumNone} {
@@ -80,7 +81,9 @@ func FuzzCoalesce(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	twins := []*gatherTwin{newGatherTwin(f, cfg, true), newGatherTwin(f, cfg, false)}
+	read := newGatherTwin(f, cfg, true)
+	read.read = true
+	twins := []*gatherTwin{newGatherTwin(f, cfg, true), newGatherTwin(f, cfg, false), read}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		fs, ms := decodeBatch(data)
 		orig := make([][]byte, len(fs))
@@ -92,7 +95,7 @@ func FuzzCoalesce(f *testing.F) {
 		for _, g := range twins {
 			g.frames = g.frames[:0]
 			for i := range fs {
-				g.c.Add(fs[i], ms[i])
+				g.add(fs[i], ms[i])
 			}
 			g.flush(t, fs)
 		}

@@ -202,8 +202,11 @@ func complete(f []byte, m offload.Meta) []byte {
 // same input: each batch it flushes with FlushVec or with Flush, and
 // check compares its frames with the copying coalescer's.
 type gatherTwin struct {
-	c      *Coalescer
-	vec    bool
+	c   *Coalescer
+	vec bool
+	// read: frames go in through AddHeaders with offload.ReadHeaders'
+	// reading, as the engine's receive path hands them over.
+	read   bool
 	frames []outFrame
 	// zeroCopy counts payload pieces FlushVec handed out that lie inside
 	// an input frame (not copied).
@@ -213,6 +216,16 @@ type gatherTwin struct {
 func newGatherTwin(t testing.TB, cfg Config, vec bool) *gatherTwin {
 	cfg.Gather = true
 	return &gatherTwin{c: newC(t, cfg), vec: vec}
+}
+
+// add takes one input frame, through Add or AddHeaders.
+func (g *gatherTwin) add(f []byte, m offload.Meta) {
+	if !g.read {
+		g.c.Add(f, m)
+		return
+	}
+	h, _, l4 := offload.ReadHeaders(f, g.c.l3off)
+	g.c.AddHeaders(f, m, h, l4)
 }
 
 // flush ends the batch, whose input frames are in, and keeps copies of

@@ -82,9 +82,15 @@ type segment struct {
 
 // classify parses frame, whose IP header starts at l3off, into s.
 func (s *segment) classify(frame []byte, meta offload.Meta, l3off int) {
+	h, _, l4 := offload.ReadHeaders(frame, l3off)
+	s.classifyRead(frame, meta, h, l4)
+}
+
+// classifyRead is classify of a frame already parsed: h and l4 are
+// offload.ReadHeaders' reading of it (l4: a whole TCP or UDP packet).
+func (s *segment) classifyRead(frame []byte, meta offload.Meta, h offload.Headers, l4 bool) {
 	*s = segment{frame: frame, meta: meta}
-	h, err := offload.Parse(frame, l3off)
-	if err != nil || h.Proto != offload.ProtoTCP {
+	if !l4 || h.Proto != offload.ProtoTCP {
 		return
 	}
 	s.class, s.h = segAlone, h
