@@ -62,7 +62,7 @@ func (o FormatOptions) Format(w io.Writer, s InterfaceStats) error {
 	other := map[string]json.RawMessage{}
 	for k, v := range sections {
 		switch k {
-		case "counters", "drops", "napi", "reaper", "cm", "neighbours", "txconns", "rxconns", "mcastgroups",
+		case "counters", "drops", "napi", "reaper", "cm", "neighbours", "txconns", "rxconns", "mcastgroups", "queues",
 			"name", "mode", "mtu", "hwaddr", "linkup":
 			continue
 		}
@@ -72,9 +72,13 @@ func (o FormatOptions) Format(w io.Writer, s InterfaceStats) error {
 	sections["interface"] = otherJSON
 
 	for _, sec := range []struct{ key, title string }{
-		{"interface", "interface"}, {"drops", "drops"}, {"napi", "napi"}, {"reaper", "reaper"}, {"cm", "cm"},
+		{"interface", "interface"}, {"queues", "queues"}, {"drops", "drops"}, {"napi", "napi"}, {"reaper", "reaper"}, {"cm", "cm"},
 	} {
-		kv, err := flatten(sections[sec.key])
+		flat := flatten
+		if sec.key == "queues" {
+			flat = queueCounters
+		}
+		kv, err := flat(sections[sec.key])
 		if err != nil {
 			return fmt.Errorf("format %s: %s: %w", info.Host, sec.key, err)
 		}

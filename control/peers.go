@@ -185,6 +185,17 @@ func FormatFlat(w io.Writer, snaps []InterfaceStats) error {
 		delete(obj, PeerActivityKey)
 		out := map[string]string{}
 		flatNumbers(out, "", obj)
+		var top map[string]json.RawMessage
+		if err := json.Unmarshal(s.Stats, &top); err != nil {
+			return fmt.Errorf("stats of %s %s: %w", s.Interface.Host, s.Interface.Name, err)
+		}
+		qc, err := queueCounters(top["queues"])
+		if err != nil {
+			return fmt.Errorf("stats of %s %s: %w", s.Interface.Host, s.Interface.Name, err)
+		}
+		for k, v := range qc {
+			out[k] = v
+		}
 		fmt.Fprintf(&b, "%s %s:\n", s.Interface.Host, s.Interface.Name)
 		keys := make([]string, 0, len(out))
 		for k := range out {

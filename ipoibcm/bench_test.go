@@ -221,7 +221,7 @@ func TestTXCreditsStopAndWake(t *testing.T) {
 			check := func(cycle int, what string, outstanding, unread int, stops, wakes, txPackets uint64) {
 				t.Helper()
 				st := p.a.Stats()
-				if !p.a.tx.stopped.Load() {
+				if !p.a.tx.gates[0].stopped.Load() {
 					t.Fatalf("cycle %d, %s: reader not stopped", cycle, what)
 				}
 				if got := p.a.tx.outstanding.Load(); got != int64(outstanding) {
@@ -248,7 +248,7 @@ func TestTXCreditsStopAndWake(t *testing.T) {
 					p.pa.in <- p.frame
 				}
 				p.await(t, "the reader to stop the queue", func() bool {
-					return p.a.Stats().Reaper.TXQueueStops > base.TXQueueStops && p.a.tx.stopped.Load()
+					return p.a.Stats().Reaper.TXQueueStops > base.TXQueueStops && p.a.tx.gates[0].stopped.Load()
 				})
 				check(cycle, "at the limit", limit, frames-limit, base.TXQueueStops+1, base.TXQueueWakes, sent)
 				if fs := p.fab.Stats(); fs.PendingCompletion != limit {
@@ -276,7 +276,7 @@ func TestTXCreditsStopAndWake(t *testing.T) {
 				}
 				p.await(t, "the reader to be woken and stop again", func() bool {
 					r := p.a.Stats().Reaper
-					return r.TXQueueWakes > base.TXQueueWakes && r.TXQueueStops > base.TXQueueStops+1 && p.a.tx.stopped.Load()
+					return r.TXQueueWakes > base.TXQueueWakes && r.TXQueueStops > base.TXQueueStops+1 && p.a.tx.gates[0].stopped.Load()
 				})
 				refill := limit - half
 				check(cycle, "stopped again", limit, frames-limit-refill, base.TXQueueStops+2, base.TXQueueWakes+1, sent+limit-half)

@@ -51,7 +51,7 @@ func FuzzEngineInput(f *testing.F) {
 	f.Add(buildIGMPv2([4]byte{239, 0, 0, 1}), []byte{0x08, 0x06, 0, 0, 0, 32}, []byte{1, 2, 0, 100, 0, 34, 0, 16, 0}, byte(1))
 	f.Add(unicastIPv4(port.mac), []byte{0x08, 0, 0, 0, 0x45}, []byte{5, 2, 0, 1, 0, 34, 0, 6, 0}, byte(2))
 	peer := hca.GID{0xfe, 0x80, 15: 0x77}
-	r := newHostReader(ifc)
+	r := newHostReader(ifc, ifc.queues[0])
 	f.Fuzz(func(tt *testing.T, host, wire, meta []byte, wcFlags byte) {
 		var idx [1]int
 		if ifc.tx.pool.take(idx[:]) == 1 {

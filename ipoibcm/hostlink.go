@@ -79,7 +79,7 @@ func (i *Interface) stopForHost() {
 	// A frame of the reader's batch may have seen the host up: once the
 	// batch is over every frame after it sees the host down, and the
 	// connections it may have started are in the set.
-	i.tx.window.quiesce()
+	i.tx.windows.quiesce()
 	i.link.Store(false)
 	i.hostLinkCtr.downs.Add(1)
 	i.closeListener()

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ipoibcm/ipoib/offload"
 )
@@ -76,24 +77,65 @@ type GatherPort interface {
 	WriteFramesGather(frames [][][]byte, meta []offload.Meta) (int, error)
 }
 
-// hostWriter is the end of the flow HCA → host, and where the engine's own
-// answers to the host (ICMP too-big from the TX side) go too: the RX
-// poller, the host reader and the REP handler all write, so writes are
-// serialised.
+// MultiQueuePort is a GatherPort with several queues, as a TAP opened
+// with IFF_MULTI_QUEUE (package tap, Config.Queues): the host spreads its
+// flows over the queues, and each queue is read and written on its own.
+// The Interface gives every queue a host reader of its own and writes
+// each flow's frames to the queue its addresses and ports hash to
+// (flowQueue, hostqueue.go), so queues never wait for each other. Queue 0
+// is the port's own ReadFramesMeta and WriteFrames*; the port's other
+// methods (SetMTU, SetLinkUp, SetOffloads, Close) stand for every queue.
+type MultiQueuePort interface {
+	GatherPort
+	// NumQueues is how many queues the port has, at least 1; fixed.
+	NumQueues() int
+	// ReadQueue is ReadFramesMeta on queue q.
+	ReadQueue(q int, bufs [][]byte, sizes []int, meta []offload.Meta) (int, error)
+	// WriteQueue is WriteFramesMeta on queue q; with meta nil it is
+	// WriteFrames (complete frames).
+	WriteQueue(q int, frames [][]byte, meta []offload.Meta) (int, error)
+	// WriteQueueGather is WriteFramesGather on queue q.
+	WriteQueueGather(q int, frames [][][]byte, meta []offload.Meta) (int, error)
+}
+
+// The write halves a hostWriter uses: a HostPort is a frameWriter, an
+// OffloadPort a metaWriter, a GatherPort a gatherWriter, and one queue of
+// a MultiQueuePort (portQueue, hostqueue.go) all three.
+type (
+	frameWriter interface {
+		WriteFrames(frames [][]byte) (int, error)
+	}
+	metaWriter interface {
+		WriteFramesMeta(frames [][]byte, meta []offload.Meta) (int, error)
+	}
+	gatherWriter interface {
+		WriteFramesGather(frames [][][]byte, meta []offload.Meta) (int, error)
+	}
+)
+
+// hostWriter is the end of the flow HCA → host for one host queue, and
+// where the engine's own answers to the host (ICMP too-big from the TX
+// side) go too: the RX poller, the host readers and the REP handler all
+// write, so writes to one queue are serialised; another queue has its
+// own writer and lock.
 type hostWriter struct {
-	mu   sync.Mutex
-	host HostPort
-	off  OffloadPort // host, when it takes offload metadata; nil otherwise
+	mu     sync.Mutex
+	host   frameWriter
+	off    metaWriter   // when the host takes offload metadata; nil otherwise
+	gather gatherWriter // when it also takes frames in pieces; nil otherwise
 	// drops counts the frames the host did not take (rx_host_write);
 	// a write error is expected unless the interface runs (life): it
 	// is closing.
 	drops *counters
 	life  *ifStateCell
 	log   *slog.Logger
+	// frames and byts count what the host took through this queue
+	// (rx-N.packets, rx-N.bytes).
+	frames, byts atomic.Uint64
 }
 
-func (w *hostWriter) init(host HostPort, off OffloadPort, drops *counters, life *ifStateCell, log *slog.Logger) {
-	w.host, w.off, w.drops, w.life, w.log = host, off, drops, life, log
+func (w *hostWriter) init(host frameWriter, off metaWriter, gather gatherWriter, drops *counters, life *ifStateCell, log *slog.Logger) {
+	w.host, w.off, w.gather, w.drops, w.life, w.log = host, off, gather, drops, life, log
 }
 
 // writeMeta hands frames with their offload metadata to an OffloadPort
@@ -108,14 +150,23 @@ func (w *hostWriter) writeMeta(frames [][]byte, meta []offload.Meta) {
 	n, err := p.WriteFramesMeta(frames, meta)
 	w.mu.Unlock()
 	w.account(len(frames), n, err)
+	w.count(frames[:n])
 }
 
 // writeGather hands frames in pieces with their metadata to a GatherPort.
-func (w *hostWriter) writeGather(p GatherPort, frames [][][]byte, meta []offload.Meta) {
+func (w *hostWriter) writeGather(frames [][][]byte, meta []offload.Meta) {
 	w.mu.Lock()
-	n, err := p.WriteFramesGather(frames, meta)
+	n, err := w.gather.WriteFramesGather(frames, meta)
 	w.mu.Unlock()
 	w.account(len(frames), n, err)
+	w.frames.Add(uint64(n))
+	var b int
+	for _, f := range frames[:n] {
+		for _, p := range f {
+			b += len(p)
+		}
+	}
+	w.byts.Add(uint64(b))
 }
 
 // write hands frames to the host; the ones it does not take are counted
@@ -125,6 +176,17 @@ func (w *hostWriter) write(frames [][]byte) {
 	n, err := w.host.WriteFrames(frames)
 	w.mu.Unlock()
 	w.account(len(frames), n, err)
+	w.count(frames[:n])
+}
+
+// count adds frames the host took to the queue's counters.
+func (w *hostWriter) count(frames [][]byte) {
+	var b int
+	for _, f := range frames {
+		b += len(f)
+	}
+	w.frames.Add(uint64(len(frames)))
+	w.byts.Add(uint64(b))
 }
 
 // account counts the frames of a write of total the host did not take.

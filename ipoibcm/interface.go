@@ -77,10 +77,13 @@ type Interface struct {
 	downQuiet bool
 
 	// The two data flows: host → TX path → HCA and HCA → RX path → host.
-	tx      txPath
-	rx      rxPath // owned by the RX poller
-	hostOut hostWriter
-	off     offloadPath // offloads.go
+	tx  txPath
+	rx  rxPath      // owned by the RX poller
+	off offloadPath // offloads.go
+	// queues are the host port's queues, each with its reader's state
+	// and its writer (hostqueue.go); hostOut are their writers.
+	queues  []*hostQueue
+	hostOut hostWriters
 
 	// mu orders the host's link changes with the multicast joins and
 	// leaves and the path flush that follow them (linkUp, hostlink.go):
@@ -151,10 +154,15 @@ func New(cfg Config) (_ *Interface, err error) {
 		stop: make(chan struct{}),
 		obs:  observer{cfg.Events},
 	}
-	i.tx = txPath{sendq: cfg.SendQueueSize, stop: i.stop, data: &i.ctr, offCtr: &i.off.ctr, wake: make(chan struct{}, 1), hostMAC: i.hostMAC.load}
-	i.tx.window.init(i.log)
+	i.tx = txPath{sendq: cfg.SendQueueSize, stop: i.stop, data: &i.ctr, offCtr: &i.off.ctr, hostMAC: i.hostMAC.load}
 	i.off.init(cfg.Host, cfg.Device, cfg.SendQueueSize)
-	i.hostOut.init(cfg.Host, i.off.port, &i.ctr, &i.life, i.log)
+	i.queues = newHostQueues(cfg.Host, i.off.port, &i.ctr, &i.life, i.log)
+	i.tx.windows.log = i.log
+	for _, q := range i.queues {
+		i.tx.gates = append(i.tx.gates, &q.gate)
+		i.tx.windows.ws = append(i.tx.windows.ws, &q.window)
+		i.hostOut = append(i.hostOut, &q.out)
+	}
 	i.ctl.init()
 	if c, ok := cfg.Device.(mutation.Carrier); ok {
 		i.mut = c.SoakMutations()
@@ -172,8 +180,8 @@ func New(cfg Config) (_ *Interface, err error) {
 	i.udMTU = frame.UDMTU(i.port.ActiveMTU)
 	i.bcast = frame.BroadcastMGID(cfg.PKey)
 	i.mcast.init(&i.cfg, i.dev, i.bcast, i.hostLink.down, i.log)
-	i.mcast.retire = i.tx.window.retire
-	i.neigh.init(&i.cfg, i.port.GID, i.port.ActiveMTU, i.dev, i.tx.window.retire, i.log, i.ctl.post)
+	i.mcast.retire = i.tx.windows.retire
+	i.neigh.init(&i.cfg, i.port.GID, i.port.ActiveMTU, i.dev, i.tx.windows.retire, i.log, i.ctl.post)
 	var hm frame.MAC
 	copy(hm[:], cfg.Host.HostMAC())
 	i.hostMAC.store(hm)
@@ -209,7 +217,7 @@ func New(cfg Config) (_ *Interface, err error) {
 	i.shut = shutdown{drainTimeout: cfg.DrainTimeout, rx: &i.passive, tx: &i.active, log: i.log}
 	if err := i.rx.init(rxEnv{
 		poller: i.rxNAPI, mu: &i.neigh.mu, neigh: &i.neigh, passive: &i.passive, post: i.ctl.post,
-		out: &i.hostOut, off: &i.off, ctr: &i.ctr, ud: i.ud, srq: i.srq,
+		out: newHostSplit(i.hostOut), off: &i.off, ctr: &i.ctr, ud: i.ud, srq: i.srq,
 		hostMAC: &i.hostMAC, hostLink: &i.hostLink, self: i.hw, staleUpdate: cfg.StaleUpdate, log: i.log,
 	}, cfg.RXBudget); err != nil {
 		return nil, fmt.Errorf("%s: %w", cfg.Name, err)
@@ -279,7 +287,8 @@ func (i *Interface) createQueues() error {
 	if i.passive.drainBuf, err = i.dev.Alloc(64); err != nil {
 		return fmt.Errorf("drain buffer: %w", err)
 	}
-	if i.tx.pool, err = newTXPool(i.dev, cfg.SendQueueSize+i.host.BatchSize(), txBufSize); err != nil {
+	// Every reader may hold a batch of buffers while it waits to read.
+	if i.tx.pool, err = newTXPool(i.dev, cfg.SendQueueSize+len(i.queues)*i.host.BatchSize(), txBufSize); err != nil {
 		return err
 	}
 	return nil
@@ -337,8 +346,10 @@ func (i *Interface) Start() error {
 	} else if err := i.host.SetLinkUp(false); err != nil {
 		i.log.Warn("host SetLinkUp", "err", err)
 	}
-	i.readerWG.Add(1)
-	go newHostReader(i).run(i.readerWG.Done)
+	for _, q := range i.queues {
+		i.readerWG.Add(1)
+		go newHostReader(i, q).run(i.readerWG.Done)
+	}
 	i.log.Info("up", "hwaddr", i.hw, "mode", i.Mode(), "mtu", i.MTU())
 	return nil
 }

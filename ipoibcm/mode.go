@@ -52,7 +52,7 @@ func (i *Interface) switchMode(m Mode) error {
 	i.mtu.Store(int64(newMTU))
 	// Connections a frame resolved in the old mode may have started are
 	// in the set once the reader's batch is over.
-	i.tx.window.quiesce()
+	i.tx.windows.quiesce()
 	for _, tc := range i.active.snapshot() {
 		tc.teardown()
 	}

@@ -34,7 +34,7 @@ func rvHostFrame(t *testing.T, ifc *Interface, f []byte, now time.Time) bool {
 		t.Fatal("no TX buffer")
 	}
 	copy(ifc.tx.pool.bufs[idx[0]], f)
-	ok := newHostReader(ifc).frame(idx[0], len(f), offload.Meta{}, now)
+	ok := newHostReader(ifc, ifc.queues[0]).frame(idx[0], len(f), offload.Meta{}, now)
 	if !ok {
 		ifc.tx.pool.put1(idx[0])
 	}

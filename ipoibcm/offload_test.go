@@ -164,6 +164,15 @@ type offloadPair struct {
 
 func newOffloadPair(t testing.TB, mode Mode, fcfg soft.Config, hostB HostPort) *offloadPair {
 	t.Helper()
+	pa := newMetaPort(1, allCaps)
+	p := newPortPair(t, mode, fcfg, pa, hostB)
+	p.pa = pa
+	return p
+}
+
+// newPortPair is newOffloadPair with a behind hostA (pa left nil).
+func newPortPair(t testing.TB, mode Mode, fcfg soft.Config, hostA, hostB HostPort) *offloadPair {
+	t.Helper()
 	p := &offloadPair{fab: soft.NewFabric(fcfg)}
 	mk := func(name string, port HostPort) *Interface {
 		dev, err := p.fab.NewDevice(name)
@@ -179,13 +188,8 @@ func newOffloadPair(t testing.TB, mode Mode, fcfg soft.Config, hostB HostPort) *
 		}
 		return ifc
 	}
-	p.pa = newMetaPort(1, allCaps)
-	p.a, p.b = mk("a", p.pa), mk("b", hostB)
-	t.Cleanup(func() {
-		p.a.Close()
-		p.b.Close()
-		p.fab.Close()
-	})
+	p.a, p.b = mk("a", hostA), mk("b", hostB)
+	t.Cleanup(p.close)
 	p.a.neigh.mu.Lock()
 	n := p.a.neigh.learn(p.b.HWAddr(), netip.Addr{}, time.Now())
 	p.a.neigh.mu.Unlock()
@@ -194,6 +198,13 @@ func newOffloadPair(t testing.TB, mode Mode, fcfg soft.Config, hostB HostPort) *
 	p.b.neigh.mu.Unlock()
 	p.dstMAC = n.mac
 	return p
+}
+
+// close closes both Interfaces and the fabric (again at cleanup).
+func (p *offloadPair) close() {
+	p.a.Close()
+	p.b.Close()
+	p.fab.Close()
 }
 
 // superFrame builds an Ethernet frame holding one TCP (or UDP) packet of

@@ -52,7 +52,7 @@ type rxEnv struct {
 	neigh   *neighbourTable
 	passive *passiveSet  // connection events, the drain completion
 	post    func(func()) // onto the control loop
-	out     *hostWriter
+	out     *hostSplit   // the host queues' writers
 	off     *offloadPath
 	ctr     *counters
 	ud      *udPath
@@ -610,7 +610,7 @@ func (r *rxPath) writeHost(keep bool) {
 			} else {
 				r.gro.FlushVec(r.groEmitVec)
 			}
-			r.out.writeGather(r.gather, r.groVec, r.groMeta)
+			r.out.writeGather(r.groVec, r.groMeta)
 			break
 		}
 		if keep {

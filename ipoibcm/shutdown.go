@@ -119,7 +119,7 @@ func (i *Interface) destroyResources() {
 			n.ah = nil
 		}
 	}
-	i.tx.window.close()
+	i.tx.windows.close()
 	if i.rxCQ != nil {
 		if err := i.rxCQ.Destroy(); err != nil {
 			i.log.Warn("destroy RX CQ", "err", err)

@@ -157,6 +157,21 @@ type Stats struct {
 	SRQSize  int          `json:"srq_size"`
 	SRQGrown uint64       `json:"srq_grown"`
 	Offloads OffloadStats `json:"offloads"`
+	// Queues is one entry per host queue (one unless the host port is a
+	// MultiQueuePort), in queue order.
+	Queues []QueueStats `json:"queues"`
+}
+
+// QueueStats count one host queue's frames, named as ethtool -S names a
+// multi-queue NIC's: tx is what its host reader read from the host (to
+// send), rx what was written to the host on it (received). Bytes are
+// Ethernet frames' as the host port moved them (a super frame once,
+// whole).
+type QueueStats struct {
+	TxPackets uint64 `json:"tx_packets"`
+	TxBytes   uint64 `json:"tx_bytes"`
+	RxPackets uint64 `json:"rx_packets"`
+	RxBytes   uint64 `json:"rx_bytes"`
 }
 
 // Stats returns a snapshot. Counters are read atomically one by one (not
@@ -182,6 +197,10 @@ func (i *Interface) Stats() Stats {
 		NAPI:        NAPIStats{RX: i.rxNAPI.Stats(), TX: i.tx.napi.Stats()},
 		Outstanding: i.tx.outstanding.Load(),
 		Offloads:    i.off.stats(i.rx.gro),
+		Queues:      make([]QueueStats, len(i.queues)),
+	}
+	for k, q := range i.queues {
+		s.Queues[k] = q.stats()
 	}
 	for _, c := range []interface{ report(*ReaperStats) }{
 		&i.passive.reaper.ctr, &i.passive.limits.ctr, &i.active.ctr, &i.tx.ctr, &i.neigh.ctr, &i.mcast.ctr, &i.hostLinkCtr, &i.ifCtr,

@@ -28,7 +28,7 @@ func TestStatsSchemaStable(t *testing.T) {
 	}
 	slices.Sort(keys)
 	want := []string{"cm", "counters", "drops", "host_link", "hwaddr", "link_up", "mcast_groups", "mode", "mtu", "name", "napi",
-		"neighbours", "offloads", "reaper", "rx_conns", "rx_limits", "srq_grown", "srq_posted", "srq_size", "tx_conns", "tx_outstanding"}
+		"neighbours", "offloads", "queues", "reaper", "rx_conns", "rx_limits", "srq_grown", "srq_posted", "srq_size", "tx_conns", "tx_outstanding"}
 	if !slices.Equal(keys, want) {
 		t.Fatalf("top-level keys %v, want %v", keys, want)
 	}

@@ -103,7 +103,7 @@ type activeSet struct {
 	neigh   *neighbourTable
 	tx      *txPath
 	mcast   *mcastTable // the broadcast group, for the ARP re-probe
-	hostOut *hostWriter // ICMP answers for parked frames too big for the peer
+	hostOut hostWriters // ICMP answers for parked frames too big for the peer
 	dev     hca.Device
 	cmm     *cm.Manager
 	// sendCQ and recvCQ are the interface's TX and RX CQs.
@@ -130,7 +130,7 @@ type activeSet struct {
 // interface being assembled (New); it keeps no pointer to it.
 func (a *activeSet) init(i *Interface) {
 	a.set = make(map[*txConn]struct{})
-	a.neigh, a.tx, a.mcast, a.hostOut = &i.neigh, &i.tx, &i.mcast, &i.hostOut
+	a.neigh, a.tx, a.mcast, a.hostOut = &i.neigh, &i.tx, &i.mcast, i.hostOut
 	a.dev, a.cmm, a.sendCQ, a.recvCQ = i.dev, i.cmm, i.txCQ, i.rxCQ
 	a.hw, a.bcast, a.srq = i.hw, i.bcast, i.srq != nil
 	a.sendq, a.retry, a.pkey, a.backoff = i.cfg.SendQueueSize, i.cfg.RCRetry, i.cfg.PKey, i.cfg.CMBackoff
@@ -432,7 +432,7 @@ func (tc *txConn) applyREP(pd []byte) bool {
 		s.neigh.mu.Unlock()
 	}
 	if len(replies) > 0 {
-		s.hostOut.write(replies)
+		s.hostOut.writeReplies(replies)
 	}
 	return true
 }

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -46,6 +47,9 @@ type txScratch struct {
 	// pending is how many frames of the batch follow the one being
 	// sent: software segmentation leaves each of them a credit.
 	pending int
+	// claim is the credits the batch set aside (hostReader.claim), which
+	// its own sends may use and other readers may not.
+	claim int
 	// segIdx and segLen are software segmentation's pool buffers and
 	// the segments' lengths.
 	segIdx []int
@@ -101,16 +105,16 @@ func (t *txScratch) replyBuf() []byte {
 // unarmed; the reader hands re-arming back (EndBusyPoll) whenever it may
 // block with sends outstanding, so a completion is never left unnoticed.
 type hostReader struct {
-	host    HostPort
-	off     *offloadPath
-	tx      *txPath
-	neigh   *neighbourTable
-	conns   *activeSet
-	mcast   *mcastTable
-	hostOut *hostWriter
-	ctr     *counters
-	stop    <-chan struct{}
-	log     *slog.Logger
+	host  HostPort
+	q     *hostQueue // the host queue it reads: its port, gate, window, writer
+	off   *offloadPath
+	tx    *txPath
+	neigh *neighbourTable
+	conns *activeSet
+	mcast *mcastTable
+	ctr   *counters
+	stop  <-chan struct{}
+	log   *slog.Logger
 
 	// What the interface is, fixed at Start: our hardware address, the
 	// broadcast group, the partition, the UD MTU, whether there is a CM.
@@ -128,12 +132,12 @@ type hostReader struct {
 	t txScratch
 }
 
-// newHostReader hands the host reader what it works with, from the
-// interface it reads for (Start); it keeps no pointer to it.
-func newHostReader(i *Interface) *hostReader {
+// newHostReader hands the reader of host queue q what it works with,
+// from the interface it reads for (Start); it keeps no pointer to it.
+func newHostReader(i *Interface, q *hostQueue) *hostReader {
 	r := &hostReader{
-		host: i.host, off: &i.off, tx: &i.tx, neigh: &i.neigh, conns: &i.active, mcast: &i.mcast,
-		hostOut: &i.hostOut, ctr: &i.ctr, stop: i.stop, log: i.log,
+		host: i.host, q: q, off: &i.off, tx: &i.tx, neigh: &i.neigh, conns: &i.active, mcast: &i.mcast,
+		ctr: &i.ctr, stop: i.stop, log: i.log,
 		hw: i.hw, bcast: i.bcast, pkey: i.cfg.PKey, udMTU: i.udMTU, cm: i.cmm != nil,
 		mode: &i.mode, mtu: &i.mtu, hostDown: i.hostLink.down,
 	}
@@ -144,11 +148,11 @@ func newHostReader(i *Interface) *hostReader {
 // run is the reader's goroutine.
 func (r *hostReader) run(done func()) {
 	defer done()
-	tx := r.tx
+	tx, q := r.tx, r.q
 	defer tx.napi.EndBusyPoll() // the TX poller reaps whatever is left
 	t := &r.t
 	for {
-		if !tx.waitCredits(r.off.segReserve) {
+		if !tx.waitCredits(&q.gate, r.off.segReserve) {
 			return
 		}
 		want := min(len(t.idx), max(1, tx.creditsFree()))
@@ -163,7 +167,7 @@ func (r *hostReader) run(done func()) {
 			}
 			// Every buffer is in flight: wait for completions like for
 			// credits, with the TX CQ armed.
-			if !tx.stopQueue(stopForBuffers) {
+			if !tx.stopQueue(&q.gate, stopForBuffers) {
 				return
 			}
 			continue
@@ -178,8 +182,8 @@ func (r *hostReader) run(done func()) {
 		}
 		var got int
 		var err error
-		if op := r.off.port; op != nil {
-			got, err = op.ReadFramesMeta(t.bufs[:n], t.sizes[:n], t.meta[:n])
+		if mr := q.read; mr != nil {
+			got, err = mr.ReadFramesMeta(t.bufs[:n], t.sizes[:n], t.meta[:n])
 		} else {
 			got, err = r.host.ReadFrames(t.bufs[:n], t.sizes[:n])
 		}
@@ -197,26 +201,59 @@ func (r *hostReader) run(done func()) {
 			continue
 		}
 		got = min(got, n)
+		q.countRead(t.sizes[:got])
+		claim, ok := r.claim(got)
+		if !ok {
+			tx.pool.put(t.idx[:n]...)
+			return
+		}
+		t.claim = claim
 		now := time.Now()
 		t.free = t.free[:0]
 		t.replies = t.replies[:0]
-		tx.window.enter()
+		q.window.enter()
 		for k := range got {
 			t.pending = got - 1 - k
 			if !r.frame(t.idx[k], t.sizes[k], t.meta[k], now) {
 				t.free = append(t.free, t.idx[k])
 			}
 		}
-		tx.window.leave()
+		q.window.leave()
+		tx.unclaim(t.claim)
+		t.claim = 0
 		t.free = append(t.free, t.idx[got:n]...)
 		tx.pool.put(t.free...)
 		if len(t.replies) > 0 {
-			r.hostOut.write(t.replies)
+			q.out.write(t.replies)
 		}
 		if got > 0 {
 			tx.napi.BusyPoll()
 		}
 	}
+}
+
+// claim sets aside the credits of got frames just read (txPath.claim),
+// waiting for completions while other readers' batches hold them; it
+// reports false when the interface is stopping. A frame that software
+// segmentation may cut counts as segReserve credits, as when the read
+// was sized.
+func (r *hostReader) claim(got int) (int, bool) {
+	tx := r.tx
+	need := got * max(1, r.off.segReserve)
+	have := tx.claim(need)
+	for have < got {
+		tx.unclaim(have)
+		if !tx.stopQueue(&r.q.gate, stopForCredits) {
+			return 0, false
+		}
+		have = tx.claim(need)
+		if have < got {
+			// The credits are back but other readers' batches hold
+			// them: those never wait, so let them end.
+			runtime.Gosched()
+		}
+	}
+	return have, true
 }
 
 // 2. Classify.
@@ -569,7 +606,7 @@ func (r *hostReader) segment(n *neighbour, mgid hca.GID, dst netip.Addr, bufIdx,
 	tx, t := r.tx, &r.t
 	mss := int(tm.m.GSOSize)
 	segs := tm.hd.Segments(mss)
-	if segs > len(t.segIdx) || tx.creditsFree()-t.pending < segs {
+	if segs > len(t.segIdx) || tx.creditsFree()+t.claim-t.pending < segs {
 		r.ctr.drop(dropTxGSONoRoom)
 		return false
 	}

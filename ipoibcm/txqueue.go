@@ -11,8 +11,8 @@ import (
 )
 
 // This file is the TX queue under the flow of txpath.go: the global TX
-// credits, the stop and wake of the host reader, and the reader's batch
-// window (sendWindow).
+// credits, the stop and wake of each host reader (readerGate), and each
+// reader's batch window (sendWindow, sendWindows).
 
 // txPath is the lower half of the flow host → HCA: the registered buffers
 // host frames are sent from, the global TX credits, the one post function
@@ -20,11 +20,14 @@ import (
 // credits back.
 //
 // Global TX credits (docs/linux.md §6.1): one count of
-// sends posted or parked, over the UD QP and every connection. The host
+// sends posted or parked, over the UD QP and every connection. A host
 // reader stops reading when the count reaches SendQueueSize-1 and resumes
 // when completions bring it down to half, so no per-QP send queue and no
 // CQ can overflow, and one stuck peer cannot wedge another's traffic
 // forever (the 2008 "never recovers" bug had one stop flag per ring).
+// With several host queues the count stays one: each reader claims the
+// credits of the frames it read before sending them (claim), so readers
+// on different queues never overcommit the send queues between them.
 type txPath struct {
 	napi *napi.Context // the TX poller; the host reader busy-polls it
 	pool *txPool
@@ -44,11 +47,14 @@ type txPath struct {
 	// a REQ cannot hold every credit for the CM timeout and stall healthy
 	// traffic.
 	parkedCredits int
-	stopped       atomic.Bool
-	wake          chan struct{}
-	free          []int // handleTX scratch (TX poller)
-	// window is the host reader's batch, posted outside every lock.
-	window sendWindow
+	// claimed counts the credits readers set aside for the frames of the
+	// batch in hand (claim); not yet in outstanding.
+	claimed atomic.Int64
+	// gates are the host readers' stops and wakes, one per host queue.
+	gates []*readerGate
+	free  []int // handleTX scratch (TX poller)
+	// windows are the host readers' batches, posted outside every lock.
+	windows sendWindows
 	// hostMAC is the host's MAC now, the destination of ICMP answers.
 	hostMAC func() frame.MAC
 
@@ -61,9 +67,36 @@ type txPathCounters struct {
 	stops, wakes, tooBigSent atomic.Uint64
 }
 
-// creditsFree is how many frames the reader may take now.
+// creditsFree is how many frames a reader may take now: the credits
+// neither taken nor claimed by a reader's batch.
 func (tx *txPath) creditsFree() int {
-	return tx.sendq - int(tx.outstanding.Load())
+	return tx.sendq - int(tx.outstanding.Load()) - int(tx.claimed.Load())
+}
+
+// claim sets aside up to want credits for the frames of a batch a reader
+// read, which its sends then take (post) while the claim stands; the
+// reader gives the claim back with unclaim when the batch ends. It
+// returns how many it set aside, fewer when other readers' batches hold
+// the rest. With one reader nothing else claims, and the count is exactly
+// what it was without claims.
+func (tx *txPath) claim(want int) int {
+	for {
+		c := tx.claimed.Load()
+		n := min(want, tx.sendq-int(tx.outstanding.Load())-int(c))
+		if n <= 0 {
+			return 0
+		}
+		if tx.claimed.CompareAndSwap(c, c+int64(n)) {
+			return n
+		}
+	}
+}
+
+// unclaim gives back a batch's claim.
+func (tx *txPath) unclaim(n int) {
+	if n > 0 {
+		tx.claimed.Add(int64(-n))
+	}
 }
 
 // parkedCreditCap is a quarter of the send queue, but never less than
@@ -86,36 +119,59 @@ func (tx *txPath) returnCredits(n int) {
 // posted for it (post takes one), without waking the reader in between.
 func (tx *txPath) handOverParked() { tx.outstanding.Add(-1) }
 
-// wakeIfResumed wakes the stopped reader once the count (left) is down
+// wakeIfResumed wakes the stopped readers once the count (left) is down
 // to half.
 func (tx *txPath) wakeIfResumed(left int64) {
-	if left <= int64(tx.sendq/2) && tx.stopped.Load() && tx.stopped.CompareAndSwap(true, false) {
-		tx.ctr.wakes.Add(1)
-		select {
-		case tx.wake <- struct{}{}:
-		default:
+	if left > int64(tx.sendq/2) {
+		return
+	}
+	for _, g := range tx.gates {
+		if g.resume() {
+			tx.ctr.wakes.Add(1)
 		}
 	}
 }
 
-// waitCredits blocks the reader while the queue is stopped, or while
+// waitCredits blocks the reader of g while its queue is stopped, or while
 // fewer than reserve credits are free (a super frame the reader may have
 // to cut in software needs that many; reserve is at most half the queue,
 // where a stopped queue resumes). It returns false when the interface is
 // stopping.
-func (tx *txPath) waitCredits(reserve int) bool {
+func (tx *txPath) waitCredits(g *readerGate, reserve int) bool {
 	limit := int64(tx.sendq - max(1, reserve))
-	if tx.outstanding.Load() < limit {
+	if tx.outstanding.Load()+tx.claimed.Load() < limit {
 		return true
 	}
 	// Reap what has completed before stopping the queue (the reader
 	// busy-polls the TX CQ).
 	tx.napi.BusyPoll()
-	if tx.outstanding.Load() < limit {
+	if tx.outstanding.Load()+tx.claimed.Load() < limit {
 		return true
 	}
 	tx.ctr.stops.Add(1)
-	return tx.stopQueue(stopForCredits)
+	return tx.stopQueue(g, stopForCredits)
+}
+
+// readerGate is one host reader's stop and wake: stopped says it waits
+// for completions, wake is how returnCredits tells it they came.
+type readerGate struct {
+	stopped atomic.Bool
+	wake    chan struct{}
+}
+
+func (g *readerGate) init() { g.wake = make(chan struct{}, 1) }
+
+// resume flips a stopped gate back and wakes its reader; it reports
+// whether it did (whoever flips stopped owns the resumption).
+func (g *readerGate) resume() bool {
+	if !g.stopped.Load() || !g.stopped.CompareAndSwap(true, false) {
+		return false
+	}
+	select {
+	case g.wake <- struct{}{}:
+	default:
+	}
+	return true
 }
 
 // stopReason is what the stopped reader waits for.
@@ -140,27 +196,27 @@ func (tx *txPath) resumable(why stopReason) bool {
 	return tx.outstanding.Load() <= int64(tx.sendq/2)
 }
 
-// stopQueue stops the reader until returnCredits wakes it. It returns
-// false when the interface is stopping.
+// stopQueue stops the reader of g until returnCredits wakes it. It
+// returns false when the interface is stopping.
 //
 // The order is what makes the wake-up impossible to lose: completions that
 // land before stopped is set do not wake (nobody is stopped yet), so the
 // condition is checked again after the store; completions after it find
 // stopped and wake. Whoever flips stopped back to false (the re-check here
 // or returnCredits) owns the resumption.
-func (tx *txPath) stopQueue(why stopReason) bool {
-	tx.stopped.Store(true)
+func (tx *txPath) stopQueue(g *readerGate, why stopReason) bool {
+	g.stopped.Store(true)
 	// A stopped queue waits for completion events: hand re-arming back
 	// to the TX poller (after stopped is set, so the poll that returns
 	// the credits sees it and wakes us).
 	tx.napi.EndBusyPoll()
-	if tx.resumable(why) && tx.stopped.CompareAndSwap(true, false) {
+	if tx.resumable(why) && g.stopped.CompareAndSwap(true, false) {
 		return true
 	}
 	for {
 		select {
-		case <-tx.wake:
-			if !tx.stopped.Load() {
+		case <-g.wake:
+			if !g.stopped.Load() {
 				return true
 			}
 		case <-tx.stop:
@@ -192,10 +248,24 @@ type sendWindow struct {
 	open  bool
 	// batches counts the batches ended.
 	batches uint64
-	// retired are address handles to destroy when the open batch ends;
+	// retired are address handles to release when the open batch ends;
 	// spare is the other half of the swap, so leave allocates nothing.
-	retired, spare []hca.AH
+	retired, spare []*retiredAH
 	log            *slog.Logger
+}
+
+// retiredAH is an address handle retired while batches were open, held
+// by each of them: the last to end destroys it.
+type retiredAH struct {
+	ah   hca.AH
+	refs atomic.Int32
+}
+
+// release drops one hold, destroying the handle with the last.
+func (r *retiredAH) release(log *slog.Logger) {
+	if r.refs.Add(-1) == 0 {
+		destroyAH(r.ah, log)
+	}
 }
 
 func (w *sendWindow) init(log *slog.Logger) {
@@ -211,7 +281,7 @@ func (w *sendWindow) enter() {
 }
 
 // leave ends the batch (host reader): the address handles retired during
-// it are destroyed, and whoever waits in quiesce goes on.
+// it are released, and whoever waits in quiesce goes on.
 func (w *sendWindow) leave() {
 	w.mu.Lock()
 	w.open = false
@@ -220,27 +290,25 @@ func (w *sendWindow) leave() {
 	w.retired, w.spare = w.spare[:0], dead
 	w.ended.Broadcast()
 	w.mu.Unlock()
-	for k, ah := range dead {
-		w.destroy(ah)
+	for k, r := range dead {
+		r.release(w.log)
 		dead[k] = nil
 	}
 }
 
-// retire destroys ah, an address handle no table hands out any more, at
-// once when no batch is open, else when the open one ends.
-func (w *sendWindow) retire(ah hca.AH) {
+// hold keeps r until the batch open now, if any, ends. A batch that opens later cannot have resolved r: its table gave
+// it up before retiring it.
+func (w *sendWindow) hold(r *retiredAH) {
 	w.mu.Lock()
 	if w.open {
-		w.retired = append(w.retired, ah)
-		w.mu.Unlock()
-		return
+		r.refs.Add(1)
+		w.retired = append(w.retired, r)
 	}
 	w.mu.Unlock()
-	w.destroy(ah)
 }
 
 // quiesce waits until the batch open now, if any, has ended. Never from
-// the host reader; it may wait only for a batch, which never waits.
+// a host reader; it may wait only for a batch, which never waits.
 func (w *sendWindow) quiesce() {
 	w.mu.Lock()
 	for b := w.batches; w.open && w.batches == b; {
@@ -249,19 +317,54 @@ func (w *sendWindow) quiesce() {
 	w.mu.Unlock()
 }
 
-// close destroys whatever is still retired (Close, the reader stopped).
+// close releases whatever is still held (Close, the reader stopped).
 func (w *sendWindow) close() {
 	w.mu.Lock()
 	dead := w.retired
 	w.retired = nil
 	w.mu.Unlock()
-	for _, ah := range dead {
-		w.destroy(ah)
+	for _, r := range dead {
+		r.release(w.log)
 	}
 }
 
-func (w *sendWindow) destroy(ah hca.AH) {
-	if err := ah.Destroy(); err != nil && w.log != nil {
-		w.log.Warn("destroy address handle", "dgid", ah.DGID(), "err", err)
+func destroyAH(ah hca.AH, log *slog.Logger) {
+	if err := ah.Destroy(); err != nil && log != nil {
+		log.Warn("destroy address handle", "dgid", ah.DGID(), "err", err)
+	}
+}
+
+// sendWindows are every host reader's windows: whoever retires an address
+// handle or changes what the readers decide by deals with all of them.
+// Each window has its own lock; none is taken inside another.
+type sendWindows struct {
+	ws  []*sendWindow
+	log *slog.Logger
+}
+
+// retire destroys ah, an address handle no table hands out any more, at
+// once when no batch is open, else when the last batch open now ends.
+func (s *sendWindows) retire(ah hca.AH) {
+	r := &retiredAH{ah: ah}
+	r.refs.Store(1) // retire's own, so no window destroys it before all hold it
+	for _, w := range s.ws {
+		w.hold(r)
+	}
+	r.release(s.log)
+}
+
+// quiesce waits until every batch open now has ended (the host took
+// ib0 down, the mode switched). A batch opened meanwhile on a window not
+// yet visited is waited for too, which costs only that batch.
+func (s *sendWindows) quiesce() {
+	for _, w := range s.ws {
+		w.quiesce()
+	}
+}
+
+// close releases what every window still holds.
+func (s *sendWindows) close() {
+	for _, w := range s.ws {
+		w.close()
 	}
 }

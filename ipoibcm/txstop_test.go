@@ -65,7 +65,7 @@ func TestReaderStopForBuffersNoLostWakeup(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("reader never read again after the buffers came back: lost wake-up")
 	}
-	if got := ifc.tx.stopped.Load(); got {
+	if got := ifc.tx.gates[0].stopped.Load(); got {
 		t.Fatal("queue still marked stopped while reading")
 	}
 }

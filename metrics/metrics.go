@@ -197,6 +197,9 @@ func (e *emitter) host(host string, s ipoibcm.Stats) {
 	}
 	e.structSeries("napi", "NAPI poll context statistics (napi.Stats), per poller.", host, "poller", "rx", s.NAPI.RX)
 	e.structSeries("napi", "NAPI poll context statistics (napi.Stats), per poller.", host, "poller", "tx", s.NAPI.TX)
+	for k, q := range s.Queues {
+		e.structSeries("queue", "Frames and bytes per host queue: tx read from the host, rx written to it (ipoibcm.QueueStats).", host, "queue", strconv.Itoa(k), q)
+	}
 	e.structSeries("reaper", "Teardown and connection statistics (ipoibcm.ReaperStats).", host, "", "", s.Reaper)
 	e.cm(host, s)
 	e.conns(host, "tx", s.TXConns)

@@ -14,6 +14,8 @@ import (
 	"github.com/songgao/water"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/ipoibcm/ipoib/offload"
 )
 
 // Config describes a TAP device to open.
@@ -362,4 +364,33 @@ func (d *Device) Close() error {
 		d.nlMu.Unlock()
 	})
 	return d.closeErr
+}
+
+// NumQueues is how many queues the device has (Config.Queues, at least 1).
+func (d *Device) NumQueues() int { return 1 + len(d.queues) }
+
+// queue is queue q: the Device itself for 0.
+func (d *Device) queue(q int) *Device {
+	if q == 0 {
+		return d
+	}
+	return d.queues[q-1]
+}
+
+// ReadQueue is ReadFramesMeta on queue q (ipoibcm.MultiQueuePort).
+func (d *Device) ReadQueue(q int, bufs [][]byte, sizes []int, meta []offload.Meta) (int, error) {
+	return d.queue(q).ReadFramesMeta(bufs, sizes, meta)
+}
+
+// WriteQueue is WriteFramesMeta on queue q, or WriteFrames with meta nil.
+func (d *Device) WriteQueue(q int, frames [][]byte, meta []offload.Meta) (int, error) {
+	if meta == nil {
+		return d.queue(q).WriteFrames(frames)
+	}
+	return d.queue(q).WriteFramesMeta(frames, meta)
+}
+
+// WriteQueueGather is WriteFramesGather on queue q.
+func (d *Device) WriteQueueGather(q int, frames [][][]byte, meta []offload.Meta) (int, error) {
+	return d.queue(q).WriteFramesGather(frames, meta)
 }

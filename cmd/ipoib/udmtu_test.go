@@ -25,7 +25,11 @@ type iperf3Run struct {
 	End struct {
 		SumReceived struct {
 			BitsPerSecond float64 `json:"bits_per_second"`
+			Bytes         float64 `json:"bytes"`
 		} `json:"sum_received"`
+		SumSent struct {
+			Bytes float64 `json:"bytes"`
+		} `json:"sum_sent"`
 	} `json:"end"`
 }
 

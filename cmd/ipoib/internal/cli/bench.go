@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
@@ -34,13 +35,14 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 	mtuUD := fs.Int("mtu-datagram", defaultDatagramMTU, "IP MTU for datagram mode and its baselines (--iperf and in-process)")
 	seed := fs.Int64("seed", 1, "--iperf: soft fabric random seed")
 	offloads := fs.String("offloads", "on", "--iperf: ib0's TAPs with a virtio header (TSO/USO, checksum offload, GRO) or without (off), as 'ipoib fabric/up --offloads'")
+	queues := fs.Int("queues", defaultQueues, "--iperf: queues of ib0's TAPs (1..16, with --offloads on), as 'ipoib fabric/up --queues'")
 	size := fs.Int64("bytes", 256<<20, "in-process: bytes to transfer per run")
 	mtu := fs.Int("mtu", defaultConnectedMTU, "in-process: IP MTU of the direct and ib0 connected rows")
 	runs := fs.Int("runs", 1, "in-process: runs per row, the report shows the median")
 	plotFile := fs.String("plot", "", "draw the rows as bars against their baselines, with the ratios, to this SVG file")
 	prof := addProfileFlagsUsage(fs, "write a CPU profile of the whole run to this file (go tool pprof); with --hca rocev2 each 'ipoib up' also writes its own, to FILE.MODE.a and FILE.MODE.b")
 	return func(ctx context.Context, args []string) (code int) {
-		if msg := checkBench(args, flagcheck.Set(fs), benchArgs{*iperf, *hcaName, *modes, *offloads, *duration, *streams, *mtuCM, *mtuUD, *size, *mtu, *runs}, prof); msg != "" {
+		if msg := checkBench(args, flagcheck.Set(fs), benchArgs{*iperf, *hcaName, *modes, *offloads, *duration, *streams, *queues, *mtuCM, *mtuUD, *size, *mtu, *runs}, prof); msg != "" {
 			return usageError(env, "bench", msg)
 		}
 		vnet := *offloads == "on"
@@ -72,7 +74,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 				Modes: modeList, MTU: map[string]int{"connected": *mtuCM, "datagram": *mtuUD},
 				Duration: *duration, Streams: *streams,
 				Owner: &tap.Owner{MarkerDir: env.MarkerDir}, Progress: env.Stderr,
-				UpArgs: []string{"--offloads", *offloads}, IBOffloads: vnet,
+				UpArgs: []string{"--offloads", *offloads, "--queues", strconv.Itoa(*queues)}, IBOffloads: vnet,
 				UpCPUProfile: *prof.cpuProfile,
 			}, *asJSON, *plotFile)
 		}
@@ -84,7 +86,7 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 			Owner:    &tap.Owner{MarkerDir: env.MarkerDir},
 			Progress: env.Stderr,
 		}
-		cfg.IB, cfg.IBOffloads = ibLinkFactory(*seed, vnet, newLogger(env.Stderr, slog.LevelWarn)), vnet
+		cfg.IB, cfg.IBOffloads = ibLinkFactory(*seed, vnet, *queues, newLogger(env.Stderr, slog.LevelWarn)), vnet
 		rep, err := bench.RunIperfSuite(ctx, cfg)
 		if err != nil {
 			return fail(env, "bench", err)
@@ -97,18 +99,19 @@ func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int 
 // they would be ignored and the user would believe they measured what
 // they asked for.
 var (
-	iperfOnlyFlags  = []string{"hca", "duration", "streams", "modes", "mtu-connected", "seed", "offloads"}
+	iperfOnlyFlags  = []string{"hca", "duration", "streams", "modes", "mtu-connected", "seed", "offloads", "queues"}
 	inProcOnlyFlags = []string{"bytes", "mtu", "runs"}
 )
 
 // benchArgs is the bench command line checkBench validates.
 type benchArgs struct {
-	iperf                        bool
-	hca, modes, offloads         string
-	duration                     time.Duration
-	streams, mtuConnected, mtuUD int
-	bytes                        int64
-	mtu, runs                    int
+	iperf                bool
+	hca, modes, offloads string
+	duration             time.Duration
+	streams, queues      int
+	mtuConnected, mtuUD  int
+	bytes                int64
+	mtu, runs            int
 }
 
 // checkBench validates the bench command line; "" means valid. The
@@ -153,6 +156,7 @@ func checkBench(args []string, set map[string]bool, a benchArgs, prof *profileFl
 			oneOf("offloads", a.offloads, "on", "off"),
 			check(flagcheck.Duration("duration", a.duration, time.Second)),
 			check(flagcheck.IntRange("streams", a.streams, 1, 128)),
+			func() string { return checkQueues(a.queues, a.offloads) },
 			check(flagcheck.IntRange("mtu-connected", a.mtuConnected, flagcheck.MinIPMTU, flagcheck.MaxConnectedMTU)),
 			check(flagcheck.IntRange("mtu-datagram", a.mtuUD, flagcheck.MinIPMTU, maxUD)),
 		)
@@ -194,7 +198,7 @@ func writeReport(env *Env, rep benchReport, asJSON bool, plotFile string) int {
 
 // ibLinkFactory joins namespaces a and b with ib0: a TAP in each, two
 // interfaces on a fresh soft fabric.
-func ibLinkFactory(seed int64, vnet bool, log *slog.Logger) bench.IBLinkFactory {
+func ibLinkFactory(seed int64, vnet bool, queues int, log *slog.Logger) bench.IBLinkFactory {
 	return func(_ context.Context, mode string, mtu int, a, b *tap.Netns, addrA, addrB netip.Prefix) (func() error, error) {
 		fab := newSoftFabric(seed, nil, log)
 		var hosts []*softHost
@@ -209,7 +213,7 @@ func ibLinkFactory(seed int64, vnet bool, log *slog.Logger) bench.IBLinkFactory 
 			ns   *tap.Netns
 			addr netip.Prefix
 		}{{a, addrA}, {b, addrB}} {
-			dev, err := tap.Open(tap.Config{Name: "ib0", Netns: side.ns, VnetHdr: vnet, Link: tap.LinkConfig{MTU: mtu, Addrs: []netip.Prefix{side.addr}}})
+			dev, err := tap.Open(tap.Config{Name: "ib0", Netns: side.ns, VnetHdr: vnet, Queues: queues, Link: tap.LinkConfig{MTU: mtu, Addrs: []netip.Prefix{side.addr}}})
 			if err != nil {
 				return nil, errors.Join(err, stop())
 			}

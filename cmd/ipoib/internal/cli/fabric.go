@@ -88,7 +88,7 @@ func fabricFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int
 			log.Info("metrics", "url", "http://"+srv.Addr().String()+"/metrics")
 		}
 		lab := fabricLab{env: env, log: log, owner: &tap.Owner{MarkerDir: env.MarkerDir, Logger: log}, netnsPrefix: *netnsPrefix, metrics: m,
-			offloads: *ib.offloads == "on", partitions: parts.parts, prefix: pfx}
+			offloads: *ib.offloads == "on", queues: *ib.queues, partitions: parts.parts, prefix: pfx}
 		err = lab.run(ctx, addrs, *ib.mode, *ib.mtu, *ifname, *seed, *dir)
 		if err = errors.Join(err, stopProfile()); err != nil {
 			return fail(env, "fabric", err)
@@ -123,6 +123,8 @@ type fabricLab struct {
 	metrics *metrics.Metrics
 	// offloads opens the TAPs with IFF_VNET_HDR (--offloads).
 	offloads bool
+	// queues is each TAP's queue count (--queues).
+	queues int
 	// partitions are the --partition flags; prefix is --prefix, after
 	// which their subnets come.
 	partitions []partition
@@ -158,7 +160,7 @@ func (l *fabricLab) run(ctx context.Context, addrs []netip.Prefix, mode string, 
 		l.namespaces = append(l.namespaces, ns)
 		// The engine raises the link once it has joined the broadcast
 		// group (HostPort.SetLinkUp).
-		dev, err := tap.Open(tap.Config{Name: ifname, Netns: ns, VnetHdr: l.offloads, Link: tap.LinkConfig{Addrs: []netip.Prefix{addr}}})
+		dev, err := tap.Open(tap.Config{Name: ifname, Netns: ns, VnetHdr: l.offloads, Queues: l.queues, Link: tap.LinkConfig{Addrs: []netip.Prefix{addr}}})
 		if err != nil {
 			return err
 		}

@@ -22,7 +22,7 @@ import (
 // as host ports: the lab ('ipoib fabric') and the ib0 rows of 'ipoib bench
 // --iperf'.
 
-var _ ipoibcm.GatherPort = (*tap.Device)(nil)
+var _ ipoibcm.MultiQueuePort = (*tap.Device)(nil)
 
 // newSoftFabric creates an in-process soft fabric of hosts, whose hosts
 // export their metrics to m (nil: none).

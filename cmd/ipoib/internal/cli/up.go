@@ -70,6 +70,8 @@ type UpOptions struct {
 	// Offloads opens the TAP with IFF_VNET_HDR, so super frames and
 	// partial checksums cross it (--offloads).
 	Offloads bool
+	// Queues is the TAP's queue count (--queues; IFF_MULTI_QUEUE above 1).
+	Queues int
 	// Host names the interface on the control socket.
 	Host       string
 	ControlDir string
@@ -445,7 +447,7 @@ func (u *upFlagSet) options(args []string) (UpOptions, string) {
 	if msg := firstBroken(append(rules, u.prof.rules()...)...); msg != "" {
 		return o, msg
 	}
-	o.Mode, o.MTU, o.Offloads = *u.ib.mode, *u.ib.mtu, *u.ib.offloads == "on"
+	o.Mode, o.MTU, o.Offloads, o.Queues = *u.ib.mode, *u.ib.mtu, *u.ib.offloads == "on", *u.ib.queues
 	o.Multicast = *u.multicast == "on"
 	o.MaxRXConns, o.MaxRXConnsPerPeer, o.MaxHalfOpen = *u.maxRX, *u.maxRXPeer, *u.maxHalfOpen
 	o.RecvQueueSize, o.RecvQueueMax = *u.recvQueue, *u.recvQueueMax

@@ -162,7 +162,7 @@ func runUp(ctx context.Context, o UpOptions, log *slog.Logger) (err error) {
 		return setup(fmt.Errorf("RoCEv2 device on %v: %w", o.Bind, err))
 	}
 	cleanup = append(cleanup, dev.Close)
-	port, err := tap.Open(tap.Config{Name: o.Dev, VnetHdr: o.Offloads, Link: tap.LinkConfig{Addrs: []netip.Prefix{o.Addr}}})
+	port, err := tap.Open(tap.Config{Name: o.Dev, VnetHdr: o.Offloads, Queues: o.Queues, Link: tap.LinkConfig{Addrs: []netip.Prefix{o.Addr}}})
 	if err != nil {
 		return setup(fmt.Errorf("TAP %s: %w", o.Dev, err))
 	}
