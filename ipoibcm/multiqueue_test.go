@@ -5,9 +5,11 @@ import (
 	"net"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ipoibcm/ipoib/hca"
 	"github.com/ipoibcm/ipoib/hca/soft"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 	"github.com/ipoibcm/ipoib/offload"
@@ -102,7 +104,7 @@ func TestMultiQueueFlows(t *testing.T) {
 	pa, pb := newMQPort(1, queues), newMQPort(2, queues)
 	p := newPortPair(t, ModeConnected, soft.Config{}, pa, pb)
 	for start := time.Now(); hostReaders()-readersBefore != 2*queues; time.Sleep(time.Millisecond) {
-		// Polling: a goroutine's start is observable no other way.
+		// Polling: a goroutine's start and exit are observable no other way.
 		if time.Since(start) > 5*time.Second {
 			t.Fatalf("%d host readers run for two interfaces of %d queues, want %d", hostReaders()-readersBefore, queues, 2*queues)
 		}
@@ -173,8 +175,12 @@ func TestMultiQueueFlows(t *testing.T) {
 		t.Errorf("queues read %d and wrote %d frames, want at least %d", read, written, flows*perFlow)
 	}
 	p.close()
-	if n := hostReaders() - readersBefore; n != 0 {
-		t.Errorf("%d host readers still run after Close", n)
+	// A reader marks itself done just before its goroutine returns, so
+	// its exit is watched as checkGoroutines watches every goroutine's.
+	for start := time.Now(); hostReaders() != readersBefore; time.Sleep(time.Millisecond) {
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("%d host readers still run 5 s after Close", hostReaders()-readersBefore)
+		}
 	}
 	checkGoroutines(t, base)
 }
@@ -262,5 +268,54 @@ func TestFlowQueueSticky(t *testing.T) {
 	binary.BigEndian.PutUint16(other[frame.EthHdrLen+6:], 0x0010) // a later fragment
 	if flowQueue(frag, 8) != flowQueue(other, 8) {
 		t.Error("two fragments of one address pair hash apart")
+	}
+}
+
+// countedAH is an address handle that counts its destroys.
+type countedAH struct{ destroyed atomic.Int32 }
+
+func (a *countedAH) DGID() hca.GID  { return hca.GID{} }
+func (a *countedAH) Destroy() error { a.destroyed.Add(1); return nil }
+
+// TestSendWindowsRetire: an address handle retired while readers' batches
+// are open outlives every one of them and is destroyed once, by the last
+// to end; with none open it goes at once; quiesce waits for every
+// reader's batch.
+func TestSendWindowsRetire(t *testing.T) {
+	var w0, w1, w2 sendWindow
+	for _, w := range []*sendWindow{&w0, &w1, &w2} {
+		w.init(nil)
+	}
+	s := sendWindows{ws: []*sendWindow{&w0, &w1, &w2}}
+	idle := &countedAH{}
+	s.retire(idle)
+	if idle.destroyed.Load() != 1 {
+		t.Fatal("retired with no batch open, not destroyed at once")
+	}
+	ah := &countedAH{}
+	w0.enter()
+	w2.enter()
+	s.retire(ah)
+	w1.enter() // opened after: cannot have resolved ah
+	w1.leave()
+	w0.leave()
+	if ah.destroyed.Load() != 0 {
+		t.Fatal("destroyed while reader 2's batch, open at the retire, still runs")
+	}
+	done := make(chan struct{})
+	go func() { s.quiesce(); close(done) }()
+	select {
+	case <-done:
+		t.Fatal("quiesce returned while reader 2's batch is open")
+	case <-time.After(20 * time.Millisecond):
+	}
+	w2.leave()
+	<-done
+	if n := ah.destroyed.Load(); n != 1 {
+		t.Fatalf("destroyed %d times after the last batch ended, want once", n)
+	}
+	s.close()
+	if n := ah.destroyed.Load(); n != 1 {
+		t.Fatalf("close destroyed it again (%d)", n)
 	}
 }
