@@ -264,8 +264,10 @@ func (i *Interface) createQueues() error {
 	}
 	// The RX handler sees a whole budget per call: GRO coalesces (and the
 	// host gets one write) per handleRX, as Linux's GRO flushes per NAPI
-	// poll, so a 16-completion batch would cut most 64 KiB LSO sends in two.
-	i.rxNAPI, err = napi.New(napi.Config{Name: cfg.Name + "-rx", CQ: i.rxCQ, Budget: cfg.RXBudget, Batch: cfg.RXBudget, Handle: i.rx.handleRX, Inline: cfg.InlineRX})
+	// poll, so a 16-completion batch would cut most 64 KiB LSO sends in two;
+	// a poll that uses its whole budget keeps its open chains for the
+	// next, until one completes (rxPath.complete).
+	i.rxNAPI, err = napi.New(napi.Config{Name: cfg.Name + "-rx", CQ: i.rxCQ, Budget: cfg.RXBudget, Batch: cfg.RXBudget, Handle: i.rx.handleRX, Complete: i.rx.complete, Inline: cfg.InlineRX})
 	if err != nil {
 		return fmt.Errorf("rx napi: %w", err)
 	}

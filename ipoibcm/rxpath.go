@@ -33,7 +33,9 @@ import (
 //     (udNeighbour); the IP and transport headers are read once
 //     (deliverIP) for the checks, the checksum verdict and GRO;
 //  5. GRO: the batch's in-order TCP segments of a flow are coalesced for
-//     a host that takes super frames (writeHost);
+//     a host that takes super frames (writeHost); after a poll that used
+//     its whole budget on UD receives the chains still open stay, with
+//     their receive buffers, until a poll completes (complete);
 //  6. host write: the batch goes to the host in one write through the
 //     hostWriter, with the neighbour table's lock already released;
 //  7. repost: every buffer goes back to its ring (repost).
@@ -96,6 +98,19 @@ type rxPath struct {
 	udRepost   []hca.RecvWR
 	srqRepost  []hca.RecvWR
 	connRepost []connRepost
+	// budget is the RX poll's; a batch of a whole budget means the poll
+	// is exhausted and another follows at once. rcSeen: the batch had
+	// completions of passive connections, whose buffers GRO never keeps
+	// past the batch (a connection marked dead reclaims them).
+	budget int
+	rcSeen bool
+	// udHeld are the UD receive buffers the open GRO chains kept from the
+	// last flush (by index), udHolding those the running flush reports
+	// (holdUD), and holding marks them, by index, while repost sorts the
+	// batch's buffers: a held buffer goes back to the ring only once a
+	// flush no longer reports it.
+	udHeld, udHolding []int32
+	holding           []bool
 
 	// trans holds translated ARP/ND frames (they change size, so they
 	// cannot be rewritten in the receive buffer).
@@ -109,6 +124,7 @@ type rxPath struct {
 	now     time.Time
 	haveNow bool
 	macOf   func(frame.HWAddr) (frame.MAC, bool)
+	holdUD  func(idx int32) // GRO's held: a UD buffer an open chain keeps
 }
 
 type connRepost struct {
@@ -118,11 +134,13 @@ type connRepost struct {
 
 // rxHeaders is offload.ReadHeaders' reading of a frame for the host
 // (read), or nothing for a frame translated into a scratch buffer, which
-// GRO parses itself (ARP and neighbour discovery, none of them TCP).
+// GRO parses itself (ARP and neighbour discovery, none of them TCP). ud is
+// the index of the frame's UD receive buffer, -1 if it has none.
 type rxHeaders struct {
 	h    offload.Headers
 	l4   bool // a whole TCP or UDP packet
 	read bool
+	ud   int32
 }
 
 // udSource is a UD packet's source, its IP source address and the
@@ -144,6 +162,7 @@ const transBufSize = 2048
 func (r *rxPath) init(env rxEnv, batch int) error {
 	r.rxEnv = env
 	r.selfGID, r.selfQPN = env.self.GID(), env.self.QPN()
+	r.budget = batch
 	r.frames = make([][]byte, 0, batch)
 	r.meta = make([]offload.Meta, 0, batch)
 	r.hdrs = make([]rxHeaders, 0, batch)
@@ -164,6 +183,13 @@ func (r *rxPath) init(env rxEnv, batch int) error {
 		r.groEmitVec = func(pieces [][]byte, m offload.Meta) {
 			r.groVec = append(r.groVec, pieces)
 			r.groMeta = append(r.groMeta, m)
+		}
+		r.holding = make([]bool, len(env.ud.bufs))
+		r.udHeld = make([]int32, 0, batch)
+		r.udHolding = make([]int32, 0, batch)
+		r.holdUD = func(idx int32) {
+			r.holding[idx] = true
+			r.udHolding = append(r.udHolding, idx)
 		}
 	}
 	r.udRepost = make([]hca.RecvWR, 0, batch)
@@ -213,12 +239,23 @@ func (r *rxPath) handleRX(wcs []hca.WC) {
 		case wrKindUDRecv:
 			r.rxUD(wc)
 		case wrKindSRQRecv:
+			r.rcSeen = true
 			r.rxSRQ(wc)
 		case wrKindConnRecv:
+			r.rcSeen = true
 			r.rxConnRing(wc)
 		}
 	}
-	r.flushRX()
+	r.flushRX(len(wcs) == r.budget && !r.rcSeen)
+}
+
+// complete is the RX poller's Complete: a poll ended under its budget, so
+// what GRO kept open from exhausted polls goes to the host now, as Linux's
+// napi_complete_done flushes its GRO lists.
+func (r *rxPath) complete() {
+	if r.gro != nil && r.gro.Pending() > 0 {
+		r.flushRX(false)
+	}
 }
 
 func (r *rxPath) rxUD(wc *hca.WC) {
@@ -268,7 +305,7 @@ func (r *rxPath) rxUD(wc *hca.WC) {
 		r.ctr.drop(dropRxBadIP)
 		return
 	}
-	r.deliverIP(b, wc.ByteLen, et, n.mac, true, wc.Flags)
+	r.deliverIP(b, wc.ByteLen, et, n.mac, int32(idx), wc.Flags)
 }
 
 // udNeighbour learns the source of a UD packet from gid and qpn whose IP
@@ -396,7 +433,7 @@ func (r *rxPath) rxConnPacket(rc *rxConn, b []byte, idx, byteLen int, flags hca.
 	}
 	rc.packets.Add(1)
 	rc.byts.Add(uint64(byteLen))
-	r.deliverIP(b, byteLen, et, rc.mac, false, flags)
+	r.deliverIP(b, byteLen, et, rc.mac, -1, flags)
 }
 
 // rxARPLocked answers nothing itself: it learns the sender and hands the
@@ -436,7 +473,7 @@ func (r *rxPath) rxARPLocked(body []byte) {
 	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: n.mac, EtherType: frame.EtherTypeARP})
 	r.frames = append(r.frames, out[:frame.EthHdrLen+m])
 	r.meta = append(r.meta, offload.Meta{})
-	r.hdrs = append(r.hdrs, rxHeaders{})
+	r.hdrs = append(r.hdrs, rxHeaders{ud: -1})
 	r.ctr.rxPackets.Add(1)
 	r.ctr.rxBytes.Add(uint64(frame.EncapLen + len(body)))
 }
@@ -446,11 +483,13 @@ func (r *rxPath) rxARPLocked(body []byte) {
 // over the headroom and the IPoIB header), or, for neighbour discovery,
 // translated into a scratch buffer. flags is the HCA's checksum verdict
 // (offloadPath.rxMeta). The headers are read once, here: the validity
-// check, the verdict and GRO take that reading.
-func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, ud bool, flags hca.WCFlags) {
+// check, the verdict and GRO take that reading. udIdx is the index of b
+// in the UD ring, -1 for a passive connection's buffer.
+func (r *rxPath) deliverIP(b []byte, byteLen int, et uint16, srcMAC frame.MAC, udIdx int32, flags hca.WCFlags) {
 	f := b[:headroom+byteLen]
 	pkt := f[frame.EthHdrLen:]
-	hd := rxHeaders{read: true}
+	ud := udIdx >= 0
+	hd := rxHeaders{read: true, ud: udIdx}
 	var ipOK bool
 	hd.h, ipOK, hd.l4 = offload.ReadHeaders(f, frame.EthHdrLen)
 	if !validRead(et, &hd.h, ipOK) {
@@ -519,25 +558,28 @@ func (r *rxPath) deliverND(pkt []byte, byteLen int, srcMAC frame.MAC) {
 	frame.PutEthernet(out, frame.EthHeader{Dst: dst, Src: srcMAC, EtherType: frame.EtherTypeIPv6})
 	r.frames = append(r.frames, out[:frame.EthHdrLen+n])
 	r.meta = append(r.meta, offload.Meta{})
-	r.hdrs = append(r.hdrs, rxHeaders{})
+	r.hdrs = append(r.hdrs, rxHeaders{ud: -1})
 	r.ctr.rxPackets.Add(1)
 	r.ctr.rxBytes.Add(uint64(byteLen))
 }
 
 // flushRX ends a handleRX call: the neighbour table's lock goes first, then the batch
-// goes to the host (GRO, one write) and the buffers back to their rings.
-func (r *rxPath) flushRX() {
+// goes to the host (GRO, one write) and the buffers back to their rings;
+// keep leaves GRO's open chains, and the UD buffers they hold, for the
+// next call.
+func (r *rxPath) flushRX(keep bool) {
 	if r.locked {
 		r.mu.Unlock()
 		r.locked = false
 	}
-	if len(r.frames) > 0 {
-		r.writeHost()
+	if len(r.frames) > 0 || (r.gro != nil && r.gro.Pending() > 0) {
+		r.writeHost(keep)
 	}
 	r.repost()
 	r.nTrans = 0
 	r.haveNow = false
 	r.lastSrc = udSource{}
+	r.rcSeen = false
 }
 
 // 5. GRO and 6. host write.
@@ -547,24 +589,35 @@ func (r *rxPath) flushRX() {
 // the host takes super frames: rx_packets counted the packets already,
 // and the super frames are gathered from the receive buffers where the
 // port can. No engine lock is held: the only lock across the write is the
-// hostWriter's, which serialises the host port's writers.
-func (r *rxPath) writeHost() {
+// hostWriter's, which serialises the host port's writers. With keep, the
+// chains still open stay in GRO (FlushOpen) with the UD buffers they hold
+// (holdUD), so the next poll's segments of their flows join them: a poll
+// of 64 completions cuts one 16-packet UD LSO in two otherwise.
+func (r *rxPath) writeHost(keep bool) {
 	frames, meta := r.frames, r.meta
 	switch {
-	case r.gro != nil && len(frames) > 1:
+	case r.gro != nil && (len(frames) > 1 || keep || r.gro.Pending() > 0):
 		for k := range frames {
 			if hd := &r.hdrs[k]; hd.read {
-				r.gro.AddHeaders(frames[k], meta[k], hd.h, hd.l4)
+				r.gro.AddHeaders(frames[k], meta[k], hd.h, hd.l4, hd.ud)
 			} else {
 				r.gro.Add(frames[k], meta[k])
 			}
 		}
 		if r.gather != nil {
-			r.gro.FlushVec(r.groEmitVec)
+			if keep {
+				r.gro.FlushVecOpen(r.groEmitVec, r.holdUD)
+			} else {
+				r.gro.FlushVec(r.groEmitVec)
+			}
 			r.out.writeGather(r.groVec, r.groMeta)
 			break
 		}
-		r.gro.Flush(r.groEmit)
+		if keep {
+			r.gro.FlushOpen(r.groEmit, r.holdUD)
+		} else {
+			r.gro.Flush(r.groEmit)
+		}
 		r.out.writeMeta(r.groOut, r.groMeta)
 	default:
 		r.out.writeMeta(frames, meta)
@@ -582,9 +635,33 @@ func (r *rxPath) writeHost() {
 
 // 7. Repost.
 
+// sortHeld takes the UD buffers open GRO chains still hold out of the
+// batch's reposts and puts back those the last flush released.
+func (r *rxPath) sortHeld() {
+	out := r.udRepost[:0]
+	for _, wr := range r.udRepost {
+		if !r.holding[wrIndex(wr.ID)] {
+			out = append(out, wr)
+		}
+	}
+	for _, idx := range r.udHeld {
+		if !r.holding[idx] {
+			out = append(out, hca.RecvWR{ID: wrID(wrKindUDRecv, int(idx)), Buf: r.ud.bufs[idx][headroom:]})
+		}
+	}
+	r.udRepost = out
+	for _, idx := range r.udHolding {
+		r.holding[idx] = false
+	}
+	r.udHeld, r.udHolding = r.udHolding, r.udHeld[:0]
+}
+
 // repost gives the batch's buffers back to the UD ring, the SRQ and the
 // connections' own rings, once the host is done with them.
 func (r *rxPath) repost() {
+	if len(r.udHeld) > 0 || len(r.udHolding) > 0 {
+		r.sortHeld()
+	}
 	if len(r.udRepost) > 0 {
 		if _, err := r.ud.qp.PostRecv(r.udRepost); err != nil {
 			r.log.Warn("repost UD receives", "err", err)

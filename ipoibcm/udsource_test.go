@@ -18,16 +18,30 @@ import (
 type udBatch struct {
 	ifc *Interface
 	wcs []hca.WC
+	// next is the next UD receive buffer to fill: each message takes a
+	// fresh one, as the fabric's would, so none the RX path still holds
+	// is written over.
+	next int
 }
 
 func newUDBatch(t *testing.T) *udBatch {
+	return newUDBatchOn(t, newMemPort(1, nil))
+}
+
+// newUDBatchOn is newUDBatch with host port and config tweaks of the
+// test's.
+func newUDBatchOn(t *testing.T, port HostPort, tweak ...func(*Config)) *udBatch {
 	fab := soft.NewFabric(soft.Config{Seed: 31})
 	t.Cleanup(func() { fab.Close() })
 	dev, err := fab.NewDevice("engine")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ifc, err := New(Config{Device: dev, Host: newMemPort(1, nil), Mode: ModeDatagram, CM: fastCM()})
+	cfg := Config{Device: dev, Host: port, Mode: ModeDatagram, CM: fastCM()}
+	for _, f := range tweak {
+		f(&cfg)
+	}
+	ifc, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +55,8 @@ func newUDBatch(t *testing.T) *udBatch {
 // add puts an IPoIB message from gid and qpn into the next UD receive
 // buffer of the batch.
 func (u *udBatch) add(gid hca.GID, qpn hca.QPN, et uint16, body []byte) {
-	k := len(u.wcs)
+	k := u.next % len(u.ifc.ud.bufs)
+	u.next++
 	b := u.ifc.ud.bufs[k]
 	frame.PutEncap(b[headroom:], et)
 	n := frame.EncapLen + copy(b[headroom+frame.EncapLen:], body)
@@ -81,7 +96,7 @@ func (u *udBatch) run() {
 // addresses, when it was last heard and the restarts counted so far.
 func (u *udBatch) neighbour(t *testing.T, gid hca.GID) (frame.HWAddr, []netip.Addr, time.Time, uint64) {
 	t.Helper()
-	nt := u.ifc.neigh
+	nt := &u.ifc.neigh
 	nt.mu.Lock()
 	defer nt.mu.Unlock()
 	n := nt.lookupGID(gid)

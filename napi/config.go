@@ -39,6 +39,14 @@ type Config struct {
 	// anything that waits for this Context's poll lock: each would wait
 	// for the poll that is running Handle.
 	Handle func(wcs []hca.WC)
+	// Complete, if set, is called under the poll lock when a poll ends
+	// having handled fewer completions than its Budget (or Stop
+	// interrupted it), and once more by Stop after the last Handle: where
+	// Linux's napi_complete_done flushes the GRO lists a driver kept
+	// across polls that used their whole budget. A Handle that holds
+	// work back while its batch was a whole Budget finishes it here. It
+	// follows Handle's rules.
+	Complete func()
 	// Inline lets Schedule run the poll on the calling goroutine when no
 	// poll is running, as a softirq runs NAPI on the CPU that raised it:
 	// wired to a CQ with hca.CQConfig.InlineCompletion, the goroutine that

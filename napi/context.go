@@ -202,6 +202,10 @@ func (c *Context) Stop() {
 		c.deferred = c.deferred[:0]
 		c.counters.notePoll(n)
 	}
+	if c.cfg.Complete != nil {
+		// The last poll may have used its whole budget.
+		c.cfg.Complete()
+	}
 }
 
 // Stats returns a snapshot of the counters.
@@ -327,5 +331,8 @@ func (c *Context) drainLocked() (done int, stopped bool) {
 		}
 	}
 	c.counters.notePoll(done)
+	if (done < budget || stopped) && c.cfg.Complete != nil {
+		c.cfg.Complete()
+	}
 	return done, stopped
 }

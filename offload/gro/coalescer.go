@@ -62,6 +62,8 @@ type Coalescer struct {
 	parts []part
 	flat  [][]byte
 	iov   [][]byte
+	// keep is keepOpen's scratch: the open chains' parts, renumbered.
+	keep []part
 }
 
 // entry is one output frame, in input order of its first segment. When
@@ -72,6 +74,13 @@ type entry struct {
 	meta        offload.Meta
 	hdr         []byte
 	first, last int32
+	// open: the entry is an open chain's (a flow's f.entry), which
+	// FlushOpen keeps. tag is the head frame's (AddHeaders); buf the
+	// index in bufs of the chain's super-frame or headers buffer, -1
+	// before it has one.
+	open bool
+	tag  int32
+	buf  int32
 }
 
 // part is one segment's payload in a gathered chain; next is the index of
@@ -79,6 +88,7 @@ type entry struct {
 type part struct {
 	b    []byte
 	next int32
+	tag  int32 // of the frame b lies in
 }
 
 // gatherHdrLen is the most header a gathered chain copies behind the link
@@ -120,15 +130,19 @@ func cmpOr(v, def int) int {
 // (and may copy it) until Flush has emitted it.
 func (c *Coalescer) Add(frame []byte, meta offload.Meta) {
 	c.seg.classify(frame, meta, c.l3off)
+	c.seg.tag = -1
 	c.add()
 }
 
 // AddHeaders is Add of a frame the caller has parsed already: h and l4
 // must be what offload.ReadHeaders(frame, L3Off) returns for it (its first
 // and third results). A receive path that read the headers for its own
-// checks hands the reading over, so each packet is parsed once.
-func (c *Coalescer) AddHeaders(frame []byte, meta offload.Meta, h offload.Headers, l4 bool) {
+// checks hands the reading over, so each packet is parsed once. tag is
+// the caller's name for the frame, which FlushOpen reports while an open
+// chain holds it (Add's frames are -1).
+func (c *Coalescer) AddHeaders(frame []byte, meta offload.Meta, h offload.Headers, l4 bool, tag int32) {
 	c.seg.classifyRead(frame, meta, h, l4)
+	c.seg.tag = tag
 	c.add()
 }
 
@@ -207,7 +221,7 @@ func (c *Coalescer) slot() *flow {
 }
 
 // takeBuffer hands out the next super-frame buffer of this batch; the
-// caller has checked that one is left.
+// caller has checked that one is left. Its index in bufs is c.used-1.
 func (c *Coalescer) takeBuffer() []byte {
 	if c.used == len(c.bufs) {
 		size := c.l3off + maxIPLen
@@ -229,10 +243,11 @@ func (e *entry) headers() []byte {
 	return e.frame
 }
 
-// addPart appends b to the chain of e (gathering).
-func (c *Coalescer) addPart(e *entry, b []byte) {
+// addPart appends b, which lies in the frame tagged tag, to the chain of
+// e (gathering).
+func (c *Coalescer) addPart(e *entry, b []byte, tag int32) {
 	k := int32(len(c.parts))
-	c.parts = append(c.parts, part{b: b, next: -1})
+	c.parts = append(c.parts, part{b: b, next: -1, tag: tag})
 	if e.first < 0 {
 		e.first = k
 	} else {
@@ -250,9 +265,33 @@ func (c *Coalescer) Pending() int { return len(c.entries) }
 // holds nothing of the caller's.
 func (c *Coalescer) Flush(emit func(frame []byte, meta offload.Meta)) {
 	c.endChains()
+	c.emit(emit)
+	c.reset()
+}
+
+// FlushOpen is Flush for a batch that goes on, as Linux's napi_poll keeps
+// its GRO lists across polls that used their whole budget and flushes
+// them when the poll completes (napi_complete_done): every frame is
+// emitted but those of the chains still open, which stay for the next
+// Add or flush, so a flow's next segments can join them. held is called
+// with the tag (AddHeaders) of every frame of the caller's those chains
+// still hold; the caller keeps each one as it is until a later flush no
+// longer reports it. A flow's frames still leave in the order they came:
+// an open chain is its flow's latest frames. The super frames emitted
+// stay valid until the next Add.
+func (c *Coalescer) FlushOpen(emit func(frame []byte, meta offload.Meta), held func(tag int32)) {
+	c.emit(emit)
+	c.keepOpen(held)
+}
+
+// emit hands emit every entry but the open chains', in order (Flush).
+func (c *Coalescer) emit(emit func(frame []byte, meta offload.Meta)) {
 	flat := 0
 	for i := range c.entries {
 		e := &c.entries[i]
+		if e.open {
+			continue
+		}
 		if e.hdr == nil {
 			emit(e.frame, e.meta)
 			continue
@@ -268,7 +307,6 @@ func (c *Coalescer) Flush(emit func(frame []byte, meta offload.Meta)) {
 		}
 		emit(b[:n], e.meta)
 	}
-	c.reset()
 }
 
 // FlushVec is Flush for a writer that gathers: each frame comes out as
@@ -280,6 +318,20 @@ func (c *Coalescer) Flush(emit func(frame []byte, meta offload.Meta)) {
 // them, stay valid until the next Add.
 func (c *Coalescer) FlushVec(emit func(pieces [][]byte, meta offload.Meta)) {
 	c.endChains()
+	c.emitVec(emit)
+	c.reset()
+}
+
+// FlushVecOpen is FlushOpen for a writer that gathers: what it emits,
+// FlushVec's pieces; what it keeps and reports, FlushOpen's.
+func (c *Coalescer) FlushVecOpen(emit func(pieces [][]byte, meta offload.Meta), held func(tag int32)) {
+	c.emitVec(emit)
+	c.keepOpen(held)
+}
+
+// emitVec hands emit every entry but the open chains' as its pieces, in
+// order (FlushVec).
+func (c *Coalescer) emitVec(emit func(pieces [][]byte, meta offload.Meta)) {
 	need := len(c.entries) + len(c.parts)
 	if cap(c.iov) < need {
 		c.iov = make([][]byte, 0, need)
@@ -287,6 +339,9 @@ func (c *Coalescer) FlushVec(emit func(pieces [][]byte, meta offload.Meta)) {
 	iov := c.iov[:0]
 	for i := range c.entries {
 		e := &c.entries[i]
+		if e.open {
+			continue
+		}
 		start := len(iov)
 		if e.hdr == nil {
 			iov = append(iov, e.frame)
@@ -299,7 +354,64 @@ func (c *Coalescer) FlushVec(emit func(pieces [][]byte, meta offload.Meta)) {
 		emit(iov[start:len(iov):len(iov)], e.meta)
 	}
 	c.iov = iov[:0]
-	c.reset()
+}
+
+// keepOpen forgets the batch but its open chains, whose entries, parts
+// and buffers move to the front, in order, so that the next batch builds
+// on them with the rest free; held hears the tags of the caller's frames
+// they hold: a held chain's one frame, or every frame a gathered chain
+// has a payload in (a copying chain holds nothing of the caller's once it
+// has a buffer).
+func (c *Coalescer) keepOpen(held func(tag int32)) {
+	keep := c.keep[:0]
+	n, nb := 0, int32(0)
+	for i := range c.entries {
+		e := c.entries[i]
+		if !e.open {
+			continue
+		}
+		for k := range c.flows {
+			if f := &c.flows[k]; f.state != flowIdle && f.entry == i {
+				f.entry = n
+			}
+		}
+		if e.buf >= 0 {
+			// Swap the chain's buffer to the front of those in use; a
+			// later open chain that had the front one takes its place.
+			if e.buf != nb {
+				c.bufs[e.buf], c.bufs[nb] = c.bufs[nb], c.bufs[e.buf]
+				for j := i + 1; j < len(c.entries); j++ {
+					if c.entries[j].open && c.entries[j].buf == nb {
+						c.entries[j].buf = e.buf
+					}
+				}
+				e.buf = nb
+			}
+			nb++
+		}
+		switch {
+		case e.first >= 0:
+			first := int32(len(keep))
+			for k := e.first; k >= 0; k = c.parts[k].next {
+				held(c.parts[k].tag)
+				keep = append(keep, part{b: c.parts[k].b, next: int32(len(keep)) + 1, tag: c.parts[k].tag})
+			}
+			keep[len(keep)-1].next = -1
+			e.first, e.last = first, int32(len(keep)-1)
+		case e.hdr == nil && e.buf < 0:
+			held(e.tag) // one segment, in the caller's frame
+		}
+		c.entries[n] = e
+		n++
+	}
+	clear(c.entries[n:])
+	c.entries = c.entries[:n]
+	clear(c.parts)
+	c.parts = append(c.parts[:0], keep...)
+	clear(keep)
+	c.keep = keep[:0]
+	c.seg = segment{}
+	c.used = int(nb)
 }
 
 // endChains completes every open chain.

@@ -84,6 +84,12 @@
 // table holds Config.Batch frames between flushes without allocating
 // (more make it grow once). In steady state nothing is allocated.
 //
+// A batch may also go on past a flush (FlushOpen, FlushVecOpen), as Linux
+// keeps its GRO lists across NAPI polls that used their whole budget:
+// the chains still open stay, with the caller's frames they hold, which
+// the flush names by the tag AddHeaders was given, and a flow's next
+// segments join them after the flush as within one batch.
+//
 // # Gathering
 //
 // A writer that gathers (writev on a vnet TAP) need not have a super

@@ -127,7 +127,7 @@ func (f *flow) matches(head []byte, s *segment) bool {
 func (c *Coalescer) transition(f *flow, ev flowEvent, s *segment) {
 	switch {
 	case f.state == flowIdle && ev == evStart:
-		c.entries = append(c.entries, entry{frame: s.frame, meta: s.meta, first: -1, last: -1})
+		c.entries = append(c.entries, entry{frame: s.frame, meta: s.meta, first: -1, last: -1, open: true, tag: s.tag, buf: -1})
 		*f = flow{
 			state: flowHeld,
 			key:   s.key,
@@ -141,9 +141,10 @@ func (c *Coalescer) transition(f *flow, ev flowEvent, s *segment) {
 	case f.state == flowHeld && ev == evJoin:
 		e := &c.entries[f.entry]
 		buf := c.takeBuffer()
+		e.buf = int32(c.used - 1)
 		if c.gather {
 			e.hdr = buf[:copy(buf, e.frame[:f.h.End])]
-			c.addPart(e, e.frame[f.h.End:f.h.Len])
+			c.addPart(e, e.frame[f.h.End:f.h.Len], e.tag)
 		} else {
 			e.frame = buf[:copy(buf, e.frame)]
 		}
@@ -153,9 +154,11 @@ func (c *Coalescer) transition(f *flow, ev flowEvent, s *segment) {
 	case f.state == flowCoalescing && ev == evJoin:
 		c.join(f, s)
 	case f.state == flowHeld && ev == evEnd:
+		c.entries[f.entry].open = false
 		f.state = flowIdle
 	case f.state == flowCoalescing && ev == evEnd:
 		c.complete(f)
+		c.entries[f.entry].open = false
 		f.state = flowIdle
 	default:
 		panic(fmt.Sprintf("gro: flow event %v in state %v", ev, f.state))
@@ -167,7 +170,7 @@ func (c *Coalescer) transition(f *flow, ev flowEvent, s *segment) {
 func (c *Coalescer) join(f *flow, s *segment) {
 	e := &c.entries[f.entry]
 	if c.gather {
-		c.addPart(e, s.frame[s.h.End:s.h.Len])
+		c.addPart(e, s.frame[s.h.End:s.h.Len], s.tag)
 	} else {
 		n := len(e.frame)
 		e.frame = e.frame[:n+s.payload]

@@ -225,18 +225,69 @@ func (g *gatherTwin) add(f []byte, m offload.Meta) {
 		return
 	}
 	h, _, l4 := offload.ReadHeaders(f, g.c.l3off)
-	g.c.AddHeaders(f, m, h, l4)
+	g.c.AddHeaders(f, m, h, l4, -1)
+}
+
+// openFeed feeds a coalescer batches that go on (FlushOpen): it gives the
+// coalescer its own copy of every input, tagged with its index, and
+// after each FlushOpen scribbles over every copy no open chain holds any
+// more, so a coalescer that kept using a frame it did not report emits
+// garbage, which the property checks catch.
+type openFeed struct {
+	c         *Coalescer
+	copies    [][]byte
+	held      []bool
+	scribbled []bool
+}
+
+func newOpenFeed(c *Coalescer, n int) *openFeed {
+	return &openFeed{c: c, copies: make([][]byte, 0, n), held: make([]bool, n), scribbled: make([]bool, n)}
+}
+
+// add hands the coalescer a copy of input f.
+func (o *openFeed) add(f []byte, m offload.Meta) {
+	k := len(o.copies)
+	o.copies = append(o.copies, bytes.Clone(f))
+	h, _, l4 := offload.ReadHeaders(o.copies[k], o.c.l3off)
+	o.c.AddHeaders(o.copies[k], m, h, l4, int32(k))
+}
+
+// mark is FlushOpen's held.
+func (o *openFeed) mark(tag int32) { o.held[tag] = true }
+
+// release scribbles over what the last FlushOpen did not report held.
+func (o *openFeed) release() {
+	for k, f := range o.copies {
+		if !o.held[k] && !o.scribbled[k] {
+			for i := range f {
+				f[i] = 0xEE
+			}
+			o.scribbled[k] = true
+		}
+		o.held[k] = false
+	}
 }
 
 // flush ends the batch, whose input frames are in, and keeps copies of
 // what comes out.
 func (g *gatherTwin) flush(t testing.TB, in [][]byte) {
 	t.Helper()
+	g.flushOpen(t, in, nil)
+}
+
+// flushOpen is flush, with FlushOpen or FlushVecOpen when held is set.
+func (g *gatherTwin) flushOpen(t testing.TB, in [][]byte, held func(int32)) {
+	t.Helper()
 	if !g.vec {
-		g.c.Flush(func(f []byte, m offload.Meta) { g.frames = append(g.frames, outFrame{bytes.Clone(f), m}) })
+		emit := func(f []byte, m offload.Meta) { g.frames = append(g.frames, outFrame{bytes.Clone(f), m}) }
+		if held != nil {
+			g.c.FlushOpen(emit, held)
+			return
+		}
+		g.c.Flush(emit)
 		return
 	}
-	g.c.FlushVec(func(pieces [][]byte, m offload.Meta) {
+	emit := func(pieces [][]byte, m offload.Meta) {
 		if len(pieces) == 0 || (m.GSO == offload.GSONone && len(pieces) != 1) {
 			t.Fatalf("FlushVec: %d pieces for meta %+v", len(pieces), m)
 		}
@@ -251,7 +302,12 @@ func (g *gatherTwin) flush(t testing.TB, in [][]byte) {
 			f = append(f, p...)
 		}
 		g.frames = append(g.frames, outFrame{f, m})
-	})
+	}
+	if held != nil {
+		g.c.FlushVecOpen(emit, held)
+		return
+	}
+	g.c.FlushVec(emit)
 }
 
 // check fails unless the twin emitted exactly want, frame by frame.

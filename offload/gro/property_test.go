@@ -219,7 +219,9 @@ type unit struct {
 // only segments with good checksums. A gathering coalescer (Config.Gather)
 // emits the same frames, byte for byte, with FlushVec (its payload pieces
 // in the input frames, not copied) and with Flush, and no coalescer
-// writes to its input.
+// writes to its input. All of it holds too when the batches go on
+// (FlushOpen, FlushVecOpen) and a frame is scribbled over once no flush
+// reports it held any more.
 func TestCoalesceProperty(t *testing.T) {
 	r := rand.New(rand.NewPCG(11, 12))
 	segBufs := make([][]byte, 100)
@@ -244,20 +246,54 @@ func TestCoalesceProperty(t *testing.T) {
 		for i, x := range in {
 			orig[i] = bytes.Clone(x.frame)
 		}
+		// Half the time the batches go on (FlushOpen) until the last:
+		// every coalescer then works on its own copies, which are
+		// scribbled over as soon as a flush no longer reports them held.
+		open := r.IntN(2) == 0
+		var feeds []*openFeed
+		if open {
+			feeds = []*openFeed{newOpenFeed(c, len(in))}
+			for _, g := range twins {
+				feeds = append(feeds, newOpenFeed(g.c, len(in)))
+			}
+		}
 		var out []outFrame
+		emit := func(f []byte, m offload.Meta) { out = append(out, outFrame{bytes.Clone(f), m}) }
 		for lo := 0; lo < len(in); {
 			hi := min(len(in), lo+1+r.IntN(100))
 			batch := make([][]byte, 0, hi-lo)
 			for _, x := range in[lo:hi] {
+				if open {
+					for _, o := range feeds {
+						o.add(x.frame, x.meta)
+					}
+					continue
+				}
 				c.Add(x.frame, x.meta)
 				for _, g := range twins {
 					g.c.Add(x.frame, x.meta)
 				}
 				batch = append(batch, x.frame)
 			}
-			c.Flush(func(f []byte, m offload.Meta) { out = append(out, outFrame{bytes.Clone(f), m}) })
-			for _, g := range twins {
-				g.flush(t, batch)
+			switch {
+			case !open:
+				c.Flush(emit)
+				for _, g := range twins {
+					g.flush(t, batch)
+				}
+			case hi == len(in):
+				c.Flush(emit)
+				for k, g := range twins {
+					g.flush(t, feeds[k+1].copies)
+				}
+			default:
+				c.FlushOpen(emit, feeds[0].mark)
+				for k, g := range twins {
+					g.flushOpen(t, feeds[k+1].copies, feeds[k+1].mark)
+				}
+				for _, o := range feeds {
+					o.release()
+				}
 			}
 			lo = hi
 		}
@@ -295,6 +331,11 @@ func TestCoalesceProperty(t *testing.T) {
 			}
 			for i := range segBufs {
 				segBufs[i] = segBufs[i][:cap(segBufs[i])]
+			}
+			// A chain kept across batches (FlushOpen) can hold more
+			// segments than a batch has frames.
+			for need := h.Segments(int(o.meta.GSOSize)); len(segBufs) < need; {
+				segBufs = append(segBufs, make([]byte, h.End+int(o.meta.GSOSize)))
 			}
 			n, err := offload.Segment(o.frame, l3, int(o.meta.GSOSize), segBufs)
 			if err != nil || n < 2 {

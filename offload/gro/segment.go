@@ -78,6 +78,7 @@ type segment struct {
 	// (tcp_gro_receive's out_check_final: URG, PSH, RST, SYN, FIN).
 	final bool
 	csum  csumState
+	tag   int32 // the caller's (AddHeaders)
 }
 
 // classify parses frame, whose IP header starts at l3off, into s.
