@@ -64,3 +64,38 @@ func TestClaimTakenByPosts(t *testing.T) {
 		})
 	}
 }
+
+// TestClaimWaitsForSegmentReserve: where super frames are cut in software
+// (no UD LSO) each frame a reader read counts as segReserve credits, as
+// when its read was sized. A reader whose batch finds fewer free because
+// another reader's batch holds them waits until that batch ends, as a
+// lone reader waits before reading, rather than going on with fewer and
+// dropping (tx_gso_no_room) the super frame it may have read.
+func TestClaimWaitsForSegmentReserve(t *testing.T) {
+	const sendq, reserve = 16, 8
+	ifc := testInterface(t, newWrapDevice(t, rvFabric(t, 52), "a"), newMQPort(1, 2), "a", func(c *Config) {
+		c.SendQueueSize = sendq
+	})
+	ifc.off.segReserve = reserve
+	r := newHostReader(ifc, ifc.queues[0])
+	other := ifc.tx.claim(sendq - reserve/2) // the other reader's batch
+	ended := make(chan struct{})
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		close(ended)
+		ifc.tx.unclaim(other)
+	}()
+	have, ok := r.claim(1)
+	if !ok {
+		t.Fatal("claim reported the interface stopping")
+	}
+	select {
+	case <-ended:
+	default:
+		t.Errorf("claimed %d credits for a frame of %d while the other batch held the rest", have, reserve)
+	}
+	if have < reserve {
+		t.Errorf("claimed %d credits for a frame of %d", have, reserve)
+	}
+	ifc.tx.unclaim(have)
+}

@@ -245,7 +245,10 @@ func (r *hostReader) run(done func()) {
 // waiting for completions while other readers' batches hold them; it
 // reports false when the interface is stopping. A frame that software
 // segmentation may cut counts as segReserve credits, as when the read
-// was sized. A lone reader claims nothing: nobody else takes credits
+// was sized, and the claim waits for them all (going on with fewer would
+// drop the super frame, tx_gso_no_room), but for at most half the queue:
+// that much is free once a stopped queue resumes and the other batches
+// end, so the wait never outlasts them. A lone reader claims nothing: nobody else takes credits
 // between its sizing and its sends (but for the control loop's rare ARP
 // re-probe), so the credits are counted exactly as with one queue before
 // claims, with no atomic operation more per batch or frame.
@@ -255,14 +258,15 @@ func (r *hostReader) claim(got int) (int, bool) {
 	}
 	tx := r.tx
 	need := got * max(1, r.off.segReserve)
+	least := min(need, max(got, tx.sendq/2))
 	have := tx.claim(need)
-	for have < got {
+	for have < least {
 		tx.unclaim(have)
 		if !tx.stopQueue(&r.q.gate, stopForCredits) {
 			return 0, false
 		}
 		have = tx.claim(need)
-		if have < got {
+		if have < least {
 			// The credits are back but other readers' batches hold
 			// them: those never wait, so let them end.
 			runtime.Gosched()
