@@ -6,18 +6,24 @@
 // Data flows one way through each path:
 //
 //	host → hostReader.run → hostReader.frame → poster.post → HCA (txpath.go)
-//	HCA  → rxPath.handleRX (rxpath.go) → hostWriter.write (hostport.go) → host
+//	HCA  → rxPath.handleRX (rxpath.go) → hostSplit → hostWriter.write (hostport.go) → host
 //
-// Goroutines per Interface: the host reader (it also busy-polls the TX
-// CQ), the RX and TX napi pollers, and one ordered control loop
+// A host port with several queues (MultiQueuePort, the multi-queue TAP)
+// gets a host reader and a hostWriter per queue, frames toward the host
+// going to the queue their flow hashes to (hostqueue.go); credits, the TX
+// buffer pool and the TX CQ stay shared.
+//
+// Goroutines per Interface: a host reader per host queue (it also
+// busy-polls the TX CQ), the RX and TX napi pollers, and one ordered control loop
 // (control.go: CM events, connection set-up and teardown, the stale scan,
 // neighbour aging, the mode switch, shutdown). The data paths hand work to
 // the control loop without blocking; the pollers' handlers never call
 // napi's Sync or Stop (structure_test.go checks it).
 //
 // Where the state lives: hostReader (txpath.go: the host reader's batch),
-// txPath (txqueue.go: credits, the TX buffer pool, the reader's batch
-// window), neighbourTable (neighbour.go, its own lock: the MAC ↔ port
+// txPath (txqueue.go: credits, the TX buffer pool, the readers' stops and
+// batch windows), hostQueue (hostqueue.go: one host queue's reader state,
+// writer and counters), neighbourTable (neighbour.go, its own lock: the MAC ↔ port
 // mapping and the frames parked for a connection), activeSet and txConn
 // (txconn.go: the active connections' set-up, REP, teardown), rxPath (the
 // RX poller's batch), rxConn

@@ -85,6 +85,10 @@ type GatherPort interface {
 // (flowQueue, hostqueue.go), so queues never wait for each other. Queue 0
 // is the port's own ReadFramesMeta and WriteFrames*; the port's other
 // methods (SetMTU, SetLinkUp, SetOffloads, Close) stand for every queue.
+//
+// Each queue is read from a goroutine of its own, so ReadQueue runs for
+// different queues at once; writes to one queue are serialised, writes to
+// different queues are not.
 type MultiQueuePort interface {
 	GatherPort
 	// NumQueues is how many queues the port has, at least 1; fixed.
@@ -150,7 +154,7 @@ func (w *hostWriter) writeMeta(frames [][]byte, meta []offload.Meta) {
 	n, err := p.WriteFramesMeta(frames, meta)
 	w.mu.Unlock()
 	w.account(len(frames), n, err)
-	w.count(frames[:n])
+	w.count(frames[:min(n, len(frames))])
 }
 
 // writeGather hands frames in pieces with their metadata to a GatherPort.
@@ -159,6 +163,7 @@ func (w *hostWriter) writeGather(frames [][][]byte, meta []offload.Meta) {
 	n, err := w.gather.WriteFramesGather(frames, meta)
 	w.mu.Unlock()
 	w.account(len(frames), n, err)
+	n = min(n, len(frames))
 	w.frames.Add(uint64(n))
 	var b int
 	for _, f := range frames[:n] {
@@ -176,7 +181,7 @@ func (w *hostWriter) write(frames [][]byte) {
 	n, err := w.host.WriteFrames(frames)
 	w.mu.Unlock()
 	w.account(len(frames), n, err)
-	w.count(frames[:n])
+	w.count(frames[:min(n, len(frames))])
 }
 
 // count adds frames the host took to the queue's counters.

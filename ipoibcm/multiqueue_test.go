@@ -5,6 +5,7 @@ import (
 	"net"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -317,5 +318,49 @@ func TestSendWindowsRetire(t *testing.T) {
 	s.close()
 	if n := ah.destroyed.Load(); n != 1 {
 		t.Fatalf("close destroyed it again (%d)", n)
+	}
+}
+
+// TestClaimNeverOvercommits: readers claiming the credits of their
+// batches at once never set aside more than the send queue holds, less
+// what is outstanding; a claim others hold is not free to anyone else.
+func TestClaimNeverOvercommits(t *testing.T) {
+	tx := &txPath{sendq: 8}
+	tx.outstanding.Store(2)
+	if got := tx.claim(5); got != 5 {
+		t.Fatalf("claim 5 of 6 free: got %d", got)
+	}
+	if got := tx.claim(5); got != 1 {
+		t.Fatalf("claim 5 of the 1 left: got %d", got)
+	}
+	if f := tx.creditsFree(); f != 0 {
+		t.Fatalf("free %d with every credit claimed, want 0", f)
+	}
+	tx.unclaim(6)
+	if f := tx.creditsFree(); f != 6 {
+		t.Fatalf("free %d after the claims went back, want 6", f)
+	}
+	const readers, rounds = 4, 2000
+	var wg sync.WaitGroup
+	var over atomic.Int64
+	for range readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				n := tx.claim(3)
+				if c := tx.claimed.Load() + tx.outstanding.Load(); c > int64(tx.sendq) {
+					over.Store(c)
+				}
+				tx.unclaim(n)
+			}
+		}()
+	}
+	wg.Wait()
+	if c := over.Load(); c != 0 {
+		t.Fatalf("claims and outstanding reached %d of %d credits", c, tx.sendq)
+	}
+	if c := tx.claimed.Load(); c != 0 {
+		t.Fatalf("%d credits still claimed", c)
 	}
 }

@@ -47,8 +47,10 @@ type txScratch struct {
 	// pending is how many frames of the batch follow the one being
 	// sent: software segmentation leaves each of them a credit.
 	pending int
-	// claim is the credits the batch set aside (hostReader.claim), which
-	// its own sends may use and other readers may not.
+	// claim is the credits the batch set aside (hostReader.claim) and
+	// has not used yet: each send or parked frame of the batch takes its
+	// credit out of it (poster.takeClaim), so other readers never see a
+	// credit both outstanding and claimed. Always 0 for a lone reader.
 	claim int
 	// segIdx and segLen are software segmentation's pool buffers and
 	// the segments' lengths.
@@ -128,6 +130,9 @@ type hostReader struct {
 	mode     *atomic.Int32
 	mtu      *atomic.Int64
 	hostDown func() bool
+	// shared says other host readers share the credits (several host
+	// queues): only then does a batch claim them.
+	shared bool
 
 	t txScratch
 }
@@ -140,8 +145,12 @@ func newHostReader(i *Interface, q *hostQueue) *hostReader {
 		ctr: &i.ctr, stop: i.stop, log: i.log,
 		hw: i.hw, bcast: i.bcast, pkey: i.cfg.PKey, udMTU: i.udMTU, cm: i.cmm != nil,
 		mode: &i.mode, mtu: &i.mtu, hostDown: i.hostLink.down,
+		shared: len(i.queues) > 1,
 	}
 	r.t.init(&i.tx, max(1, i.host.BatchSize()))
+	if r.shared {
+		r.t.post.claim = &r.t.claim
+	}
 	return r
 }
 
@@ -236,8 +245,14 @@ func (r *hostReader) run(done func()) {
 // waiting for completions while other readers' batches hold them; it
 // reports false when the interface is stopping. A frame that software
 // segmentation may cut counts as segReserve credits, as when the read
-// was sized.
+// was sized. A lone reader claims nothing: nobody else takes credits
+// between its sizing and its sends (but for the control loop's rare ARP
+// re-probe), so the credits are counted exactly as with one queue before
+// claims, with no atomic operation more per batch or frame.
 func (r *hostReader) claim(got int) (int, bool) {
+	if !r.shared {
+		return 0, true
+	}
 	tx := r.tx
 	need := got * max(1, r.off.segReserve)
 	have := tx.claim(need)
@@ -550,6 +565,9 @@ func (r *hostReader) unicastLocked(n *neighbour, bufIdx, size int, etherType uin
 			// finish them now.
 			r.off.finishCsum(f, tm)
 			ok := n.park(r.tx, bufIdx, size)
+			if ok {
+				r.t.post.takeClaim()
+			}
 			r.neigh.mu.Unlock()
 			return ok
 		}
@@ -672,7 +690,21 @@ func (r *hostReader) tooBig(n *neighbour, bufIdx, size, mtu int) {
 type poster struct {
 	tx    *txPath
 	reaps bool
+	// claim is the batch's claim (txScratch.claim) of a reader that
+	// shares the credits; nil for every other poster.
+	claim *int
 	wr    [1]hca.SendWR
+}
+
+// takeClaim moves the credit just taken (outstanding) out of the batch's
+// claim, if it has one left: after the add to outstanding, so the two
+// never count less than was taken and no other reader claims the credit
+// in between.
+func (p *poster) takeClaim() {
+	if c := p.claim; c != nil && *c > 0 {
+		*c--
+		p.tx.claimed.Add(-1)
+	}
 }
 
 // sendDest is where a send goes: an established connection (tc), whose
@@ -707,6 +739,7 @@ func (p *poster) post(d sendDest, bufIdx, size int, etherType uint16, o sendOffl
 		p.wr[0] = hca.SendWR{ID: wrID(wrKindSend, bufIdx), Data: b[headroom:size], Flags: o.flags, MSS: o.mss, AH: d.ah, RemoteQPN: d.qpn, RemoteQKey: frame.QKeyIPoIB}
 	}
 	tx.outstanding.Add(1)
+	p.takeClaim()
 	n, err := qp.PostSend(p.wr[:])
 	if !p.reaps {
 		tx.napi.EndBusyPoll()

@@ -74,11 +74,12 @@ func (tx *txPath) creditsFree() int {
 }
 
 // claim sets aside up to want credits for the frames of a batch a reader
-// read, which its sends then take (post) while the claim stands; the
-// reader gives the claim back with unclaim when the batch ends. It
-// returns how many it set aside, fewer when other readers' batches hold
-// the rest. With one reader nothing else claims, and the count is exactly
-// what it was without claims.
+// read, which its sends then take out of the claim one by one as they
+// enter outstanding (poster.takeClaim); the reader gives what is left
+// back with unclaim when the batch ends. It returns how many it set
+// aside, fewer when other readers' batches hold the rest. A lone reader
+// does not claim (hostReader.claim), and the count is exactly what it was
+// without claims.
 func (tx *txPath) claim(want int) int {
 	for {
 		c := tx.claimed.Load()

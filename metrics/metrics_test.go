@@ -162,6 +162,8 @@ func TestScrapeOverHTTP(t *testing.T) {
 		`ipoib_connections{dir="tx",host="h1",state="up"} 1`,
 		`ipoib_conn_packets_total{dir="tx",host="h1"`,
 		`ipoib_cm_connect_seconds_bucket{host="h1",le="+Inf"} 1`,
+		`ipoib_queue_tx_packets_total{host="h1",queue="0"}`,
+		`ipoib_queue_rx_bytes_total{host="h2",queue="0"}`,
 		`go_goroutines`,
 	} {
 		if !strings.Contains(text, want) {

@@ -14,4 +14,9 @@
 // DefaultMarkerDir naming the creating process), so a later run can remove
 // the leftovers of a crashed one without ever touching a namespace it did
 // not create.
+//
+// Config.Queues above 1 opens the TAP with IFF_MULTI_QUEUE, one vnet fd
+// per queue (Device.Queues, and ipoibcm.MultiQueuePort's ReadQueue and
+// WriteQueue*): the kernel spreads its flows over the queues, and each is
+// read and written on its own.
 package tap
