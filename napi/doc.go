@@ -16,7 +16,9 @@
 //  2. if the budget was used up, release the lock, yield the processor and
 //     poll again without re-arming (the CQ is still busy, and another
 //     Context on the same core deserves a turn);
-//  3. otherwise complete: CQ.Notify(true). If the CQ reports completions
+//  3. otherwise complete: Config.Complete (where a consumer flushes what it
+//     kept across exhausted polls, as napi_complete_done flushes GRO), then
+//     CQ.Notify(true). If the CQ reports completions
 //     that arrived between the last Poll and the re-arm, no event will come
 //     for them, so poll again at once. This is the no-lost-wake-up rule of
 //     ib_req_notify_cq(IB_CQ_REPORT_MISSED_EVENTS).
