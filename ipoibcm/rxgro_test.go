@@ -92,7 +92,7 @@ func TestGROKeptAcrossExhaustedPolls(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatalf("gather %v, empty poll %v: nothing reached the host", gather, emptyPoll)
 			}
-			payload := want*mss
+			payload := want * mss
 			if !emptyPoll {
 				payload -= mss / 2
 			}
