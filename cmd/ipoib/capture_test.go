@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -39,12 +40,15 @@ func TestBinaryCaptureInterrupted(t *testing.T) {
 		fab.stop()
 		checkGone(t, nsPrefix, ctl)
 	})
-	srv := startIperf3Server(t, h2, dst)
-	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
-
-	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+	for k, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
 		t.Run(sig.String(), func(t *testing.T) {
-			client := exec.Command("ip", "netns", "exec", h1, iperf3, "-c", dst, "-t", "60")
+			// A server of its own per signal: the previous client was
+			// killed mid-test, and a shared server still busy with that
+			// test would refuse this one, leaving nothing to capture.
+			port := strconv.Itoa(5201 + k)
+			srv := startIperf3Server(t, h2, dst, "-p", port)
+			defer func() { srv.Process.Kill(); srv.Wait() }()
+			client := exec.Command("ip", "netns", "exec", h1, iperf3, "-c", dst, "-p", port, "-t", "60")
 			if err := client.Start(); err != nil {
 				t.Fatal(err)
 			}
