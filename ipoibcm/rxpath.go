@@ -104,6 +104,12 @@ type rxPath struct {
 	// past the batch (a connection marked dead reclaims them).
 	budget int
 	rcSeen bool
+	// holdMax bounds the UD buffers open chains keep out of the ring: two
+	// budgets, at most half the ring. A gathering chain keeps every
+	// segment's buffer until it is 64 KiB, so eight flows of small
+	// segments would otherwise keep the whole ring (TestUDHeldBounded),
+	// and the fabric drops every UD packet until a poll completes.
+	holdMax int
 	// udHeld are the UD receive buffers the open GRO chains kept from the
 	// last flush (by index), udHolding those the running flush reports
 	// (holdUD), and holding marks them, by index, while repost sorts the
@@ -163,6 +169,7 @@ func (r *rxPath) init(env rxEnv, batch int) error {
 	r.rxEnv = env
 	r.selfGID, r.selfQPN = env.self.GID(), env.self.QPN()
 	r.budget = batch
+	r.holdMax = min(2*batch, len(env.ud.bufs)/2)
 	r.frames = make([][]byte, 0, batch)
 	r.meta = make([]offload.Meta, 0, batch)
 	r.hdrs = make([]rxHeaders, 0, batch)
@@ -246,7 +253,9 @@ func (r *rxPath) handleRX(wcs []hca.WC) {
 			r.rxConnRing(wc)
 		}
 	}
-	r.flushRX(len(wcs) == r.budget && !r.rcSeen)
+	// A flush keeps at most what was held before and this batch: held
+	// only while that stays within holdMax.
+	r.flushRX(len(wcs) == r.budget && !r.rcSeen && len(r.udHeld)+len(wcs) <= r.holdMax)
 }
 
 // complete is the RX poller's Complete: a poll ended under its budget, so
