@@ -5,6 +5,7 @@ import (
 	"net/netip"
 
 	"github.com/ipoibcm/ipoib/internal/packet"
+	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 	"github.com/ipoibcm/ipoib/offload"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 )
@@ -43,7 +44,7 @@ func validIPv6(p []byte) bool {
 // version, from offload.ReadHeaders' reading h of the packet and its ip
 // answer: the RX path reads a packet's headers once and checks them here.
 func validRead(et uint16, h *offload.Headers, ip bool) bool {
-	return ip && h.IPv6 == (et == 0x86DD)
+	return ip && h.IPv6 == (et == frame.EtherTypeIPv6)
 }
 
 func ipv4Dst(p []byte) netip.Addr {

@@ -297,8 +297,9 @@ func (w *sendWindow) leave() {
 	}
 }
 
-// hold keeps r until the batch open now, if any, ends. A batch that opens later cannot have resolved r: its table gave
-// it up before retiring it.
+// hold keeps r until the batch open now, if any, ends. A batch that
+// opens later cannot have resolved r: its table gave it up before
+// retiring it.
 func (w *sendWindow) hold(r *retiredAH) {
 	w.mu.Lock()
 	if w.open {
