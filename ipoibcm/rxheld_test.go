@@ -28,12 +28,24 @@ func (q *countingQP) PostRecv(wrs []hca.RecvWR) (int, error) {
 			q.double++
 		}
 		q.posted[k] = true
-		clear(q.bufs[k][headroom:])
 		for j := range q.bufs[k][headroom:] {
 			q.bufs[k][headroom+j] = 0xee
 		}
 	}
 	return len(wrs), nil
+}
+
+// countUDReposts puts a countingQP in front of u's UD QP, with the whole
+// ring posted, for the rest of the test.
+func countUDReposts(t *testing.T, u *udBatch) *countingQP {
+	t.Helper()
+	q := &countingQP{QP: u.ifc.ud.qp, bufs: u.ifc.ud.bufs, posted: make([]bool, len(u.ifc.ud.bufs))}
+	for k := range q.posted {
+		q.posted[k] = true
+	}
+	u.ifc.rxNAPI.Sync(func() { u.ifc.ud.qp = q })
+	t.Cleanup(func() { u.ifc.rxNAPI.Sync(func() { u.ifc.ud.qp = q.QP }) })
+	return q
 }
 
 // flowSegment is an IPv4 TCP segment of flow (its source port 40000+flow)
@@ -84,12 +96,7 @@ func TestUDHeldBuffersAccounted(t *testing.T) {
 		}
 		u := newUDBatchOn(t, port, func(c *Config) { c.RXBudget = budget; c.UDRecvQueueSize = 256 })
 		ring := len(u.ifc.ud.bufs)
-		q := &countingQP{QP: u.ifc.ud.qp, bufs: u.ifc.ud.bufs, posted: make([]bool, ring)}
-		for k := range q.posted {
-			q.posted[k] = true
-		}
-		u.ifc.rxNAPI.Sync(func() { u.ifc.ud.qp = q })
-		t.Cleanup(func() { u.ifc.rxNAPI.Sync(func() { u.ifc.ud.qp = q.QP }) })
+		q := countUDReposts(t, u)
 
 		rng := rand.New(rand.NewPCG(7, 9))
 		gid := hca.GID{0xfe, 0x80, 15: 0x44}
@@ -198,12 +205,7 @@ func TestUDHeldBounded(t *testing.T) {
 	mp := newMetaPort(1, allCaps)
 	u := newUDBatchOn(t, &gatherPort{metaPort: mp}, func(c *Config) { c.RXBudget = budget })
 	ring := len(u.ifc.ud.bufs)
-	q := &countingQP{QP: u.ifc.ud.qp, bufs: u.ifc.ud.bufs, posted: make([]bool, ring)}
-	for k := range q.posted {
-		q.posted[k] = true
-	}
-	u.ifc.rxNAPI.Sync(func() { u.ifc.ud.qp = q })
-	t.Cleanup(func() { u.ifc.rxNAPI.Sync(func() { u.ifc.ud.qp = q.QP }) })
+	q := countUDReposts(t, u)
 	gid := hca.GID{0xfe, 0x80, 15: 0x44}
 	var next [flows]uint32
 	limit := min(2*budget, ring/2)
