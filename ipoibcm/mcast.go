@@ -212,8 +212,10 @@ func (m *mcastTable) stepLocked(mgid hca.GID, ev mcastEvent, ip netip.Addr, now 
 		}
 		g.members = slices.Delete(g.members, k, k+1)
 		if g.state == mcastFull && len(g.members) == 0 {
-			m.removeLocked(mgid, g)
+			// Counted before the detach, so whoever sees the group
+			// gone from the fabric sees the leave counted.
 			m.ctr.leaves.Add(1)
+			m.removeLocked(mgid, g)
 		}
 	case mcastEvSend:
 		g.lastSend = now
