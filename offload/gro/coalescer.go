@@ -151,6 +151,7 @@ func (c *Coalescer) add() {
 	s := &c.seg
 	frame, meta := s.frame, s.meta
 	if s.class == segOther {
+		c.endUnkeyed(frame)
 		c.entries = append(c.entries, entry{frame: frame, meta: meta})
 		return
 	}
@@ -166,6 +167,49 @@ func (c *Coalescer) add() {
 		f = c.slot()
 	}
 	c.transition(f, evStart, s)
+}
+
+// IP protocols that are never a TCP flow's: what endUnkeyed lets by.
+const (
+	protoICMPv6 = 58
+	protoNoNext = 59 // IPv6: nothing behind the header
+)
+
+// endUnkeyed ends the open chains that frame, which GRO cannot key
+// (segOther), may be a frame of: an IP packet between their addresses in
+// their direction that may carry TCP, as an IPv4 fragment, an IPv6 packet
+// behind extension headers or a TCP header ReadHeaders refuses do. Such a
+// frame must leave after the chain, as a frame of the flow that cannot
+// join does (segAlone); an entry after an open chain comes after it in a
+// Flush anyway, but FlushOpen emits it and keeps the chain. UDP, ICMP and
+// what is not IP leave the chains open.
+func (c *Coalescer) endUnkeyed(frame []byte) {
+	if len(frame) <= c.l3off {
+		return
+	}
+	ip := frame[c.l3off:]
+	var key flowKey
+	switch {
+	case len(ip) >= 20 && ip[0]>>4 == 4:
+		if ip[9] != offload.ProtoTCP {
+			return
+		}
+		copy(key.addrs[0:4], ip[12:16])
+		copy(key.addrs[16:20], ip[16:20])
+	case len(ip) >= 40 && ip[0]>>4 == 6:
+		if nh := ip[6]; nh == offload.ProtoUDP || nh == protoICMPv6 || nh == protoNoNext {
+			return
+		}
+		copy(key.addrs[:], ip[8:40])
+		key.v6 = true
+	default:
+		return
+	}
+	for i := range c.flows {
+		if f := &c.flows[i]; f.state != flowIdle && f.key.v6 == key.v6 && f.key.addrs == key.addrs {
+			c.transition(f, evEnd, nil)
+		}
+	}
 }
 
 // offer joins s to its flow's chain f, or ends the chain and reports

@@ -69,7 +69,11 @@
 // separate flows, these end the chain here). Between flows the order may
 // change the way Linux GRO changes it: a merged frame leaves before
 // frames of other flows that arrived between its segments. Frames that
-// are not TCP, or do not parse, pass through unchanged and in order.
+// are not TCP, or do not parse, pass through unchanged and in order; one
+// that may still be a flow's (an IPv4 fragment or an IPv6 packet behind
+// extension headers, between a chain's addresses) ends the chain, which
+// a flush that keeps open chains (FlushOpen) would otherwise let it
+// overtake.
 //
 // # State
 //

@@ -29,7 +29,8 @@ type segClass uint8
 
 const (
 	// segOther: not TCP, or it does not parse. It passes through and
-	// belongs to no flow.
+	// belongs to no flow; one that may still carry TCP ends the chains
+	// between its addresses (Coalescer.endUnkeyed).
 	segOther segClass = iota
 	// segAlone: TCP of a known flow that GRO cannot take (a GSO frame,
 	// IPv4 options, link padding, no payload, a checksum state it cannot
