@@ -4,9 +4,11 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/ipoibcm/ipoib/hca"
+	"github.com/ipoibcm/ipoib/internal/packet"
 	"github.com/ipoibcm/ipoib/ipoibcm/frame"
 	"github.com/ipoibcm/ipoib/offload"
 )
@@ -236,5 +238,55 @@ func TestUDHeldBounded(t *testing.T) {
 	}
 	if maxHeld == 0 {
 		t.Fatal("no batch kept a chain open")
+	}
+}
+
+// TestUDHeldChainNotOvertaken: a flow's segment that GRO cannot
+// coalesce (here an IPv4 first fragment) arriving in the poll after one
+// that kept the flow's chain open reaches the host after that chain:
+// the batch that carries it flushes with the chain still open when it
+// too is a whole budget, and the fragment must not be written first.
+func TestUDHeldChainNotOvertaken(t *testing.T) {
+	const budget, mss = 16, 1000
+	for _, gather := range []bool{false, true} {
+		mp := newMetaPort(1, allCaps)
+		var port HostPort = mp
+		if gather {
+			port = &gatherPort{metaPort: mp}
+		}
+		u := newUDBatchOn(t, port, func(c *Config) { c.RXBudget = budget })
+		gid := hca.GID{0xfe, 0x80, 15: 0x44}
+		var seq uint32
+		for range budget {
+			u.add(gid, 0x100, frame.EtherTypeIPv4, flowSegment(t, 0, seq, mss, false))
+			seq += mss
+		}
+		u.run()
+		var open int
+		u.ifc.rxNAPI.Sync(func() { open = u.ifc.rx.gro.Pending() })
+		if open == 0 {
+			t.Fatalf("gather %v: the first batch kept no chain open", gather)
+		}
+		frag := flowSegment(t, 0, seq, mss, false)
+		binary.BigEndian.PutUint16(frag[6:], 0x2000) // MF, offset 0
+		packet.PutIPv4Checksum(frag[:20])
+		u.add(gid, 0x100, frame.EtherTypeIPv4, frag)
+		for k := range budget - 1 {
+			u.add(gid, 0x100, frame.EtherTypeIPv4, flowSegment(t, 1, uint32(k*mss), mss, false))
+		}
+		u.run()
+		u.ifc.rxNAPI.Sync(u.ifc.rx.complete)
+		var seqs []uint32
+		for len(mp.out) > 0 {
+			f := <-mp.out
+			ip := f.b[frame.EthHdrLen:]
+			if len(ip) < 40 || ip[9] != 6 || binary.BigEndian.Uint16(ip[20:]) != 40000 {
+				continue
+			}
+			seqs = append(seqs, binary.BigEndian.Uint32(ip[24:]))
+		}
+		if want := []uint32{0, seq}; !slices.Equal(seqs, want) {
+			t.Fatalf("gather %v: flow 0 reached the host at seqs %v, want %v (its chain, then the fragment)", gather, seqs, want)
+		}
 	}
 }
