@@ -147,9 +147,9 @@ func openWireGuardSide(ns *tap.Netns, mtu int, addr netip.Prefix, uapi string, l
 		if err != nil {
 			return err
 		}
-		// tun_linux.go in wireguard-go batches only with the vnet header
-		// and TSO in force (TUNSETOFFLOAD); without them this row would
-		// measure a packet-at-a-time tunnel.
+		// wireguard-go's Linux TUN reads and writes in batches only with
+		// the vnet header and TSO in force (TUNSETOFFLOAD); without them
+		// this row would measure a packet-at-a-time tunnel.
 		if t.BatchSize() < conn.IdealBatchSize {
 			return errors.Join(fmt.Errorf("TUN batch %d, want %d: kernel refused the vnet header or TSO", t.BatchSize(), conn.IdealBatchSize), t.Close())
 		}
