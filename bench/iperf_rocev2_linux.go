@@ -30,6 +30,10 @@ const (
 	// sockets, frames crossing with their offload metadata as they are
 	// (UDPMetaPort): the best a userspace UDP encapsulation does here.
 	ScenarioUDPPipeOffload = "udp-pipe-offload"
+	// ScenarioWireGuardGo: wireguard-go (golang.zx2c4.com/wireguard) in
+	// each namespace, a TUN with its offloads and UDP GSO/GRO sockets, at
+	// the veth's MTU less WireGuardOverhead in every mode.
+	ScenarioWireGuardGo = "wireguard-go"
 	// ScenarioIBRoCEv2: ib0 in each namespace, one 'ipoib up' process
 	// each, RoCEv2 over the veth.
 	ScenarioIBRoCEv2 = "ib0-rocev2"
@@ -93,8 +97,8 @@ func (c *RoCEv2SuiteConfig) defaults() {
 	}
 }
 
-// RoCEv2Comparison sets ib0 over RoCEv2 against the udp-pipe baselines
-// of the same run; a ratio whose runs failed is 0.
+// RoCEv2Comparison sets ib0 over RoCEv2 against the udp-pipe and
+// wireguard-go baselines of the same run; a ratio whose runs failed is 0.
 type RoCEv2Comparison struct {
 	Mode               string  `json:"mode"`
 	IBGbps             float64 `json:"ib0_gbps"`
@@ -102,6 +106,8 @@ type RoCEv2Comparison struct {
 	Ratio              float64 `json:"ratio_to_udp_pipe"`
 	UDPPipeOffloadGbps float64 `json:"udp_pipe_offload_gbps"`
 	RatioOffload       float64 `json:"ratio_to_udp_pipe_offload"`
+	WireGuardGoGbps    float64 `json:"wireguard_go_gbps"`
+	RatioWireGuardGo   float64 `json:"ratio_to_wireguard_go"`
 }
 
 // RoCEv2Report is the outcome of RunRoCEv2IperfSuite.
@@ -126,25 +132,29 @@ func (r *RoCEv2Report) compare() {
 			continue
 		}
 		c := RoCEv2Comparison{Mode: run.Mode, IBGbps: find(ScenarioIBRoCEv2, run.Mode), UDPPipeGbps: find(ScenarioUDPPipe, run.Mode),
-			UDPPipeOffloadGbps: find(ScenarioUDPPipeOffload, run.Mode)}
+			UDPPipeOffloadGbps: find(ScenarioUDPPipeOffload, run.Mode), WireGuardGoGbps: find(ScenarioWireGuardGo, run.Mode)}
 		if c.IBGbps > 0 && c.UDPPipeGbps > 0 {
 			c.Ratio = c.IBGbps / c.UDPPipeGbps
 		}
 		if c.IBGbps > 0 && c.UDPPipeOffloadGbps > 0 {
 			c.RatioOffload = c.IBGbps / c.UDPPipeOffloadGbps
 		}
+		if c.IBGbps > 0 && c.WireGuardGoGbps > 0 {
+			c.RatioWireGuardGo = c.IBGbps / c.WireGuardGoGbps
+		}
 		r.VsUDPPipe = append(r.VsUDPPipe, c)
 	}
 }
 
-// WriteTable prints the runs and ib0's ratios to both udp-pipes.
+// WriteTable prints the runs and ib0's ratios to both udp-pipes and to
+// wireguard-go.
 func (r *RoCEv2Report) WriteTable(w io.Writer) error {
 	if err := r.IperfReport.WriteTable(w); err != nil {
 		return err
 	}
 	for _, c := range r.VsUDPPipe {
-		if _, err := fmt.Fprintf(w, "%s mode: ib0-rocev2 %.2f Gbit/s vs udp-pipe %.2f Gbit/s: %s, vs udp-pipe-offload %.2f Gbit/s: %s\n",
-			c.Mode, c.IBGbps, c.UDPPipeGbps, fmtRatio(c.Ratio), c.UDPPipeOffloadGbps, fmtRatio(c.RatioOffload)); err != nil {
+		if _, err := fmt.Fprintf(w, "%s mode: ib0-rocev2 %.2f Gbit/s vs udp-pipe %.2f Gbit/s: %s, vs udp-pipe-offload %.2f Gbit/s: %s, vs wireguard-go %.2f Gbit/s: %s\n",
+			c.Mode, c.IBGbps, c.UDPPipeGbps, fmtRatio(c.Ratio), c.UDPPipeOffloadGbps, fmtRatio(c.RatioOffload), c.WireGuardGoGbps, fmtRatio(c.RatioWireGuardGo)); err != nil {
 			return err
 		}
 	}
@@ -152,10 +162,11 @@ func (r *RoCEv2Report) WriteTable(w io.Writer) error {
 }
 
 // RunRoCEv2IperfSuite measures, for every mode, iperf3 single-stream TCP
-// between two namespaces joined by a veth pair over: the udp-pipe and
-// udp-pipe-offload baselines and ib0 run by two 'ipoib up' processes
-// (RoCEv2 over the veth), at the mode's MTU (the naive udp-pipe capped at
-// what one UDP datagram carries).
+// between two namespaces joined by a veth pair over: the udp-pipe,
+// udp-pipe-offload and wireguard-go baselines and ib0 run by two 'ipoib
+// up' processes (RoCEv2 over the veth), at the mode's MTU (the naive
+// udp-pipe capped at what one UDP datagram carries, wireguard-go at what
+// one of its datagrams on the veth carries: runMTU).
 func RunRoCEv2IperfSuite(ctx context.Context, cfg RoCEv2SuiteConfig) (*RoCEv2Report, error) {
 	cfg.defaults()
 	// Namespaces of their own, so this suite and the soft-fabric one never
@@ -175,10 +186,7 @@ func RunRoCEv2IperfSuite(ctx context.Context, cfg RoCEv2SuiteConfig) (*RoCEv2Rep
 		fmt.Fprintf(base.Progress, "removed stale namespaces of a crashed run: %v\n", removed)
 	}
 	rep := &RoCEv2Report{IperfReport: IperfReport{Started: time.Now(), Duration: base.Duration, Streams: base.Streams}}
-	steps := []struct {
-		scenario string
-		build    linkBuilder
-	}{{ScenarioUDPPipe, cfg.buildUDPPipe}, {ScenarioUDPPipeOffload, cfg.buildUDPPipeOffload}, {ScenarioIBRoCEv2, cfg.buildIB}}
+	steps := cfg.steps()
 	total, n := len(steps)*len(cfg.Modes), 0
 	for _, mode := range cfg.Modes {
 		mtu := cfg.MTU[mode]
@@ -190,13 +198,10 @@ func RunRoCEv2IperfSuite(ctx context.Context, cfg RoCEv2SuiteConfig) (*RoCEv2Rep
 			if err := ctx.Err(); err != nil {
 				return rep, fmt.Errorf("rocev2 suite: %w", err)
 			}
-			runMTU := mtu
-			if s.scenario == ScenarioUDPPipe {
-				runMTU = min(mtu, MaxUDPPipeFrame-14)
-			}
+			runMTU := cfg.runMTU(s.scenario, mtu)
 			fmt.Fprintf(base.Progress, "[%d/%d] %-10s mode %-9s mtu %5d: running %v ...\n", n, total, s.scenario, mode, runMTU, base.Duration)
 			run := IperfRun{Scenario: s.scenario, Mode: mode, MTU: runMTU,
-				Offloads: s.scenario == ScenarioUDPPipeOffload || s.scenario == ScenarioIBRoCEv2 && cfg.IBOffloads}
+				Offloads: s.scenario == ScenarioUDPPipeOffload || s.scenario == ScenarioWireGuardGo || s.scenario == ScenarioIBRoCEv2 && cfg.IBOffloads}
 			if res, err := runScenario(ctx, base, s.build, mode, runMTU); err != nil {
 				run.Err = err.Error()
 				fmt.Fprintf(base.Progress, "[%d/%d] %-10s FAILED: %s\n", n, total, s.scenario, run.Err)
@@ -209,6 +214,31 @@ func RunRoCEv2IperfSuite(ctx context.Context, cfg RoCEv2SuiteConfig) (*RoCEv2Rep
 	}
 	rep.compare()
 	return rep, nil
+}
+
+// rocev2Step is one scenario of the suite, run once per mode.
+type rocev2Step struct {
+	scenario string
+	build    linkBuilder
+}
+
+// steps are the suite's scenarios in the order each mode runs them.
+func (c *RoCEv2SuiteConfig) steps() []rocev2Step {
+	return []rocev2Step{{ScenarioUDPPipe, c.buildUDPPipe}, {ScenarioUDPPipeOffload, c.buildUDPPipeOffload},
+		{ScenarioWireGuardGo, c.buildWireGuard}, {ScenarioIBRoCEv2, c.buildIB}}
+}
+
+// runMTU is the IP MTU scenario runs at in a mode of MTU mtu: the naive
+// udp-pipe is capped at what one UDP datagram carries, wireguard-go runs
+// at the most its datagrams on the veth carry whatever the mode's MTU.
+func (c *RoCEv2SuiteConfig) runMTU(scenario string, mtu int) int {
+	switch scenario {
+	case ScenarioUDPPipe:
+		return min(mtu, MaxUDPPipeFrame-14)
+	case ScenarioWireGuardGo:
+		return c.wireGuardMTU()
+	}
+	return mtu
 }
 
 // underlay joins a and b with a veth pair carrying the UDP traffic.

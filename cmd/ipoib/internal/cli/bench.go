@@ -26,7 +26,7 @@ const (
 
 func benchFlags(fs *flag.FlagSet, env *Env) func(context.Context, []string) int {
 	iperf := fs.Bool("iperf", false, "run iperf3 between namespaces over ib0, veth, tap-pipe and offload tap-pipe (root, iperf3)")
-	hcaName := fs.String("hca", "soft", "--iperf: backend under ib0: soft (one process, soft fabric) or rocev2 (two 'ipoib up' processes over a veth, against a udp-pipe baseline)")
+	hcaName := fs.String("hca", "soft", "--iperf: backend under ib0: soft (one process, soft fabric) or rocev2 (two 'ipoib up' processes over a veth, against udp-pipe and wireguard-go baselines)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	duration := fs.Duration("duration", 5*time.Second, "--iperf: length of each iperf3 test")
 	streams := fs.Int("streams", 1, "--iperf: parallel TCP streams (iperf3 -P)")

@@ -9,7 +9,8 @@ import (
 )
 
 // benchRoCEv2 is 'ipoib bench --iperf --hca rocev2': this binary's 'up'
-// in two namespaces over a veth pair, against the udp-pipe baseline.
+// in two namespaces over a veth pair, against the udp-pipe, udp-pipe-offload
+// and wireguard-go baselines over the same veth.
 func benchRoCEv2(ctx context.Context, env *Env, cfg bench.RoCEv2SuiteConfig, asJSON bool, plotFile string) int {
 	exe, err := os.Executable()
 	if err != nil {
